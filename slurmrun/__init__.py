@@ -1,0 +1,23 @@
+"""slurmrun: run one Python function on every GPU (or CPU) of a SLURM allocation.
+
+    >>> import slurmrun
+    >>> result = slurmrun.launch(my_function, (arg,), workers_per_host=2)
+    >>> result.rank(0)
+"""
+
+from __future__ import annotations
+
+from slurmrun.allocation import SlurmAllocation, slurm_allocation
+from slurmrun.errors import AgentFailedError, WorkerFailedError
+from slurmrun.launcher import Launcher, launch
+from slurmrun.result import LaunchResult
+
+__all__ = [
+    "AgentFailedError",
+    "LaunchResult",
+    "Launcher",
+    "SlurmAllocation",
+    "WorkerFailedError",
+    "launch",
+    "slurm_allocation",
+]

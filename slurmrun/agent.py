@@ -1,0 +1,289 @@
+"""The agent: one per node. It connects back to the launcher, forks workers and relays results.
+
+Run as ``python -m slurmrun.agent`` with the launcher's address, port and secret in the
+environment (``SLURMRUN_LAUNCHER_ADDR``, ``SLURMRUN_LAUNCHER_PORT``, ``SLURMRUN_SECRET``). The
+secret is removed from the environment before anything else starts, so workers never see it.
+
+The agent never unpickles anything: `func` travels from the launcher to the workers, and the
+workers' results travel back, as opaque bytes that the agent only forwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from multiprocessing import forkserver
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from slurmrun import allocation
+from slurmrun.srun import JOB_TASKS_VAR
+from slurmrun.starters import tail_file
+from slurmrun.transport import Connection, client_handshake
+from slurmrun.worker import WorkerSpec, run_worker
+
+__all__ = ["main"]
+
+HANDSHAKE_TIMEOUT = 30.0
+HEARTBEAT_INTERVAL = 1.0
+_POLL = 0.05
+
+
+def _exit_description(exitcode: int | None) -> tuple[str, str | None]:
+    if exitcode is None:
+        return "did not exit", None
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}", name
+    return f"exited with code {exitcode}", None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class _Worker:
+    local_rank: int
+    process: BaseProcess
+    conn: Connection
+    log_file: str
+    relay: threading.Thread | None = None
+    delivered: bool = False
+    judged: bool = False
+
+
+@dataclass
+class Agent:
+    """State of one agent process."""
+
+    launcher: Connection
+    hostname: str
+    stop: threading.Event = field(default_factory=threading.Event)
+    workers: list[_Worker] = field(default_factory=list)
+    grace: float = 3.0
+
+    def _read_launcher(self) -> None:
+        try:
+            while True:
+                frame = self.launcher.recv()
+                if frame is None or frame.kind == "stop":
+                    break
+        except OSError:
+            pass
+        self.stop.set()
+
+    def _heartbeat(self) -> None:
+        while not self.stop.wait(HEARTBEAT_INTERVAL):
+            try:
+                self.launcher.send({"t": "hb"})
+            except OSError:
+                self.stop.set()
+
+    def _relay(self, worker: _Worker) -> None:
+        def tag(header: dict[str, Any]) -> dict[str, Any]:
+            header["local_rank"] = worker.local_rank
+            return header
+
+        try:
+            while True:
+                header = worker.conn.relay_to(self.launcher, tag)
+                if header is None:
+                    break
+                if header.get("t") in ("result", "error"):
+                    worker.delivered = True
+        except (OSError, EOFError):
+            pass
+
+    def spawn(self, start: dict[str, Any], func_payload: bytes, log_dir: str) -> None:
+        """Forks one worker per local rank and hands each the pickled function."""
+        ctx = multiprocessing.get_context("forkserver")
+        n = int(start["workers"])
+        for local_rank in range(n):
+            log_file = os.path.join(log_dir, f"{self.hostname}.{local_rank}.log")
+            spec = WorkerSpec(
+                hostname=self.hostname,
+                local_rank=local_rank,
+                rank=int(start["rank_offset"]) + local_rank,
+                world_size=int(start["world_size"]),
+                local_world_size=n,
+                node_rank=int(start["node_rank"]),
+                master_addr=str(start["master_addr"]),
+                master_port=int(start["master_port"]),
+                backend=start["backend"],
+                timeout=float(start["timeout"]),
+                sys_path=tuple(start["sys_path"]),
+                cwd=str(start["cwd"]),
+                env=tuple(sorted(dict(start["env"]).items())),
+                log_file=log_file,
+            )
+            mine, theirs = socket.socketpair()
+            process = ctx.Process(
+                target=run_worker, args=(spec, theirs), name=f"slurmrun-worker-{local_rank}"
+            )
+            process.start()
+            theirs.close()
+            worker = _Worker(local_rank, process, Connection(mine), log_file)
+            worker.relay = threading.Thread(target=self._relay, args=(worker,), daemon=True)
+            worker.relay.start()
+            self.workers.append(worker)
+        for worker in self.workers:
+            with contextlib.suppress(OSError):
+                worker.conn.send({"t": "func"}, func_payload)
+
+    def _judge(self, worker: _Worker) -> bool:
+        """Called once a worker exited; reports it if it died without a result. True if it did."""
+        worker.judged = True
+        if worker.relay is not None:
+            # The result may still be in flight on the socket: let the relay finish it first.
+            worker.relay.join(timeout=5.0)
+        if worker.delivered:
+            return False
+        what, sig = _exit_description(worker.process.exitcode)
+        with contextlib.suppress(OSError):
+            self.launcher.send(
+                {
+                    "t": "died",
+                    "local_rank": worker.local_rank,
+                    "exitcode": worker.process.exitcode,
+                    "signal": sig,
+                    "what": what,
+                    "stderr_tail": tail_file(worker.log_file),
+                    "log_file": worker.log_file,
+                }
+            )
+        return True
+
+    def supervise(self) -> None:
+        """Waits until every worker exited (or one died, or the launcher said stop)."""
+        while not self.stop.is_set():
+            live = [w for w in self.workers if not w.judged]
+            if not live:
+                break
+            ready = multiprocessing.connection.wait([w.process.sentinel for w in live], _POLL)
+            failed = False
+            for worker in live:
+                if worker.process.sentinel in ready and self._judge(worker):
+                    failed = True
+            if failed:
+                break
+        self.stop_workers()
+        # The launcher decides when we are done: it answers every report with stop or a close.
+        self.stop.wait(timeout=60.0)
+
+    def stop_workers(self) -> None:
+        """SIGTERM every live worker, then SIGKILL those still alive after the grace period."""
+        alive = [w.process for w in self.workers if w.process.is_alive()]
+        for process in alive:
+            with contextlib.suppress(OSError):
+                process.terminate()
+        deadline = time.monotonic() + self.grace
+        for process in alive:
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for process in alive:
+            if process.is_alive():
+                with contextlib.suppress(OSError):
+                    process.kill()
+                process.join(timeout=5.0)
+        for worker in self.workers:
+            worker.conn.close()
+
+
+def _hostname(environ: Mapping[str, str]) -> str:
+    return environ.get("SLURMRUN_HOSTNAME") or environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def _auto_workers(environ: Mapping[str, str], hostname: str) -> int:
+    environ = dict(environ)
+    job_tasks = environ.get(JOB_TASKS_VAR)
+    if job_tasks:
+        environ["SLURM_TASKS_PER_NODE"] = job_tasks
+    node_index: int | None = None
+    alloc = allocation.slurm_allocation(environ)
+    if alloc is not None and hostname in alloc.hostnames:
+        node_index = alloc.hostnames.index(hostname)
+    return allocation.auto_workers_per_host(environ, node_index)
+
+
+def _start_forkserver(preload: list[str]) -> None:
+    # Started before connecting so that the torch import overlaps the handshake and hand-out.
+    # The forkserver never initialises CUDA: `import torch` alone does not.
+    multiprocessing.set_forkserver_preload(preload)
+    forkserver.ensure_running()
+
+
+def main() -> int:
+    """Runs the agent; returns its exit code."""
+    secret_hex = os.environ.pop("SLURMRUN_SECRET", "")
+    if not secret_hex:
+        print("slurmrun.agent: SLURMRUN_SECRET is not set; start agents with slurmrun.launch", file=sys.stderr)
+        return 2
+    secret = bytes.fromhex(secret_hex)
+    addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
+    port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
+    preload = [m for m in os.environ.get("SLURMRUN_PRELOAD", "torch").split(",") if m]
+    _start_forkserver([*preload, "slurmrun.worker"])
+    hostname = _hostname(os.environ)
+
+    sock = socket.create_connection((addr, port), timeout=HANDSHAKE_TIMEOUT)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    client_handshake(sock, secret, HANDSHAKE_TIMEOUT)
+    launcher = Connection(sock)
+    launcher.send(
+        {
+            "t": "hello",
+            "hostname": hostname,
+            "node_rank": int(os.environ.get("SLURMRUN_NODE_RANK", "-1")),
+            "addr": sock.getsockname()[0],
+            "auto_workers": _auto_workers(os.environ, hostname),
+            "master_port": _free_port(),
+            "pid": os.getpid(),
+            "slurm_step": f"{os.environ.get('SLURM_JOB_ID', '')}.{os.environ.get('SLURM_STEP_ID', '')}",
+        }
+    )
+    start = launcher.recv()
+    if start is None or start.kind != "start":
+        return 0  # the launcher gave up before hand-out (another agent failed)
+    agent = Agent(launcher=launcher, hostname=hostname, grace=float(start.header["grace"]))
+    own_log_dir = None
+    log_dir = start.header.get("log_dir")
+    if not log_dir:
+        own_log_dir = log_dir = tempfile.mkdtemp(prefix="slurmrun-")
+    threading.Thread(target=agent._read_launcher, daemon=True).start()
+    threading.Thread(target=agent._heartbeat, daemon=True).start()
+    try:
+        agent.spawn(start.header, bytes(start.body), log_dir)
+        agent.supervise()
+    finally:
+        agent.stop.set()
+        agent.stop_workers()
+        launcher.close()
+        if own_log_dir:
+            shutil.rmtree(own_log_dir, ignore_errors=True)
+    return 0
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    sys.exit(main())

@@ -1,0 +1,479 @@
+"""What hosts and workers a SLURM allocation (or the local machine) has.
+
+Reads SLURM's environment variables and, on request, ``scontrol`` output. It never imports
+torch nor initialises CUDA, so it is cheap to import and safe to call before forking workers.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import hostlist
+
+__all__ = [
+    "SlurmAllocation",
+    "auto_workers_per_host",
+    "expand_counts",
+    "parse_scontrol_gpus",
+    "scontrol_gpus",
+    "slurm_allocation",
+    "usable_cpu_count",
+    "visible_gpu_count",
+]
+
+_COUNT_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?")
+_NVIDIA_DEVICE = re.compile(r"nvidia\d+")
+# One GRES item of `scontrol show job -d`: "gpu:a100:2" optionally followed by "(IDX:0-1)".
+_GRES_ITEM = re.compile(r"([^,()]+)(?:\(([^)]*)\))?")
+# Keys that belong to one per-node line of `scontrol show job -d`.
+_SCONTROL_NODE_KEYS = frozenset({"Nodes", "CPU_IDs", "Mem", "GRES", "GRES_IDX"})
+_NO_CUDA_DEVICES = frozenset({"NoDevFiles"})
+
+
+@dataclass(frozen=True)
+class SlurmAllocation:
+    """The nodes of a SLURM job and what each of them was given.
+
+    All per-node lists are in the order of ``hostnames``, which is SLURM's node list order.
+
+    Attributes:
+        job_id: the job's id (``SLURM_JOB_ID``).
+        hostnames: the job's nodes, expanded from ``SLURM_JOB_NODELIST``.
+        cpus_per_node: CPUs SLURM allocated to the job on each node.
+        tasks_per_node: tasks the job was given on each node, or None if SLURM did not say.
+        gpus_per_node: GPUs the job asked for on each node, or None if the environment does not
+            tell (then each node's agent counts the GPUs it sees).
+    """
+
+    job_id: str
+    hostnames: list[str]
+    cpus_per_node: list[int]
+    tasks_per_node: list[int] | None
+    gpus_per_node: list[int] | None
+
+    def node_index(self, hostname: str) -> int:
+        """Return the index of ``hostname`` in the job's node list.
+
+        A fully qualified name also matches its short form, because SLURM node names are
+        usually short while ``socket.gethostname()`` may return the FQDN.
+
+        Args:
+            hostname: the host to look up.
+
+        Returns:
+            The position of the host in ``hostnames``.
+
+        Raises:
+            ValueError: if the host is not one of the job's nodes.
+        """
+        for candidate in (hostname, hostname.split(".", 1)[0]):
+            if candidate in self.hostnames:
+                return self.hostnames.index(candidate)
+        raise ValueError(
+            f"host {hostname!r} is not part of SLURM job {self.job_id}, whose nodes are "
+            f"{', '.join(self.hostnames)}"
+        )
+
+
+def slurm_allocation(environ: Mapping[str, str] | None = None) -> SlurmAllocation | None:
+    """Describe the SLURM job this process runs in.
+
+    GPUs per node come from, in order: ``SLURM_GPUS_ON_NODE`` then ``SLURM_JOB_GPUS`` (single-node
+    jobs only: they describe just the node this process is on), ``SLURM_GPUS_PER_NODE``,
+    ``SLURM_TRES_PER_NODE``, ``SLURM_JOB_GRES``, and last ``SLURM_GPUS`` (a job total, used only
+    when it splits evenly across the nodes). If none applies, ``gpus_per_node`` is None.
+
+    Args:
+        environ: the environment to read; ``os.environ`` by default.
+
+    Returns:
+        The allocation, or None outside a SLURM job (neither ``SLURM_JOB_ID`` nor
+        ``SLURM_JOBID`` is set).
+
+    Raises:
+        ValueError: if a SLURM variable is missing or malformed; the message names it.
+    """
+    env = os.environ if environ is None else environ
+    job_id = _job_id(env)
+    if job_id is None:
+        return None
+    hostnames = _hostnames(env)
+    cpus_per_node = _per_node_counts(env, "SLURM_JOB_CPUS_PER_NODE", hostnames)
+    if cpus_per_node is None:
+        raise ValueError(f"SLURM_JOB_ID is set but SLURM_JOB_CPUS_PER_NODE is not (job {job_id})")
+    return SlurmAllocation(
+        job_id=job_id,
+        hostnames=hostnames,
+        cpus_per_node=cpus_per_node,
+        tasks_per_node=_per_node_counts(env, "SLURM_TASKS_PER_NODE", hostnames),
+        gpus_per_node=_gpus_per_node(env, len(hostnames)),
+    )
+
+
+def expand_counts(value: str, variable: str) -> list[int]:
+    """Expand SLURM's compressed per-node counts, e.g. ``"36(x2),72"`` to ``[36, 36, 72]``.
+
+    Args:
+        value: the compressed list, as in ``SLURM_JOB_CPUS_PER_NODE`` or ``SLURM_TASKS_PER_NODE``.
+        variable: the variable the value came from, for error messages.
+
+    Returns:
+        One count per node.
+
+    Raises:
+        ValueError: if the value is not of the form ``N`` or ``N(xR)``, comma-separated.
+    """
+    counts: list[int] = []
+    for item in value.split(","):
+        match = _COUNT_ITEM.fullmatch(item.strip())
+        if match is None or match.group(2) == "0":
+            raise ValueError(
+                f"{variable}={value!r} is malformed: expected comma-separated counts such as "
+                f"'4' or '36(x2),72' (a count, optionally followed by '(xR)' for R nodes)"
+            )
+        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
+    return counts
+
+
+def parse_scontrol_gpus(text: str) -> dict[str, int]:
+    """Read how many GPUs each node of a job has from ``scontrol show job -d`` output.
+
+    Understands the per-node lines ``Nodes=node[1-2] CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)``,
+    typed GPUs (``gpu:a100:2(IDX:0-1)``, several types summed), the older
+    ``GRES_IDX=gpu(IDX:0,2-3)`` form (counted from the indices) and ``scontrol -o`` one-line
+    output. Nodes listed without GPUs count 0.
+
+    Args:
+        text: the output of ``scontrol show job -d <job_id>``.
+
+    Returns:
+        GPUs per hostname, node lists expanded; empty if the text lists no nodes (e.g. the job
+        is pending).
+
+    Raises:
+        ValueError: if a node list or a GPU count in the text is malformed.
+    """
+    gpus: dict[str, int] = {}
+    current: list[str] = []
+    for token in text.split():
+        key, _, value = token.partition("=")
+        if key not in _SCONTROL_NODE_KEYS:
+            current = []
+        elif key == "Nodes":
+            current = _expand_hostlist(value, f"Nodes={value!r} in scontrol output")
+            for host in current:
+                gpus.setdefault(host, 0)
+        elif key in {"GRES", "GRES_IDX"}:
+            count = _scontrol_gres_gpus(value)
+            for host in current:
+                gpus[host] += count
+    return gpus
+
+
+def scontrol_gpus(job_id: str, timeout: float = 10) -> dict[str, int] | None:
+    """Ask ``scontrol show job -d`` how many GPUs each node of a job has.
+
+    Args:
+        job_id: the SLURM job id.
+        timeout: seconds to wait for scontrol before giving up.
+
+    Returns:
+        GPUs per hostname, or None if scontrol is missing, fails, times out, or prints nothing
+        that can be read.
+    """
+    try:
+        result = subprocess.run(
+            ["scontrol", "show", "job", "-d", job_id],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:
+        return None
+    try:
+        gpus = parse_scontrol_gpus(result.stdout)
+    except ValueError:
+        return None
+    return gpus or None
+
+
+def visible_gpu_count(
+    environ: Mapping[str, str] | None = None, *, dev_dir: str | os.PathLike[str] = "/dev"
+) -> int:
+    """Count the NVIDIA GPUs this process may use, without importing torch or touching CUDA.
+
+    ``CUDA_VISIBLE_DEVICES`` decides when set (SLURM sets it in steps that got GPUs);
+    otherwise the ``nvidia<N>`` device files in ``dev_dir`` are counted.
+
+    Args:
+        environ: the environment to read; ``os.environ`` by default.
+        dev_dir: where device files live; a parameter so tests can fake it.
+
+    Returns:
+        The number of GPUs, 0 if none.
+    """
+    env = os.environ if environ is None else environ
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return _count_cuda_visible_devices(visible)
+    try:
+        names = [entry.name for entry in Path(dev_dir).iterdir()]
+    except OSError:
+        return 0
+    return sum(1 for name in names if _NVIDIA_DEVICE.fullmatch(name))
+
+
+def usable_cpu_count() -> int:
+    """Return how many CPUs this process may run on (its affinity mask, else all CPUs)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # sched_getaffinity is Linux-only
+        return os.cpu_count() or 1
+
+
+def auto_workers_per_host(
+    environ: Mapping[str, str] | None = None,
+    node_index: int | None = None,
+    *,
+    dev_dir: str | os.PathLike[str] = "/dev",
+) -> int:
+    """Decide how many workers an agent starts for ``workers_per_host="auto"``.
+
+    The rule: one per GPU the agent sees, if it sees any; else, inside SLURM, the number of
+    tasks the job was given on this node (``SLURM_TASKS_PER_NODE``), or 1 if that is unknown;
+    outside SLURM, one per usable CPU.
+
+    Note that ``srun`` overwrites ``SLURM_TASKS_PER_NODE`` with the step's own layout, so an
+    agent started by ``srun`` must be given the job's value (e.g. in ``environ``) to follow
+    what the job asked for.
+
+    Args:
+        environ: the environment to read; ``os.environ`` by default.
+        node_index: this node's index in the job's node list
+            (see `SlurmAllocation.node_index`); None if not known.
+        dev_dir: where device files live; a parameter so tests can fake it.
+
+    Returns:
+        The number of workers, at least 1 unless SLURM says 0 tasks for this node.
+
+    Raises:
+        ValueError: if ``SLURM_TASKS_PER_NODE`` is malformed or has no entry for ``node_index``.
+    """
+    env = os.environ if environ is None else environ
+    gpus = visible_gpu_count(env, dev_dir=dev_dir)
+    if gpus > 0:
+        return gpus
+    if _job_id(env) is None:
+        return usable_cpu_count()
+    value = env.get("SLURM_TASKS_PER_NODE")
+    if value is None or node_index is None:
+        return 1
+    tasks = expand_counts(value, "SLURM_TASKS_PER_NODE")
+    if not 0 <= node_index < len(tasks):
+        raise ValueError(
+            f"SLURM_TASKS_PER_NODE={value!r} lists {len(tasks)} nodes; "
+            f"it has no entry for node index {node_index}"
+        )
+    return tasks[node_index]
+
+
+def _job_id(env: Mapping[str, str]) -> str | None:
+    # SLURM_JOBID is the older spelling; SLURM still sets both.
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+
+
+def _hostnames(env: Mapping[str, str]) -> list[str]:
+    # SLURM_NODELIST is overwritten by srun with the step's nodes; SLURM_JOB_NODELIST is not.
+    for variable in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        value = env.get(variable)
+        if value is not None:
+            hosts = _expand_hostlist(value, f"{variable}={value!r}")
+            if not hosts:
+                raise ValueError(f"{variable} is empty: expected the job's nodes, e.g. node[1-4]")
+            return hosts
+    raise ValueError(
+        "SLURM_JOB_ID is set but neither SLURM_JOB_NODELIST nor SLURM_NODELIST is: "
+        "cannot tell which nodes the job has"
+    )
+
+
+def _expand_hostlist(value: str, label: str) -> list[str]:
+    """Expand a host list; ``label`` says where it came from in error messages."""
+    try:
+        hosts: list[str] = hostlist.expand_hostlist(value)
+    except hostlist.BadHostlist as error:
+        raise ValueError(
+            f"{label} is not a valid SLURM host list ({error}); "
+            f"expected a form such as 'node[1-3,7],login5'"
+        ) from error
+    return hosts
+
+
+def _per_node_counts(
+    env: Mapping[str, str], variable: str, hostnames: list[str]
+) -> list[int] | None:
+    value = env.get(variable)
+    if value is None:
+        return None
+    counts = expand_counts(value, variable)
+    if len(counts) != len(hostnames):
+        raise ValueError(
+            f"{variable}={value!r} gives {len(counts)} nodes but SLURM_JOB_NODELIST has "
+            f"{len(hostnames)} ({', '.join(hostnames)})"
+        )
+    return counts
+
+
+def _gpus_per_node(env: Mapping[str, str], num_nodes: int) -> list[int] | None:
+    """GPUs per node from SLURM's request variables, most precise first; None if none says."""
+    # SLURM_GPUS_ON_NODE and SLURM_JOB_GPUS describe only the node this process runs on (the
+    # batch node), so they are trusted only for single-node jobs, where that node is the job.
+    if num_nodes == 1:
+        for variable, read in (
+            ("SLURM_GPUS_ON_NODE", _read_int),
+            ("SLURM_JOB_GPUS", _read_index_count),
+        ):
+            value = env.get(variable)
+            if value:
+                return [read(value, variable)]
+    for variable, read_request in (
+        ("SLURM_GPUS_PER_NODE", _read_typed_counts),
+        ("SLURM_TRES_PER_NODE", _read_gres_gpus),
+        ("SLURM_JOB_GRES", _read_gres_gpus),
+    ):
+        value = env.get(variable)
+        count = read_request(value, variable) if value else None
+        if count is not None:
+            return [count] * num_nodes
+    total = env.get("SLURM_GPUS")
+    if total:
+        # --gpus=N is a job total SLURM may spread unevenly; only an even split is a safe guess.
+        count = _read_typed_counts(total, "SLURM_GPUS")
+        if count % num_nodes == 0:
+            return [count // num_nodes] * num_nodes
+    return None
+
+
+def _malformed_gpus(variable: str, value: str, expected: str) -> ValueError:
+    return ValueError(f"{variable}={value!r} is malformed: expected {expected}")
+
+
+def _read_int(value: str, variable: str) -> int:
+    if not value.strip().isdigit():
+        raise _malformed_gpus(variable, value, "a GPU count such as '4'")
+    return int(value)
+
+
+def _read_index_count(value: str, variable: str) -> int:
+    """Count GPU indices such as ``0,1,3`` or ``0-3``."""
+    try:
+        return _count_indices(value)
+    except ValueError as error:
+        raise _malformed_gpus(variable, value, "GPU indices such as '0,1' or '0-3'") from error
+
+
+def _read_typed_counts(value: str, variable: str) -> int:
+    """Sum ``[type:]count`` items such as ``2``, ``a100:2`` or ``a100:2,v100:1``."""
+    total = 0
+    for item in value.split(","):
+        count = item.strip().rsplit(":", 1)[-1]
+        if not count.isdigit():
+            raise _malformed_gpus(
+                variable, value, "GPU counts such as '2', 'a100:2' or 'a100:2,v100:1'"
+            )
+        total += int(count)
+    return total
+
+
+def _read_gres_gpus(value: str, variable: str) -> int | None:
+    """Sum the GPUs in a GRES/TRES list such as ``gres/gpu:a100:2,gres/shard:1``.
+
+    Returns None if the list names no GPUs at all.
+    """
+    total: int | None = None
+    for item in value.split(","):
+        count = _gres_item_gpus(item.strip().replace("=", ":"))
+        if count is None:
+            continue
+        if count < 0:
+            raise _malformed_gpus(
+                variable, value, "GPU requests such as 'gres/gpu:2', 'gres:gpu:a100:2' or 'gpu:2'"
+            )
+        total = (total or 0) + count
+    return total
+
+
+def _gres_item_gpus(item: str) -> int | None:
+    """GPUs in one GRES item: None if not a GPU, -1 if the count is malformed."""
+    for prefix in ("gres/", "gres:"):
+        item = item.removeprefix(prefix)
+    name, *rest = item.split(":")
+    if name != "gpu":
+        return None
+    if not rest:  # a bare "gpu" means one, as in --gres=gpu
+        return 1
+    if rest[-1].isdigit():
+        return int(rest[-1])
+    # "gpu:a100" (a type, no count) means one; anything stranger is malformed.
+    return 1 if len(rest) == 1 and rest[0] else -1
+
+
+def _scontrol_gres_gpus(value: str) -> int:
+    """GPUs in a ``GRES=`` value of ``scontrol show job -d``: ``gpu:a100:2(IDX:0-1),...``."""
+    try:
+        return sum(
+            _scontrol_item_gpus(match.group(1), match.group(2) or "")
+            for match in _GRES_ITEM.finditer(value)
+        )
+    except ValueError as error:
+        raise ValueError(
+            f"GRES={value!r} in scontrol output has a malformed GPU count or index list; "
+            f"expected a form such as 'gpu:a100:2(IDX:0-1)'"
+        ) from error
+
+
+def _scontrol_item_gpus(name: str, details: str) -> int:
+    """GPUs in one item such as ``gpu:a100:2`` with details ``IDX:0-1``; 0 if not a GPU."""
+    count = _gres_item_gpus(name)
+    if count is None:
+        return 0
+    has_count = name.rsplit(":", 1)[-1].isdigit()
+    if not has_count and details.startswith("IDX:"):
+        # The older GRES_IDX=gpu(IDX:0,2-3) form gives indices but no count.
+        count = _count_indices(details.removeprefix("IDX:"))
+    if count < 0:
+        raise ValueError(f"malformed GPU item {name!r}")
+    return count
+
+
+def _count_indices(value: str) -> int:
+    """Count a list of indices such as ``0,2-3,5``; ``N/A`` and empty count 0."""
+    value = value.strip()
+    if value in {"", "N/A"}:
+        return 0
+    count = 0
+    for item in value.split(","):
+        first, _, last = item.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"malformed index list {value!r}")
+        count += int(last) - int(first) + 1 if last else 1
+    return count
+
+
+def _count_cuda_visible_devices(value: str) -> int:
+    count = 0
+    for entry in (item.strip() for item in value.split(",")):
+        # CUDA stops enumerating at the first invalid entry: "-1" hides every GPU, and
+        # SLURM writes "NoDevFiles" when GPUs are configured without device files.
+        if not entry or entry in _NO_CUDA_DEVICES or entry.startswith("-"):
+            break
+        count += 1
+    return count

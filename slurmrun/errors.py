@@ -1,0 +1,71 @@
+"""Exceptions that slurmrun raises in the launcher."""
+
+from __future__ import annotations
+
+__all__ = ["AgentFailedError", "RemoteTraceback", "WorkerFailedError"]
+
+
+class WorkerFailedError(RuntimeError):
+    """A worker died without returning, or raised something that could not be rebuilt.
+
+    Attributes:
+        hostname: the host the worker ran on.
+        local_rank: the worker's rank within its host.
+        rank: the worker's global rank, when known.
+        exitcode: the exit code, negative for a signal (as in `subprocess`), or None.
+        stderr_tail: the last lines the worker wrote to stderr.
+        log_file: where the worker's full output went, when it was kept.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hostname: str = "",
+        local_rank: int | None = None,
+        rank: int | None = None,
+        exitcode: int | None = None,
+        stderr_tail: str = "",
+        log_file: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.hostname = hostname
+        self.local_rank = local_rank
+        self.rank = rank
+        self.exitcode = exitcode
+        self.stderr_tail = stderr_tail
+        self.log_file = log_file
+
+
+class AgentFailedError(RuntimeError):
+    """An agent (the per-node process that starts workers) died, went silent or never started.
+
+    Attributes:
+        hostname: the agent's host, when known.
+        stderr_tail: the last lines of the agent's (or srun's) stderr.
+        log_file: where the agent's full output went, when it was kept.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hostname: str = "",
+        stderr_tail: str = "",
+        log_file: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.hostname = hostname
+        self.stderr_tail = stderr_tail
+        self.log_file = log_file
+
+
+class RemoteTraceback(Exception):  # noqa: N818 - named like concurrent.futures' own RemoteTraceback
+    """Carries a worker's traceback text; set as ``__cause__`` of a re-raised worker exception."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return f'\n"""\n{self.text.rstrip()}\n"""'

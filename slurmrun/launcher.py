@@ -1,0 +1,302 @@
+"""The public entry: `Launcher` (a dataclass of options) and `launch` (a call of it)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+from slurmrun import allocation, srun
+from slurmrun.logs import resolve_log_dir
+from slurmrun.result import LaunchResult
+from slurmrun.session import Session
+from slurmrun.starters import AgentStarter, LocalAgents, package_pythonpath
+from slurmrun.transport import dumps, dumps_inband, new_secret
+
+__all__ = ["Launcher", "launch"]
+
+T = TypeVar("T")
+
+Backend = Literal["nccl", "gloo", "mpi", "ucc", "auto"] | None
+BACKENDS = ("nccl", "gloo", "mpi", "ucc", "auto", None)
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+@dataclass
+class Launcher:
+    """Options of a launch; `run` starts it. `launch(func, ...)` is `Launcher(...).run(func, ...)`.
+
+    Example:
+        >>> import slurmrun
+        >>> result = slurmrun.Launcher(workers_per_host=2, backend="gloo").run(
+        ...     lambda: __import__("os").environ["RANK"])
+        >>> result.rank(1)
+        '1'
+    """
+
+    hostnames: list[str] | Literal["auto", "slurm"] = "auto"
+    """Hosts to run on. ``"auto"``: the SLURM job's nodes, else ``["localhost"]``.
+    ``"slurm"``: the job's nodes, and an error outside a job."""
+
+    workers_per_host: int | list[int] | Literal["auto", "slurm"] = "auto"
+    """Workers on each host. ``"auto"``: one per GPU the host sees; without GPUs, the tasks per
+    node of the SLURM job (1 if unset), or the usable CPUs outside SLURM."""
+
+    backend: Backend = "auto"
+    """`torch.distributed` backend; ``"auto"``: nccl on GPU workers, else gloo; None: no
+    process group is initialised."""
+
+    timeout: float = 600
+    """Seconds for agents to connect, for process-group initialisation and collectives, and
+    of silence after which an agent counts as dead."""
+
+    def run(
+        self,
+        func: Callable[..., T],
+        func_args: Sequence[Any] = (),
+        func_kwargs: dict[str, Any] | None = None,
+    ) -> LaunchResult[T]:
+        """Runs ``func(*func_args, **func_kwargs)`` on every worker and returns all results.
+
+        Args:
+            func: the function; shipped with cloudpickle, so lambdas and closures work.
+            func_args: positional arguments for every worker.
+            func_kwargs: keyword arguments for every worker.
+
+        Returns:
+            Every worker's return value (`LaunchResult.rank`, `LaunchResult.index`).
+
+        Raises:
+            ValueError, TypeError: bad options, before anything starts.
+            RuntimeError: ``"slurm"`` was asked for outside a SLURM job.
+            WorkerFailedError: a worker died without returning.
+            AgentFailedError: an agent died, went silent, or never started.
+            Exception: whatever a worker raised, re-raised with its traceback as ``__cause__``.
+        """
+        kwargs = {} if func_kwargs is None else func_kwargs
+        _validate(self, func, func_args, kwargs)
+        plan = _plan(self)
+        payload = _pickle_call(func, tuple(func_args), kwargs)
+        with _sigterm_as_exit():
+            return _run_plan(self, plan, payload)
+
+
+def launch(
+    func: Callable[..., T],
+    func_args: Sequence[Any] = (),
+    func_kwargs: dict[str, Any] | None = None,
+    hostnames: list[str] | Literal["auto", "slurm"] = "auto",
+    workers_per_host: int | list[int] | Literal["auto", "slurm"] = "auto",
+    backend: Backend = "auto",
+    timeout: float = 600,
+) -> LaunchResult[T]:
+    """Runs ``func(*func_args, **func_kwargs)`` on every worker of every host; see `Launcher`.
+
+    Example:
+        >>> import slurmrun
+        >>> slurmrun.launch(lambda x: x * 2, (21,), workers_per_host=1).rank(0)
+        42
+    """
+    return Launcher(
+        hostnames=hostnames, workers_per_host=workers_per_host, backend=backend, timeout=timeout
+    ).run(func, func_args, func_kwargs)
+
+
+# ---------------------------------------------------------------------- validation
+
+
+def _validate(
+    cfg: Launcher, func: object, func_args: object, func_kwargs: object
+) -> None:
+    if not callable(func):
+        raise TypeError(f"func must be callable (a function or lambda), got {type(func).__name__}")
+    if not isinstance(func_args, Sequence) or isinstance(func_args, str | bytes):
+        raise TypeError(f"func_args must be a tuple or list, got {type(func_args).__name__}")
+    if not isinstance(func_kwargs, dict) or not all(isinstance(k, str) for k in func_kwargs):
+        raise TypeError("func_kwargs must be a dict with str keys, or None")
+    h = cfg.hostnames
+    if isinstance(h, str):
+        if h not in ("auto", "slurm"):
+            raise ValueError(
+                f"hostnames must be a list of host names, 'auto' or 'slurm', got {h!r} "
+                f"(for one host, pass [{h!r}])"
+            )
+    elif not isinstance(h, list | tuple) or not h:
+        raise ValueError("hostnames is empty: pass a list of host names, 'auto' or 'slurm'")
+    elif not all(isinstance(x, str) and x.strip() for x in h):
+        raise ValueError(f"hostnames must be non-empty strings, got {h!r}")
+    w = cfg.workers_per_host
+    if isinstance(w, str):
+        if w not in ("auto", "slurm"):
+            raise ValueError(f"workers_per_host must be an int, a list of ints, 'auto' or 'slurm', got {w!r}")
+    elif isinstance(w, bool) or not isinstance(w, int | list | tuple):
+        raise TypeError(f"workers_per_host must be an int, a list of ints, 'auto' or 'slurm', got {w!r}")
+    elif isinstance(w, int):
+        if w <= 0:
+            raise ValueError(f"workers_per_host must be at least 1, got {w}")
+    else:
+        if not w or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in w):
+            raise ValueError(f"workers_per_host must list positive ints (one per host), got {w!r}")
+        if isinstance(h, list | tuple) and len(w) != len(h):
+            raise ValueError(
+                f"workers_per_host has {len(w)} entries but hostnames has {len(h)}: give one "
+                "count per host, or a single int for all"
+            )
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
+    if isinstance(cfg.timeout, bool) or not isinstance(cfg.timeout, int | float) or cfg.timeout <= 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {cfg.timeout!r}")
+
+
+def _pickle_call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    for what, obj in (("func", func), ("func_args", args), ("func_kwargs", kwargs)):
+        try:
+            dumps(obj)
+        except Exception as e:
+            raise TypeError(
+                f"{what} could not be pickled to send to the workers: {type(e).__name__}: {e}. "
+                f"Everything {what} holds must be picklable by cloudpickle (locks, open files, "
+                "sockets and generators are not); create such objects inside func instead."
+            ) from e
+    return dumps_inband((func, args, kwargs))
+
+
+# ---------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class _Plan:
+    hostnames: list[str]
+    workers_per_host: list[int] | None
+    alloc: allocation.SlurmAllocation | None
+    local: bool
+
+
+def _is_local(host: str) -> bool:
+    return host in _LOCAL_NAMES or host == socket.gethostname()
+
+
+def _plan(cfg: Launcher) -> _Plan:
+    alloc = allocation.slurm_allocation()
+    for name, value in (("hostnames", cfg.hostnames), ("workers_per_host", cfg.workers_per_host)):
+        if value == "slurm" and alloc is None:
+            raise RuntimeError(
+                f"{name}='slurm' but no SLURM allocation was found (SLURM_JOB_ID is not set). "
+                "Run inside salloc or an sbatch script, or pass 'auto' to fall back to localhost."
+            )
+    if isinstance(cfg.hostnames, str):
+        hosts = list(alloc.hostnames) if alloc is not None else ["localhost"]
+    else:
+        hosts = list(cfg.hostnames)
+    local = all(_is_local(h) for h in hosts)
+    if not local:
+        if alloc is None:
+            raise ValueError(
+                f"hostnames {hosts} name other machines, but slurmrun starts remote agents with "
+                "srun and no SLURM allocation was found. Run inside salloc/sbatch, or use "
+                "['localhost']."
+            )
+        unknown = [h for h in hosts if h not in alloc.hostnames]
+        if unknown:
+            raise ValueError(
+                f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
+                f"{alloc.hostnames}"
+            )
+        if len(set(hosts)) != len(hosts):
+            raise ValueError(f"hostnames lists a node twice ({hosts}); srun starts one agent per node")
+    w = cfg.workers_per_host
+    if isinstance(w, str):
+        counts = None
+    elif isinstance(w, int):
+        counts = [w] * len(hosts)
+    else:
+        if len(w) != len(hosts):
+            raise ValueError(
+                f"workers_per_host has {len(w)} entries but there are {len(hosts)} hosts "
+                f"({hosts}): give one count per host, or a single int"
+            )
+        counts = list(w)
+    return _Plan(hosts, counts, alloc, local)
+
+
+# ---------------------------------------------------------------------- running
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit during a launch, so that agents are stopped on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _launcher_addr(plan: _Plan) -> tuple[str, str]:
+    """(address to bind, address agents connect to)."""
+    if plan.local:
+        return "127.0.0.1", "127.0.0.1"
+    override = os.environ.get("SLURMRUN_LAUNCHER_ADDR")
+    if override:
+        return "0.0.0.0", override  # noqa: S104 - agents on other nodes must reach us
+    return "0.0.0.0", srun.address_toward(plan.hostnames[0])  # noqa: S104
+
+
+def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes) -> LaunchResult[Any]:
+    log_dir = resolve_log_dir()
+    bind, advertise = _launcher_addr(plan)
+    server = socket.create_server((bind, 0), backlog=1024)
+    port = server.getsockname()[1]
+    secret = new_secret()
+    env = dict(os.environ)
+    env.update(
+        SLURMRUN_SECRET=secret.hex(),
+        SLURMRUN_LAUNCHER_ADDR=advertise,
+        SLURMRUN_LAUNCHER_PORT=str(port),
+        SLURMRUN_PRELOAD="" if cfg.backend is None else "torch",
+        PYTHONPATH=package_pythonpath(os.environ),
+    )
+    starter: AgentStarter
+    if plan.local:
+        starter = LocalAgents(plan.hostnames, log_dir.path)
+    else:
+        assert plan.alloc is not None  # noqa: S101 - _plan guarantees an allocation here
+        starter = srun.srun_agents(plan.alloc, plan.hostnames, log_dir.path)
+    session = Session(
+        hostnames=plan.hostnames,
+        workers_per_host=plan.workers_per_host,
+        backend=cfg.backend,
+        timeout=float(cfg.timeout),
+        agent_timeout=float(cfg.timeout),
+        grace=3.0,
+        payload=payload,
+        secret=secret,
+        starter=starter,
+        server=server,
+        start_header={
+            "sys_path": [p if p else os.getcwd() for p in sys.path],
+            "cwd": os.getcwd(),
+            "env": {},
+            "log_dir": log_dir.path if log_dir.shared or plan.local else None,
+        },
+        local_master=plan.local,
+    )
+    try:
+        return session.run(env)
+    finally:
+        if not log_dir.keep:
+            shutil.rmtree(log_dir.path, ignore_errors=True)

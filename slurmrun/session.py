@@ -1,0 +1,379 @@
+"""The launcher's side of one launch: accept agents, hand out work, gather results.
+
+Threads only move bytes: an accept thread authenticates connections, one reader thread per
+agent turns frames into events, and the calling thread makes every decision from a single
+event queue, so the order of events is the order of decisions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmrun.errors import AgentFailedError, RemoteTraceback, WorkerFailedError
+from slurmrun.result import LaunchResult
+from slurmrun.starters import AgentStarter, tail_file
+from slurmrun.transport import (
+    AuthenticationError,
+    Connection,
+    Frame,
+    FrameError,
+    loads,
+    server_handshake,
+)
+
+__all__ = ["Session"]
+
+log = logging.getLogger("slurmrun")
+
+HANDSHAKE_TIMEOUT = 10.0
+MAX_PENDING_HANDSHAKES = 64
+# After an agent's process exits, how long its connection may take to deliver what it sent.
+DRAIN_TIMEOUT = 2.0
+_TICK = 0.05
+
+
+@dataclass
+class _Agent:
+    node_rank: int
+    hostname: str
+    conn: Connection
+    hello: dict[str, Any]
+    last_seen: float
+    workers: int = 0
+    results: dict[int, Frame] = field(default_factory=dict)
+    closed: bool = False
+
+
+@dataclass
+class Session:
+    """One launch, from listening socket to results. Use once."""
+
+    hostnames: Sequence[str]
+    workers_per_host: Sequence[int] | None  # None: each agent's own count
+    backend: str | None
+    timeout: float
+    agent_timeout: float
+    grace: float
+    payload: bytes
+    secret: bytes
+    starter: AgentStarter
+    server: socket.socket
+    start_header: dict[str, Any]
+    local_master: bool = False
+
+    def __post_init__(self) -> None:
+        self._events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
+        self._closing = threading.Event()
+        self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self._agents: dict[int, _Agent] = {}
+        self._by_conn: dict[int, _Agent] = {}
+        self._pending: list[tuple[Connection, dict[str, Any]]] = []
+        self._exited_at: dict[int | None, float] = {}
+        self.rejected_peers = 0
+
+    # ------------------------------------------------------------------ threads
+    def _accept_loop(self) -> None:
+        self.server.settimeout(0.2)
+        while not self._closing.is_set():
+            try:
+                sock, peer = self.server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                break
+            if not self._handshakes.acquire(blocking=False):
+                log.warning("slurmrun: too many unauthenticated connections; dropped %s", peer)
+                sock.close()
+                continue
+            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
+
+    def _serve(self, sock: socket.socket, peer: Any) -> None:
+        try:
+            server_handshake(sock, self.secret, HANDSHAKE_TIMEOUT)
+        except AuthenticationError as e:
+            self.rejected_peers += 1
+            log.warning("slurmrun: rejected a connection from %s: %s", peer, e)
+            sock.close()
+            return
+        finally:
+            self._handshakes.release()
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Connection(sock)
+        try:
+            while True:
+                frame = conn.recv()
+                if frame is None:
+                    break
+                self._events.put(("frame", conn, frame))
+        except (OSError, EOFError, FrameError) as e:
+            self._events.put(("eof", conn, str(e)))
+            return
+        self._events.put(("eof", conn, ""))
+
+    # ------------------------------------------------------------------ decisions
+    def _agent_exit_error(self, agent: _Agent | None, node_rank: int | None, why: str) -> AgentFailedError:
+        codes = self.starter.exit_codes()
+        code = codes.get(node_rank, codes.get(None))
+        hostname = agent.hostname if agent else (self.hostnames[node_rank] if node_rank is not None else "")
+        where = f"the agent on {hostname}" if hostname else "the agents"
+        if code is not None:
+            how = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
+            why = f"{why}; it {how}"
+        log_file = self.starter.log_file(node_rank)
+        tail = tail_file(log_file)
+        message = f"{where} failed: {why}."
+        if tail:
+            message += f"\nLast lines of its output ({log_file}):\n{tail}"
+        return AgentFailedError(message, hostname=hostname, stderr_tail=tail, log_file=log_file)
+
+    def _check_processes(self, now: float) -> None:
+        """Turns agent process exits into errors once their connections had time to drain."""
+        for node_rank, code in self.starter.exit_codes().items():
+            first_seen = self._exited_at.setdefault(node_rank, now)
+            if node_rank is None:
+                agents = [a for a in self._agents.values() if not a.closed]
+                connected_all = len(self._agents) == len(self.hostnames)
+                if (agents or not connected_all) and now - first_seen > DRAIN_TIMEOUT:
+                    target = agents[0] if agents else None
+                    raise self._agent_exit_error(
+                        target, target.node_rank if target else None, "the srun step ended early"
+                    )
+                continue
+            agent = self._agents.get(node_rank)
+            if agent is None or not agent.closed:
+                if agent is None or now - first_seen > DRAIN_TIMEOUT:
+                    raise self._agent_exit_error(agent, node_rank, "it ended before reporting results")
+            del code
+
+    def _check_silence(self, now: float) -> None:
+        for agent in self._agents.values():
+            if agent.closed or agent.conn.receiving:
+                continue
+            if now - agent.last_seen > self.agent_timeout:
+                raise AgentFailedError(
+                    f"the agent on {agent.hostname} sent nothing for {self.agent_timeout:.0f} s "
+                    "(no heartbeat): its node may be hung or unreachable.",
+                    hostname=agent.hostname,
+                    log_file=self.starter.log_file(agent.node_rank),
+                )
+
+    def _on_hello(self, conn: Connection, header: dict[str, Any]) -> None:
+        rank = int(header.get("node_rank", -1))
+        hostname = str(header.get("hostname", ""))
+        if rank < 0:
+            # Agents of an srun step are known by their node name.
+            candidates = [i for i, h in enumerate(self.hostnames) if h == hostname]
+            rank = candidates[0] if len(candidates) == 1 else -1
+        if rank < 0 or rank >= len(self.hostnames) or rank in self._agents:
+            conn.close()
+            raise AgentFailedError(
+                f"an agent on {hostname!r} connected, but it is not one of the expected hosts "
+                f"{list(self.hostnames)} (or its host connected twice)",
+                hostname=hostname,
+            )
+        agent = _Agent(rank, self.hostnames[rank], conn, header, time.monotonic())
+        self._agents[rank] = agent
+        self._by_conn[id(conn)] = agent
+
+    def _hand_out(self) -> None:
+        order = [self._agents[i] for i in range(len(self.hostnames))]
+        counts = (
+            list(self.workers_per_host)
+            if self.workers_per_host is not None
+            else [int(a.hello["auto_workers"]) for a in order]
+        )
+        world_size = sum(counts)
+        first = order[0].hello
+        master_addr = "127.0.0.1" if self.local_master else str(first["addr"])
+        offset = 0
+        for agent, count in zip(order, counts, strict=True):
+            agent.workers = count
+            header = dict(self.start_header)
+            header.update(
+                t="start",
+                workers=count,
+                rank_offset=offset,
+                world_size=world_size,
+                node_rank=agent.node_rank,
+                master_addr=master_addr,
+                master_port=int(first["master_port"]),
+                backend=self.backend,
+                timeout=self.timeout,
+                grace=self.grace,
+            )
+            agent.conn.send(header, self.payload)
+            offset += count
+
+    def _worker_error(self, agent: _Agent, frame: Frame) -> BaseException:
+        h = frame.header
+        local_rank = int(h.get("local_rank", -1))
+        rank = sum(self._agents[i].workers for i in range(agent.node_rank)) + local_rank
+        where = f"rank {rank} (host {agent.hostname}, local rank {local_rank})"
+        log_file = self._worker_log(agent, local_rank)
+        exc: Any = None
+        reason = str(h.get("unpicklable", ""))
+        if frame.body:
+            try:
+                exc = loads(frame.body, frame.buffers)
+            except Exception as e:  # noqa: BLE001 - any failure: fall back to the text
+                reason = f"{type(e).__name__}: {e}"
+        if isinstance(exc, Exception):
+            exc.__cause__ = RemoteTraceback(str(h.get("traceback", "")))
+            note = f"slurmrun: raised on {where}"
+            if log_file:
+                note += f"; its log: {log_file}"
+            exc.add_note(note)
+            return exc  # type: ignore[no-any-return]
+        message = f"{where} raised {h.get('exc_type')}: {h.get('message')}"
+        if reason:
+            message += f" (it could not be rebuilt in the launcher: {reason})"
+        message += f"\nRemote traceback:\n{h.get('traceback', '')}"
+        return WorkerFailedError(
+            message, hostname=agent.hostname, local_rank=local_rank, rank=rank, log_file=log_file
+        )
+
+    def _worker_log(self, agent: _Agent, local_rank: int) -> str | None:
+        log_dir = self.start_header.get("log_dir")
+        if not log_dir:
+            return None
+        return f"{log_dir}/{agent.hostname}.{local_rank}.log"
+
+    def _worker_died(self, agent: _Agent, header: dict[str, Any]) -> WorkerFailedError:
+        local_rank = int(header.get("local_rank", -1))
+        rank = sum(self._agents[i].workers for i in range(agent.node_rank)) + local_rank
+        tail = str(header.get("stderr_tail", ""))
+        log_file = self._worker_log(agent, local_rank)
+        message = (
+            f"worker rank {rank} (host {agent.hostname}, local rank {local_rank}) "
+            f"{header.get('what', 'died')} before returning a result."
+        )
+        if tail:
+            message += f"\nLast lines of its output{f' ({log_file})' if log_file else ''}:\n{tail}"
+        code = header.get("exitcode")
+        return WorkerFailedError(
+            message,
+            hostname=agent.hostname,
+            local_rank=local_rank,
+            rank=rank,
+            exitcode=int(code) if code is not None else None,
+            stderr_tail=tail,
+            log_file=log_file,
+        )
+
+    def _handle(self, kind: str, conn: Connection, data: Any, now: float) -> None:
+        agent = self._by_conn.get(id(conn))
+        if kind == "eof":
+            if agent is None:
+                return
+            agent.closed = True
+            if len(agent.results) < agent.workers or not self._handed_out:
+                time.sleep(0.2)  # give the exit code a moment to appear, for the message
+                detail = f" ({data})" if data else ""
+                raise self._agent_exit_error(
+                    agent, agent.node_rank, f"it closed its connection before all results{detail}"
+                )
+            return
+        frame: Frame = data
+        if agent is None:
+            if frame.kind != "hello":
+                conn.close()
+                raise AgentFailedError(f"an agent sent {frame.kind!r} before hello")
+            self._on_hello(conn, frame.header)
+            return
+        agent.last_seen = now
+        if frame.kind == "result":
+            agent.results[int(frame.header["local_rank"])] = frame
+        elif frame.kind == "error":
+            raise self._worker_error(agent, frame)
+        elif frame.kind == "died":
+            raise self._worker_died(agent, frame.header)
+
+    # ------------------------------------------------------------------ main
+    def run(self, env: dict[str, str]) -> LaunchResult[Any]:
+        """Starts the agents, runs the launch, and always cleans up."""
+        self._handed_out = False
+        acceptor = threading.Thread(target=self._accept_loop, daemon=True)
+        acceptor.start()
+        try:
+            self.starter.start(env)
+            return self._drive()
+        finally:
+            self._shutdown()
+            acceptor.join(timeout=2.0)
+
+    def _drive(self) -> LaunchResult[Any]:
+        n = len(self.hostnames)
+        connect_deadline = time.monotonic() + self.timeout
+        while True:
+            now = time.monotonic()
+            if not self._handed_out and len(self._agents) == n:
+                self._hand_out()
+                self._handed_out = True
+            if self._handed_out and all(len(a.results) == a.workers for a in self._agents.values()):
+                break
+            if not self._handed_out and now > connect_deadline:
+                missing = [self.hostnames[i] for i in range(n) if i not in self._agents]
+                raise AgentFailedError(
+                    f"agents on {missing} did not connect within timeout={self.timeout:.0f} s. "
+                    f"Their output: {self.starter.log_file(None) or self.starter.log_file(0)}",
+                    hostname=missing[0],
+                )
+            try:
+                kind, conn, data = self._events.get(timeout=_TICK)
+            except queue.Empty:
+                pass
+            else:
+                self._handle(kind, conn, data, now)
+                continue  # drain events before judging silence or process exits
+            self._check_processes(now)
+            if self._handed_out:
+                self._check_silence(now)
+        return self._collect()
+
+    def _collect(self) -> LaunchResult[Any]:
+        order = [self._agents[i] for i in range(len(self.hostnames))]
+        values: list[list[Any]] = []
+        rank = 0
+        for agent in order:
+            host_values = []
+            for local_rank in range(agent.workers):
+                frame = agent.results[local_rank]
+                try:
+                    host_values.append(loads(frame.body, frame.buffers))
+                except Exception as e:
+                    raise RuntimeError(
+                        f"the return value of rank {rank} (host {agent.hostname}) could not be "
+                        f"unpickled in the launcher: {type(e).__name__}: {e}. Return types that "
+                        "the launcher's Python can import."
+                    ) from e
+                agent.results[local_rank] = Frame({})  # let go of the raw bytes early
+                rank += 1
+            values.append(host_values)
+        return LaunchResult(hostnames=[a.hostname for a in order], return_values=values)
+
+    def _shutdown(self) -> None:
+        self._closing.set()
+        for agent in self._agents.values():
+            with contextlib.suppress(OSError):
+                agent.conn.send({"t": "stop"})
+        # Agents stop their workers (SIGTERM, grace, SIGKILL) before they exit.
+        self.starter.stop(self.grace + 3.0)
+        for agent in self._agents.values():
+            agent.conn.close()
+        while True:  # connections that were still in the accept queue
+            try:
+                _, conn, _ = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if id(conn) not in self._by_conn:
+                conn.close()
+        with contextlib.suppress(OSError):
+            self.server.close()

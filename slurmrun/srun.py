@@ -1,0 +1,76 @@
+"""Building the `srun` step that starts one agent per node, and finding a reachable address."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from collections.abc import Sequence
+
+from slurmrun.allocation import SlurmAllocation
+from slurmrun.starters import SrunAgents, agent_command
+
+__all__ = ["address_toward", "agents_step_command", "srun_agents"]
+
+# srun rewrites SLURM_TASKS_PER_NODE with the step's layout (1 per node for the agents' step),
+# so the job's own value travels to agents under this name.
+JOB_TASKS_VAR = "SLURMRUN_JOB_TASKS_PER_NODE"
+
+
+def address_toward(host: str) -> str:
+    """The local address the kernel would use to reach `host` (set SLURMRUN_LAUNCHER_ADDR to override).
+
+    Connecting a UDP socket sends nothing; it only picks a route. This is right where
+    ``getfqdn()`` is not (nodes often cannot resolve the login node's name).
+    """
+    try:
+        infos = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)
+    except socket.gaierror as e:
+        raise RuntimeError(
+            f"cannot resolve node {host!r} to find an address it can reach us at ({e}); set "
+            "SLURMRUN_LAUNCHER_ADDR to this machine's address on the cluster network"
+        ) from e
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(infos[0][4])
+        return str(s.getsockname()[0])
+
+
+def agents_step_command(
+    alloc: SlurmAllocation, hostnames: Sequence[str], log_dir: str, srun: str = "srun"
+) -> list[str]:
+    """The srun command line of the agents' step: one task on each of `hostnames`."""
+    n = len(hostnames)
+    cpus = min(alloc.cpus_per_node[alloc.node_index(h)] for h in hostnames)
+    cmd = [
+        srun,
+        f"--nodes={n}",
+        f"--ntasks={n}",
+        "--ntasks-per-node=1",
+        f"--nodelist={','.join(hostnames)}",
+        # The agent and all its workers live in this one task: give it every CPU of the node.
+        f"--cpus-per-task={cpus}",
+        # Agents' steps may run beside the user's own steps (and our previous launch's).
+        "--overlap",
+        "--kill-on-bad-exit=1",
+        "--job-name=slurmrun-agents",
+        f"--output={os.path.join(log_dir, '%N.agent.log')}",
+    ]
+    if alloc.gpus_per_node:
+        gpus = min(alloc.gpus_per_node[alloc.node_index(h)] for h in hostnames)
+        if gpus > 0:
+            # A step sees no GPU unless it asks: ask for what the job has on each node.
+            cmd.append(f"--gres=gpu:{gpus}")
+    return [*cmd, *agent_command()]
+
+
+def srun_agents(alloc: SlurmAllocation, hostnames: Sequence[str], log_dir: str) -> SrunAgents:
+    """An `AgentStarter` that runs the agents as one srun step."""
+    srun = shutil.which("srun")
+    if srun is None:
+        raise RuntimeError("srun was not found on PATH, but a SLURM allocation was detected")
+    return SrunAgents(
+        command=agents_step_command(alloc, hostnames, log_dir, srun),
+        log_path=os.path.join(log_dir, "srun.log"),
+        node_logs={h: os.path.join(log_dir, f"{h}.agent.log") for h in hostnames},
+        hostnames=list(hostnames),
+    )

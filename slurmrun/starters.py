@@ -1,0 +1,179 @@
+"""How agent processes are started and stopped: local subprocesses, or one `srun` step."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Protocol
+
+__all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command", "tail_file"]
+
+
+def agent_command() -> list[str]:
+    """The command that runs an agent with the launcher's interpreter."""
+    return [sys.executable, "-m", "slurmrun.agent"]
+
+
+def package_pythonpath(environ: Mapping[str, str]) -> str:
+    """PYTHONPATH that makes this very slurmrun importable, even from an uninstalled checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    rest = environ.get("PYTHONPATH", "")
+    return root if not rest else f"{root}{os.pathsep}{rest}"
+
+
+def tail_file(path: str | None, lines: int = 20, max_bytes: int = 16384) -> str:
+    """The last `lines` lines of a text file ('' if it cannot be read)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+class AgentStarter(Protocol):
+    """Starts the agents of one launch and makes sure none survive it."""
+
+    def start(self, env: Mapping[str, str]) -> None:
+        """Starts every agent with `env` as its environment."""
+
+    def exit_codes(self) -> dict[int | None, int]:
+        """Agents that have exited: node rank (None: all of them, e.g. srun) to exit code."""
+
+    def log_file(self, node_rank: int | None) -> str | None:
+        """Where an agent's own output (or srun's) goes."""
+
+    def stop(self, grace: float) -> None:
+        """Waits up to `grace` seconds for agents to exit, then kills whatever is left."""
+
+
+def _wait_or_kill_group(proc: subprocess.Popen[bytes], deadline: float) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    # The agent is the leader of its own session: this reaches its forkserver and workers too.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5.0)
+
+
+@dataclass
+class LocalAgents:
+    """Agents as subprocesses of the launcher, one per (local) host entry."""
+
+    hostnames: Sequence[str]
+    log_dir: str
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    _logs: list[IO[bytes]] = field(default_factory=list)
+
+    def log_file(self, node_rank: int | None) -> str | None:
+        """See `AgentStarter`."""
+        if node_rank is None:
+            return None
+        return os.path.join(self.log_dir, f"{self.hostnames[node_rank]}.agent.log")
+
+    def start(self, env: Mapping[str, str]) -> None:
+        """See `AgentStarter`."""
+        for rank, host in enumerate(self.hostnames):
+            agent_env = dict(env)
+            agent_env.update(SLURMRUN_NODE_RANK=str(rank), SLURMRUN_HOSTNAME=host)
+            log_path = self.log_file(rank)
+            assert log_path is not None  # noqa: S101 - rank is not None here
+            log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+            self._logs.append(log)
+            self.procs.append(
+                subprocess.Popen(
+                    agent_command(),
+                    env=agent_env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    # Own session: a Ctrl-C in the terminal reaches only the launcher, which then
+                    # stops agents in order; and killpg() reaches every process an agent made.
+                    start_new_session=True,
+                )
+            )
+
+    def exit_codes(self) -> dict[int | None, int]:
+        """See `AgentStarter`."""
+        codes: dict[int | None, int] = {}
+        for rank, proc in enumerate(self.procs):
+            code = proc.poll()
+            if code is not None:
+                codes[rank] = code
+        return codes
+
+    def stop(self, grace: float) -> None:
+        """See `AgentStarter`."""
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            _wait_or_kill_group(proc, deadline)
+        for log in self._logs:
+            log.close()
+
+
+@dataclass
+class SrunAgents:
+    """All agents as one SLURM job step, started with the `srun` command line `command`."""
+
+    command: list[str]
+    log_path: str
+    node_logs: Mapping[str, str]
+    hostnames: Sequence[str]
+    proc: subprocess.Popen[bytes] | None = None
+    _log: IO[bytes] | None = None
+
+    def log_file(self, node_rank: int | None) -> str | None:
+        """See `AgentStarter`."""
+        if node_rank is None:
+            return self.log_path
+        return self.node_logs.get(self.hostnames[node_rank], self.log_path)
+
+    def start(self, env: Mapping[str, str]) -> None:
+        """See `AgentStarter`."""
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        try:
+            self.proc = subprocess.Popen(
+                self.command,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except FileNotFoundError as e:
+            raise RuntimeError(f"could not run srun ({e}); is SLURM's client installed?") from e
+
+    def exit_codes(self) -> dict[int | None, int]:
+        """See `AgentStarter`."""
+        if self.proc is None or self.proc.poll() is None:
+            return {}
+        return {None: self.proc.returncode}
+
+    def stop(self, grace: float) -> None:
+        """See `AgentStarter`."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace)
+            if self.proc.poll() is None:
+                # srun forwards SIGTERM to the step's tasks and ends the step; SIGKILL of srun
+                # alone would leave the step running, so it is only the last resort.
+                self.proc.send_signal(signal.SIGTERM)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=grace + 10.0)
+            if self.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5.0)
+        if self._log is not None:
+            self._log.close()

@@ -1,0 +1,191 @@
+"""The worker: one process per GPU (or CPU) that joins the process group and runs `func`.
+
+Workers are forked by the agent's forkserver, which has imported torch already, so a worker
+starts in milliseconds. A worker talks only to its agent, over a private socketpair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import faulthandler
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from slurmrun.transport import Connection, dumps, loads
+
+__all__ = ["WorkerSpec", "run_worker"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Everything a worker needs to know before it receives `func`."""
+
+    hostname: str
+    local_rank: int
+    rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    backend: str | None
+    timeout: float
+    sys_path: tuple[str, ...]
+    cwd: str
+    env: tuple[tuple[str, str], ...]
+    log_file: str | None
+
+
+def _die_with_parent() -> None:
+    """Asks the kernel to SIGKILL us when our parent (the agent's forkserver) goes away."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the agent-socket watchdog still covers us
+        return
+    if os.getppid() == 1:  # parent already gone before prctl took effect
+        os._exit(70)
+
+
+def _redirect_output(log_file: str | None) -> None:
+    if log_file is None:
+        return
+    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+def _watch_agent(conn: Connection) -> None:
+    """Ends this worker as soon as the agent says stop or its socket closes.
+
+    The agent also signals workers itself; this covers an agent that was SIGKILLed.
+    """
+    try:
+        while True:
+            frame = conn.recv()
+            if frame is None or frame.kind == "stop":
+                break
+    except OSError:
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _worker_env(spec: WorkerSpec) -> dict[str, str]:
+    env = dict(spec.env)
+    env.update(
+        RANK=str(spec.rank),
+        LOCAL_RANK=str(spec.local_rank),
+        GROUP_RANK=str(spec.node_rank),
+        NODE_RANK=str(spec.node_rank),
+        WORLD_SIZE=str(spec.world_size),
+        LOCAL_WORLD_SIZE=str(spec.local_world_size),
+        MASTER_ADDR=spec.master_addr,
+        MASTER_PORT=str(spec.master_port),
+    )
+    return env
+
+
+def _send_error(conn: Connection, exc: BaseException, tb_text: str) -> None:
+    header: dict[str, Any] = {
+        "t": "error",
+        "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+        "message": _safe_str(exc),
+        "traceback": tb_text,
+    }
+    try:
+        body, buffers = dumps(exc)
+    except Exception as pickling_error:  # noqa: BLE001 - any failure means: send text only
+        header["unpicklable"] = _safe_str(pickling_error)
+        body, buffers = b"", []
+    conn.send(header, body, buffers)
+
+
+def _safe_str(obj: object) -> str:
+    try:
+        return str(obj)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the real error
+        return f"<{type(obj).__name__} whose str() failed>"
+
+
+def _init_process_group(spec: WorkerSpec) -> bool:
+    if spec.backend is None:
+        return False
+    import torch  # noqa: PLC0415 - preloaded by the forkserver, so this costs nothing
+    import torch.distributed as dist  # noqa: PLC0415
+
+    backend = spec.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(spec.local_rank)
+    dist.init_process_group(
+        backend=backend,
+        init_method="env://",
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.timeout),
+    )
+    return True
+
+
+def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
+    """Entry point of a worker process (the target of the agent's forkserver Process)."""
+    _redirect_output(spec.log_file)
+    faulthandler.enable()  # a segfault prints the Python stack into the worker's log
+    _die_with_parent()
+    os.environ.update(_worker_env(spec))
+    sys.path[:] = list(spec.sys_path)
+    with contextlib.suppress(OSError):
+        os.chdir(spec.cwd)
+    conn = Connection(sock)
+    code = 0
+    try:
+        frame = conn.recv()
+        if frame is None:
+            os._exit(71)
+        threading.Thread(target=_watch_agent, args=(conn,), daemon=True).start()
+        try:
+            func, args, kwargs = loads(frame.body, frame.buffers)
+            initialised = _init_process_group(spec)
+            result = func(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit too, is reported
+            _send_error(conn, exc, traceback.format_exc())
+            code = 1
+        else:
+            try:
+                body, buffers = dumps(result)
+            except Exception as exc:  # noqa: BLE001 - report, do not crash
+                error = TypeError(
+                    f"the return value of rank {spec.rank} ({type(result).__qualname__}) could "
+                    f"not be pickled to send back to the launcher: {_safe_str(exc)}. Return "
+                    "plain data, tensors or numpy arrays (convert other objects first)."
+                )
+                _send_error(conn, error, traceback.format_exc())
+                code = 1
+            else:
+                conn.send({"t": "result"}, body, buffers)
+                del body, buffers, result
+                if initialised:
+                    import torch.distributed as dist  # noqa: PLC0415
+
+                    dist.destroy_process_group()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # Skip interpreter teardown: after an error the process group may be wedged in a collective.
+    os._exit(code)

@@ -1,0 +1,553 @@
+"""Tests for slurmrun.allocation: SLURM variables, scontrol output and local GPU/CPU counts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmrun import allocation
+from slurmrun.allocation import (
+    SlurmAllocation,
+    auto_workers_per_host,
+    expand_counts,
+    parse_scontrol_gpus,
+    scontrol_gpus,
+    slurm_allocation,
+    usable_cpu_count,
+    visible_gpu_count,
+)
+
+
+def job_env(**overrides: str) -> dict[str, str]:
+    """A two-node job as sbatch would describe it, with overrides."""
+    env = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_JOB_CPUS_PER_NODE": "8(x2)",
+    }
+    env.update(overrides)
+    return env
+
+
+def single_node_env(**overrides: str) -> dict[str, str]:
+    return job_env(SLURM_JOB_NODELIST="node1", SLURM_JOB_CPUS_PER_NODE="8", **overrides)
+
+
+# --- expand_counts -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("36(x2),72", [36, 36, 72]),
+        ("4", [4]),
+        ("2(x3)", [2, 2, 2]),
+        ("1,2,3", [1, 2, 3]),
+        ("72,36(x2),8", [72, 36, 36, 8]),
+        ("0", [0]),
+        ("128(x16)", [128] * 16),
+    ],
+)
+def test_expand_counts_reads_compressed_repeats(value, expected):
+    assert expand_counts(value, "SLURM_JOB_CPUS_PER_NODE") == expected
+
+
+@pytest.mark.parametrize("value", ["", "x", "4(x)", "4(2)", "4(x0)", "-1", "4,,4", "4(x2", "2.5"])
+def test_expand_counts_rejects_malformed_values_naming_the_variable(value):
+    with pytest.raises(ValueError, match="SLURM_TASKS_PER_NODE") as info:
+        expand_counts(value, "SLURM_TASKS_PER_NODE")
+    assert repr(value) in str(info.value)
+    assert "expected" in str(info.value)
+
+
+# --- slurm_allocation: nodes and counts -----------------------------------------------------
+
+
+def test_slurm_allocation_is_none_outside_a_job():
+    assert slurm_allocation({}) is None
+    assert slurm_allocation({"SLURM_JOB_NODELIST": "node1", "PATH": "/bin"}) is None
+
+
+def test_slurm_allocation_reads_a_typical_batch_job():
+    env = job_env(
+        SLURM_JOB_NODELIST="gpu[01-02]",
+        SLURM_JOB_CPUS_PER_NODE="36(x2)",
+        SLURM_TASKS_PER_NODE="4(x2)",
+        SLURM_GPUS_PER_NODE="4",
+    )
+    assert slurm_allocation(env) == SlurmAllocation(
+        job_id="4242",
+        hostnames=["gpu01", "gpu02"],
+        cpus_per_node=[36, 36],
+        tasks_per_node=[4, 4],
+        gpus_per_node=[4, 4],
+    )
+
+
+def test_slurm_allocation_accepts_old_slurm_jobid_alias():
+    env = job_env()
+    del env["SLURM_JOB_ID"]
+    env["SLURM_JOBID"] = "77"
+    result = slurm_allocation(env)
+    assert result is not None
+    assert result.job_id == "77"
+
+
+def test_slurm_allocation_prefers_job_nodelist_over_step_nodelist():
+    # srun rewrites SLURM_NODELIST to the step's nodes; the job's list is SLURM_JOB_NODELIST.
+    result = slurm_allocation(job_env(SLURM_NODELIST="node2"))
+    assert result is not None
+    assert result.hostnames == ["node1", "node2"]
+
+
+def test_slurm_allocation_falls_back_to_slurm_nodelist():
+    env = job_env()
+    env["SLURM_NODELIST"] = env.pop("SLURM_JOB_NODELIST")
+    result = slurm_allocation(env)
+    assert result is not None
+    assert result.hostnames == ["node1", "node2"]
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "expected"),
+    [
+        ("gpu-a[01-03,07],login5", ["gpu-a01", "gpu-a02", "gpu-a03", "gpu-a07", "login5"]),
+        ("n[1-2]-ib", ["n1-ib", "n2-ib"]),
+        ("node[1-3]", ["node1", "node2", "node3"]),
+        ("node7", ["node7"]),
+        ("node[098-101]", ["node098", "node099", "node100", "node101"]),
+        ("c[1-2]n[01-02]", ["c1n01", "c1n02", "c2n01", "c2n02"]),
+        ("node10,node2", ["node10", "node2"]),
+    ],
+)
+def test_slurm_allocation_expands_odd_nodelists_in_slurm_order(nodelist, expected):
+    env = job_env(SLURM_JOB_NODELIST=nodelist, SLURM_JOB_CPUS_PER_NODE=f"4(x{len(expected)})")
+    result = slurm_allocation(env)
+    assert result is not None
+    assert result.hostnames == expected
+    assert result.cpus_per_node == [4] * len(expected)
+
+
+@pytest.mark.parametrize("nodelist", ["node[1-", "node[3-1]", "node]1[", ""])
+def test_slurm_allocation_rejects_malformed_nodelist_naming_the_variable(nodelist):
+    with pytest.raises(ValueError, match="SLURM_JOB_NODELIST"):
+        slurm_allocation(job_env(SLURM_JOB_NODELIST=nodelist))
+
+
+def test_slurm_allocation_without_nodelist_names_both_variables():
+    env = job_env()
+    del env["SLURM_JOB_NODELIST"]
+    with pytest.raises(ValueError, match="SLURM_JOB_NODELIST nor SLURM_NODELIST"):
+        slurm_allocation(env)
+
+
+def test_slurm_allocation_without_cpus_per_node_names_the_variable():
+    env = job_env()
+    del env["SLURM_JOB_CPUS_PER_NODE"]
+    with pytest.raises(ValueError, match="SLURM_JOB_CPUS_PER_NODE"):
+        slurm_allocation(env)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("SLURM_JOB_CPUS_PER_NODE", "8(x3)"), ("SLURM_TASKS_PER_NODE", "1")],
+)
+def test_slurm_allocation_rejects_count_lists_of_the_wrong_length(variable, value):
+    with pytest.raises(ValueError, match=rf"{variable}=.*SLURM_JOB_NODELIST has 2"):
+        slurm_allocation(job_env(**{variable: value}))
+
+
+@pytest.mark.parametrize("variable", ["SLURM_JOB_CPUS_PER_NODE", "SLURM_TASKS_PER_NODE"])
+def test_slurm_allocation_rejects_malformed_counts_naming_the_variable(variable):
+    with pytest.raises(ValueError, match=variable):
+        slurm_allocation(job_env(**{variable: "eight"}))
+
+
+def test_slurm_allocation_reads_uneven_tasks_per_node():
+    env = job_env(
+        SLURM_JOB_NODELIST="node[1-3]",
+        SLURM_JOB_CPUS_PER_NODE="36(x2),72",
+        SLURM_TASKS_PER_NODE="2(x2),1",
+    )
+    result = slurm_allocation(env)
+    assert result is not None
+    assert result.cpus_per_node == [36, 36, 72]
+    assert result.tasks_per_node == [2, 2, 1]
+
+
+def test_slurm_allocation_leaves_tasks_and_gpus_unknown_when_unset():
+    result = slurm_allocation(job_env())
+    assert result is not None
+    assert result.tasks_per_node is None
+    assert result.gpus_per_node is None
+
+
+# --- slurm_allocation: GPUs per node --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({"SLURM_GPUS_PER_NODE": "2"}, [2, 2]),
+        ({"SLURM_GPUS_PER_NODE": "a100:2"}, [2, 2]),
+        ({"SLURM_GPUS_PER_NODE": "a100:2,v100:1"}, [3, 3]),
+        ({"SLURM_GPUS_PER_NODE": "1g.10gb:1"}, [1, 1]),
+        ({"SLURM_TRES_PER_NODE": "gres/gpu:2"}, [2, 2]),
+        ({"SLURM_TRES_PER_NODE": "gres/gpu:a100:4"}, [4, 4]),
+        ({"SLURM_TRES_PER_NODE": "gres:gpu:2"}, [2, 2]),
+        ({"SLURM_TRES_PER_NODE": "gres/gpu=3"}, [3, 3]),
+        ({"SLURM_TRES_PER_NODE": "gres/gpu"}, [1, 1]),
+        ({"SLURM_TRES_PER_NODE": "gres/gpu:a100:2,gres/gpu:v100:1"}, [3, 3]),
+        ({"SLURM_TRES_PER_NODE": "gres/shard:2,gres/gpu:4"}, [4, 4]),
+        ({"SLURM_JOB_GRES": "gpu:2"}, [2, 2]),
+        ({"SLURM_JOB_GRES": "gpu:tesla"}, [1, 1]),
+        ({"SLURM_GPUS": "6"}, [3, 3]),
+        ({"SLURM_GPUS": "a100:8"}, [4, 4]),
+        ({"SLURM_GPUS": "5"}, None),
+        ({"SLURM_TRES_PER_NODE": "gres/shard:2"}, None),
+        ({}, None),
+    ],
+)
+def test_slurm_allocation_reads_gpus_per_node_from_request_variables(variables, expected):
+    result = slurm_allocation(job_env(**variables))
+    assert result is not None
+    assert result.gpus_per_node == expected
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({"SLURM_GPUS_ON_NODE": "4"}, [4]),
+        ({"SLURM_JOB_GPUS": "0,1,2"}, [3]),
+        ({"SLURM_JOB_GPUS": "0-3"}, [4]),
+        ({"SLURM_JOB_GPUS": "5"}, [1]),
+        ({"SLURM_GPUS": "3"}, [3]),
+        ({"SLURM_GPUS_ON_NODE": "2", "SLURM_GPUS_PER_NODE": "8"}, [2]),
+    ],
+)
+def test_slurm_allocation_trusts_this_node_gpu_variables_in_single_node_jobs(variables, expected):
+    result = slurm_allocation(single_node_env(**variables))
+    assert result is not None
+    assert result.gpus_per_node == expected
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected"),
+    [
+        ({"SLURM_GPUS_ON_NODE": "4"}, None),
+        ({"SLURM_JOB_GPUS": "0,1"}, None),
+        ({"SLURM_GPUS_ON_NODE": "4", "SLURM_GPUS_PER_NODE": "2"}, [2, 2]),
+    ],
+)
+def test_slurm_allocation_ignores_batch_node_gpu_variables_in_multi_node_jobs(variables, expected):
+    result = slurm_allocation(job_env(**variables))
+    assert result is not None
+    assert result.gpus_per_node == expected
+
+
+def test_slurm_allocation_prefers_per_node_requests_over_job_total():
+    result = slurm_allocation(job_env(SLURM_GPUS_PER_NODE="4", SLURM_GPUS="2"))
+    assert result is not None
+    assert result.gpus_per_node == [4, 4]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("SLURM_GPUS_PER_NODE", "a100:two"),
+        ("SLURM_GPUS_PER_NODE", "2,"),
+        ("SLURM_TRES_PER_NODE", "gres/gpu:a100:x:y"),
+        ("SLURM_JOB_GRES", "gpu:a100:"),
+        ("SLURM_GPUS", "many"),
+    ],
+)
+def test_slurm_allocation_rejects_malformed_gpu_variables_naming_them(variable, value):
+    with pytest.raises(ValueError, match=variable) as info:
+        slurm_allocation(job_env(**{variable: value}))
+    assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("SLURM_GPUS_ON_NODE", "four"), ("SLURM_JOB_GPUS", "0,a")],
+)
+def test_slurm_allocation_rejects_malformed_node_gpu_variables_naming_them(variable, value):
+    with pytest.raises(ValueError, match=variable):
+        slurm_allocation(single_node_env(**{variable: value}))
+
+
+# --- node_index ----------------------------------------------------------------------------
+
+
+def make_allocation(hostnames: list[str]) -> SlurmAllocation:
+    return SlurmAllocation("9", hostnames, [1] * len(hostnames), None, None)
+
+
+def test_node_index_finds_host_in_slurm_order():
+    job = make_allocation(["node10", "node2", "node3"])
+    assert [job.node_index(h) for h in ("node10", "node2", "node3")] == [0, 1, 2]
+
+
+def test_node_index_matches_fully_qualified_hostname_to_short_node_name():
+    job = make_allocation(["node1", "node2"])
+    assert job.node_index("node2.cluster.example.org") == 1
+
+
+def test_node_index_rejects_host_outside_the_job_with_its_nodes_listed():
+    job = make_allocation(["node1", "node2"])
+    with pytest.raises(ValueError, match=r"'login1' is not part of SLURM job 9.*node1, node2"):
+        job.node_index("login1")
+
+
+# --- scontrol ------------------------------------------------------------------------------
+
+SCONTROL_TWO_GROUPS = """\
+JobId=1234 JobName=train
+   UserId=alice(1000) GroupId=alice(1000) MCS_label=N/A
+   Priority=1 Nice=0 Account=ml QOS=normal
+   JobState=RUNNING Reason=None Dependency=(null)
+   NodeList=node[1-3]
+   BatchHost=node1
+   NumNodes=3 NumCPUs=10 NumTasks=3 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   TRES=cpu=10,mem=40G,node=3,billing=10,gres/gpu=5
+   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*
+   JOB_GRES=gpu:5
+     Nodes=node[1-2] CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)
+     Nodes=node3 CPU_IDs=0-1 Mem=0 GRES=gpu:1(IDX:0)
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+   Features=(null) DelayBoot=00:00:00
+   TresPerNode=gres:gpu:2
+   Command=/home/alice/train.sh
+"""
+
+SCONTROL_TYPED = """\
+JobId=88 JobName=big
+   NodeList=gpu-a[01-02],gpu-b07
+   JOB_GRES=gpu:a100:8,gpu:v100:2
+     Nodes=gpu-a[01-02] CPU_IDs=0-63 Mem=512000 GRES=gpu:a100:4(IDX:0-3)
+     Nodes=gpu-b07 CPU_IDs=0-7 Mem=64000 GRES=gpu:a100:1(IDX:0),gpu:v100:2(IDX:1-2)
+"""
+
+SCONTROL_OLD_GRES_IDX = """\
+JobId=17 JobName=old
+   NodeList=node-06
+   TRES=cpu=4,mem=80G,node=1,billing=4,gres/gpu=4
+     Nodes=node-06 CPU_IDs=10-11,15,21 Mem=81920 GRES_IDX=gpu(IDX:0,2-3,5)
+   MinCPUsNode=4 MinMemoryNode=80G MinTmpDiskNode=0
+   Gres=gpu:4 Reservation=(null)
+"""
+
+SCONTROL_CPU_ONLY = """\
+JobId=5 JobName=cpu
+   NodeList=cpu[1-2]
+     Nodes=cpu[1-2] CPU_IDs=0-31 Mem=0 GRES=
+   MinCPUsNode=1
+"""
+
+SCONTROL_ONE_LINE = (
+    "JobId=10 JobName=a UserId=lin(1001) JobState=RUNNING NodeList=n[1-3] "
+    "JOB_GRES=gpu:h200:5 Nodes=n[1-2] CPU_IDs=0-7 Mem=0 GRES=gpu:h200:2(IDX:0-1) "
+    "Nodes=n3 CPU_IDs=0-3 Mem=0 GRES=gpu:h200:1(IDX:6) MinCPUsNode=1 Gres=gpu:9\n"
+)
+
+SCONTROL_SHARDS = """\
+JobId=31 JobName=shared
+     Nodes=node4 CPU_IDs=0-1 Mem=0 GRES=gpu:1(IDX:3),shard:2(3/8,0/8)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (SCONTROL_TWO_GROUPS, {"node1": 2, "node2": 2, "node3": 1}),
+        (SCONTROL_TYPED, {"gpu-a01": 4, "gpu-a02": 4, "gpu-b07": 3}),
+        (SCONTROL_OLD_GRES_IDX, {"node-06": 4}),
+        (SCONTROL_CPU_ONLY, {"cpu1": 0, "cpu2": 0}),
+        (SCONTROL_ONE_LINE, {"n1": 2, "n2": 2, "n3": 1}),
+        (SCONTROL_SHARDS, {"node4": 1}),
+        ("     Nodes=gpu[04-05] CPU_IDs=0-47 Mem=0 GRES=gpu(IDX:0-7)\n", {"gpu04": 8, "gpu05": 8}),
+        ("     Nodes=gpu1 CPU_IDs=0 Mem=0 GRES_IDX=gpu:K2(IDX:0-1)\n", {"gpu1": 2}),
+        ("     Nodes=gpu1 CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:N/A)\n", {"gpu1": 2}),
+        ("     Nodes=node1 CPU_IDs=0-3 Mem=0\n", {"node1": 0}),
+        ("JobId=3 JobName=pending\n   JobState=PENDING Reason=Resources\n", {}),
+    ],
+)
+def test_parse_scontrol_gpus_reads_per_node_gres_lines(text, expected):
+    assert parse_scontrol_gpus(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "     Nodes=node[1- CPU_IDs=0 Mem=0 GRES=gpu:1(IDX:0)\n",
+        "     Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu(IDX:zero)\n",
+    ],
+)
+def test_parse_scontrol_gpus_rejects_malformed_lines(text):
+    with pytest.raises(ValueError, match="scontrol output"):
+        parse_scontrol_gpus(text)
+
+
+def fake_scontrol(directory: Path, script: str) -> None:
+    """Put an executable `scontrol` in `directory` that runs `script` (a shell body)."""
+    path = directory / "scontrol"
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(0o755)
+
+
+@pytest.fixture
+def scontrol_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    return tmp_path
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses a shell script as a fake scontrol")
+def test_scontrol_gpus_runs_scontrol_show_job_detailed(scontrol_dir):
+    (scontrol_dir / "out.txt").write_text(SCONTROL_TWO_GROUPS)
+    fake_scontrol(
+        scontrol_dir,
+        f'[ "$*" = "show job -d 1234" ] && cat "{scontrol_dir}/out.txt" || exit 1',
+    )
+    assert scontrol_gpus("1234") == {"node1": 2, "node2": 2, "node3": 1}
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses a shell script as a fake scontrol")
+@pytest.mark.parametrize(
+    "script",
+    [
+        'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1',
+        "echo JobId=1 JobState=PENDING",
+        "echo '     Nodes=node[1- GRES=gpu:1'",
+    ],
+)
+def test_scontrol_gpus_is_none_when_scontrol_fails_or_says_nothing(scontrol_dir, script):
+    fake_scontrol(scontrol_dir, script)
+    assert scontrol_gpus("1") is None
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses a shell script as a fake scontrol")
+def test_scontrol_gpus_gives_up_after_timeout(scontrol_dir):
+    fake_scontrol(scontrol_dir, "exec sleep 5")
+    assert scontrol_gpus("1", timeout=0.2) is None
+
+
+def test_scontrol_gpus_is_none_without_scontrol(monkeypatch):
+    def missing(*args, **kwargs):
+        raise FileNotFoundError("scontrol")
+
+    monkeypatch.setattr(allocation.subprocess, "run", missing)
+    assert scontrol_gpus("1") is None
+
+
+def test_importing_allocation_does_not_import_torch():
+    code = "import sys, slurmrun.allocation; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# --- visible_gpu_count ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("0", 1),
+        ("0,1,2,3", 4),
+        ("2,3", 2),
+        (" 0 , 1 ", 2),
+        ("GPU-8f0b0b3e-1a2b-4c5d-9e8f-0123456789ab,GPU-11111111-2222-3333-4444-555555555555", 2),
+        ("MIG-0b0b3e1a-2b4c-5d9e-8f01-23456789abcd", 1),
+        ("", 0),
+        ("-1", 0),
+        ("NoDevFiles", 0),
+        ("0,-1,1", 1),
+        ("0,1,", 2),
+    ],
+)
+def test_visible_gpu_count_reads_cuda_visible_devices(value, expected, tmp_path):
+    (tmp_path / "nvidia0").touch()
+    assert visible_gpu_count({"CUDA_VISIBLE_DEVICES": value}, dev_dir=tmp_path) == expected
+
+
+def test_visible_gpu_count_counts_nvidia_device_files(tmp_path):
+    for name in ["nvidia0", "nvidia1", "nvidia7", "nvidia10"]:
+        (tmp_path / name).touch()
+    for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "null"]:
+        (tmp_path / name).touch()
+    (tmp_path / "nvidia-caps").mkdir()
+    assert visible_gpu_count({}, dev_dir=tmp_path) == 4
+
+
+def test_visible_gpu_count_is_zero_without_devices(tmp_path):
+    assert visible_gpu_count({}, dev_dir=tmp_path) == 0
+    assert visible_gpu_count({}, dev_dir=tmp_path / "missing") == 0
+
+
+# --- usable_cpu_count / auto_workers_per_host ----------------------------------------------
+
+
+def test_usable_cpu_count_follows_affinity_mask():
+    expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    assert usable_cpu_count() == expected
+    assert usable_cpu_count() >= 1
+
+
+def test_usable_cpu_count_falls_back_to_cpu_count(monkeypatch):
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert usable_cpu_count() == 6
+
+
+def test_auto_workers_per_host_uses_visible_gpus_first(tmp_path):
+    env = job_env(CUDA_VISIBLE_DEVICES="0,1,2", SLURM_TASKS_PER_NODE="8(x2)")
+    assert auto_workers_per_host(env, 0, dev_dir=tmp_path) == 3
+
+
+def test_auto_workers_per_host_counts_gpu_device_files_outside_slurm(tmp_path):
+    (tmp_path / "nvidia0").touch()
+    (tmp_path / "nvidia1").touch()
+    assert auto_workers_per_host({}, None, dev_dir=tmp_path) == 2
+
+
+@pytest.mark.parametrize(("node_index", "expected"), [(0, 2), (1, 2), (2, 1)])
+def test_auto_workers_per_host_uses_job_tasks_for_this_node_without_gpus(
+    node_index, expected, tmp_path
+):
+    env = job_env(SLURM_JOB_NODELIST="node[1-3]", SLURM_TASKS_PER_NODE="2(x2),1")
+    assert auto_workers_per_host(env, node_index, dev_dir=tmp_path) == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "node_index"),
+    [
+        (job_env(), 0),
+        (job_env(SLURM_TASKS_PER_NODE="4(x2)"), None),
+        (job_env(SLURM_TASKS_PER_NODE="4(x2)", CUDA_VISIBLE_DEVICES=""), None),
+    ],
+)
+def test_auto_workers_per_host_is_one_inside_slurm_when_tasks_unknown(env, node_index, tmp_path):
+    assert auto_workers_per_host(env, node_index, dev_dir=tmp_path) == 1
+
+
+def test_auto_workers_per_host_ignores_device_files_hidden_by_slurm(tmp_path):
+    # A step without GPUs gets an empty CUDA_VISIBLE_DEVICES even on a GPU node.
+    (tmp_path / "nvidia0").touch()
+    env = job_env(SLURM_TASKS_PER_NODE="3(x2)", CUDA_VISIBLE_DEVICES="")
+    assert auto_workers_per_host(env, 1, dev_dir=tmp_path) == 3
+
+
+def test_auto_workers_per_host_uses_usable_cpus_outside_slurm(tmp_path):
+    assert auto_workers_per_host({}, None, dev_dir=tmp_path) == usable_cpu_count()
+
+
+@pytest.mark.parametrize(
+    ("tasks", "node_index", "message"),
+    [("2(x2)", 2, "no entry for node index 2"), ("two", 0, "SLURM_TASKS_PER_NODE")],
+)
+def test_auto_workers_per_host_rejects_bad_tasks_per_node(tasks, node_index, message, tmp_path):
+    env = job_env(SLURM_TASKS_PER_NODE=tasks)
+    with pytest.raises(ValueError, match=message):
+        auto_workers_per_host(env, node_index, dev_dir=tmp_path)
