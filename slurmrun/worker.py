@@ -146,7 +146,7 @@ def _init_process_group(spec: WorkerSpec) -> bool:
 def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
     """Entry point of a worker process (the target of the agent's forkserver Process)."""
     _redirect_output(spec.log_file)
-    faulthandler.enable()  # a segfault prints the Python stack into the worker's log
+    faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
     _die_with_parent()
     os.environ.update(_worker_env(spec))
     sys.path[:] = list(spec.sys_path)

@@ -1,0 +1,454 @@
+"""slurmrun.launch on localhost: real agents, real forked workers, real gloo."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+
+import slurmrun
+from slurmrun import transport
+from slurmrun.errors import RemoteTraceback
+
+# ---------------------------------------------------------------- functions run on workers
+
+
+def env_and_rank():
+    import torch.distributed as dist
+
+    keys = ["RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+    return {k: os.environ.get(k) for k in keys} | {"initialized": dist.is_initialized()}
+
+
+def all_reduce_sum():
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return dist.get_backend(), t.item()
+
+
+def raise_on_rank_1_while_rank_0_waits():
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise KeyError("rank 1 has no such key")
+    dist.all_reduce(torch.ones(1))  # rank 0 blocks here until the launcher stops it
+    time.sleep(60)
+
+
+def exit_on_rank_1(how: str):
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        print("last words before dying", file=sys.stderr, flush=True)
+        if how == "exit":
+            os._exit(3)
+        if how == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if how == "segfault":
+            import ctypes
+
+            ctypes.string_at(0)
+    dist.all_reduce(torch.ones(1))
+    time.sleep(60)
+
+
+def kill_own_agent():
+    # worker -> forkserver -> agent
+    agent = psutil.Process().parent().parent()
+    assert "slurmrun.agent" in " ".join(agent.cmdline())
+    if os.environ["LOCAL_RANK"] == "0":
+        agent.kill()
+    time.sleep(60)
+
+
+def stop_own_agent():
+    if os.environ["LOCAL_RANK"] == "0":
+        psutil.Process().parent().parent().suspend()
+    time.sleep(60)
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("Unpicklable refuses to be pickled")
+
+
+def return_unpicklable():
+    return {"fine": 1, "bad": Unpicklable()}
+
+
+class UnpicklableError(Exception):
+    def __init__(self):
+        super().__init__("an error holding a lock")
+        self.lock = threading.Lock()
+
+
+def raise_unpicklable_error():
+    raise UnpicklableError()
+
+
+def return_tensors(n_bytes: int):
+    import torch
+
+    rank = int(os.environ["RANK"])
+    big = torch.full((n_bytes // 4,), float(rank), dtype=torch.float32)
+    return {"big": big, "bf16": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "empty": torch.zeros(0, 5)}
+
+
+def be_a_hostile_peer():
+    """Attack the launcher from a worker: wrong secret, garbage, truncated handshakes."""
+    addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
+    port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
+    assert "SLURMRUN_SECRET" not in os.environ, "the secret leaked into the workers' environment"
+    refused = 0
+    for attempt in ("wrong-secret", "garbage", "frame-without-handshake", "truncated"):
+        with socket.create_connection((addr, port), timeout=5) as s:
+            try:
+                if attempt == "wrong-secret":
+                    transport.client_handshake(s, b"x" * 32, timeout=5)
+                elif attempt == "garbage":
+                    s.recv(36)
+                    s.sendall(os.urandom(64))
+                    if s.recv(100) == b"":
+                        refused += 1
+                    continue
+                elif attempt == "frame-without-handshake":
+                    s.sendall(b"SRF1" + os.urandom(200))
+                    s.recv(36)
+                    if s.recv(100) in (b"",):
+                        refused += 1
+                    continue
+                else:
+                    s.recv(36)
+                    s.sendall(os.urandom(10))
+                    s.shutdown(socket.SHUT_WR)
+                    if s.recv(100) == b"":
+                        refused += 1
+                    continue
+            except (transport.AuthenticationError, ConnectionError):
+                refused += 1
+    return refused
+
+
+def pids_then_sleep(path: str):
+    me = psutil.Process()
+    with open(f"{path}.{os.environ['RANK']}", "w") as f:
+        f.write(" ".join(str(p.pid) for p in (me, me.parent(), me.parent().parent())))
+    time.sleep(120)
+
+
+# ---------------------------------------------------------------- tests: results
+
+
+def test_every_rank_returns_and_sees_its_torchrun_style_environment():
+    result = slurmrun.launch(env_and_rank, workers_per_host=2)
+    assert result.hostnames == ["localhost"]
+    assert len(result.return_values) == 1 and len(result.return_values[0]) == 2
+    for rank in range(2):
+        env = result.rank(rank)
+        assert env["RANK"] == str(rank)
+        assert env["LOCAL_RANK"] == str(rank)
+        assert env["GROUP_RANK"] == "0"
+        assert env["WORLD_SIZE"] == "2"
+        assert env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert int(env["MASTER_PORT"]) > 0
+        assert env["initialized"] is True
+    assert result.index("localhost", 1) == result.rank(1)
+    with pytest.raises(IndexError):
+        result.rank(2)
+    with pytest.raises(IndexError):
+        result.index("localhost", 2)
+    with pytest.raises(ValueError):
+        result.index("node9", 0)
+
+
+def test_gloo_all_reduce_sums_over_all_workers():
+    result = slurmrun.launch(all_reduce_sum, workers_per_host=2, backend="auto")
+    assert result.values() == [("gloo", 3.0), ("gloo", 3.0)]
+
+
+def test_launcher_class_runs_lambdas_closures_and_kwargs():
+    offset = 100
+
+    def closure(x, *, scale):
+        return int(os.environ["RANK"]) * scale + x + offset
+
+    launcher = slurmrun.Launcher(workers_per_host=2, backend="gloo")
+    assert launcher.run(closure, (1,), {"scale": 10}).values() == [101, 111]
+    assert launcher.run(lambda: "lambda").rank(0) == "lambda"
+
+
+def test_two_hosts_entries_on_localhost_get_ranks_host_by_host():
+    result = slurmrun.launch(env_and_rank, hostnames=["localhost", "localhost"], workers_per_host=[1, 2])
+    ranks = [[(v["RANK"], v["GROUP_RANK"], v["LOCAL_RANK"]) for v in host] for host in result.return_values]
+    assert ranks == [[("0", "0", "0")], [("1", "1", "0"), ("2", "1", "1")]]
+    assert {v["WORLD_SIZE"] for v in result.values()} == {"3"}
+
+
+def test_backend_none_skips_the_process_group():
+    result = slurmrun.launch(env_and_rank, workers_per_host=1, backend=None)
+    assert result.rank(0)["initialized"] is False
+    assert result.rank(0)["RANK"] == "0"
+
+
+def test_auto_workers_per_host_is_the_usable_cpu_count(monkeypatch):
+    for var in ("SLURM_JOB_ID", "SLURM_JOBID", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    result = slurmrun.launch(lambda: os.environ["WORLD_SIZE"], backend=None)
+    assert len(result.values()) == len(os.sched_getaffinity(0))
+
+
+def test_tensors_come_back_intact_through_out_of_band_buffers():
+    import torch
+
+    before = transport.unpickle_count
+    result = slurmrun.launch(return_tensors, (8 << 20,), workers_per_host=2)
+    for rank in range(2):
+        value = result.rank(rank)
+        assert value["big"].dtype == torch.float32 and value["big"].numel() == 2 << 20
+        assert torch.all(value["big"] == rank)
+        assert torch.equal(value["bf16"], torch.arange(6, dtype=torch.bfloat16).reshape(2, 3))
+        assert value["empty"].shape == (0, 5)
+    assert transport.unpickle_count - before == 2  # each result unpickled exactly once
+
+
+def test_function_from_a_module_on_a_tweaked_sys_path_unpickles_on_workers(tmp_path, monkeypatch):
+    (tmp_path / "my_private_module.py").write_text("def answer():\n    return 'from my module'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_private_module
+
+    result = slurmrun.launch(my_private_module.answer, workers_per_host=1, backend=None)
+    assert result.rank(0) == "from my module"
+
+
+def test_two_launches_back_to_back():
+    for _ in range(2):
+        assert slurmrun.launch(all_reduce_sum, workers_per_host=2).values() == [("gloo", 3.0)] * 2
+
+
+# ---------------------------------------------------------------- tests: failures
+
+
+def test_worker_exception_is_reraised_at_once_while_other_ranks_wait_in_a_collective():
+    start = time.monotonic()
+    with pytest.raises(KeyError) as info:
+        slurmrun.launch(raise_on_rank_1_while_rank_0_waits, workers_per_host=2, timeout=120)
+    assert time.monotonic() - start < 20  # the collective timeout is 120 s
+    exc = info.value
+    assert isinstance(exc.__cause__, RemoteTraceback)
+    assert "raise_on_rank_1_while_rank_0_waits" in exc.__cause__.text
+    assert any("rank 1 (host localhost, local rank 1)" in n for n in exc.__notes__)
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [("exit", "exited with code 3"), ("sigkill", "killed by SIGKILL"), ("segfault", "killed by SIGSEGV")],
+)
+def test_worker_death_raises_worker_failed_with_cause_and_last_output(how, expected):
+    start = time.monotonic()
+    with pytest.raises(slurmrun.WorkerFailedError) as info:
+        slurmrun.launch(exit_on_rank_1, (how,), workers_per_host=2, timeout=120)
+    elapsed = time.monotonic() - start
+    exc = info.value
+    assert expected in str(exc)
+    assert exc.hostname == "localhost" and exc.local_rank == 1 and exc.rank == 1
+    if how == "segfault":
+        assert "Segmentation fault" in exc.stderr_tail and "exit_on_rank_1" in exc.stderr_tail
+    else:
+        assert "last words before dying" in exc.stderr_tail
+    assert exc.log_file and os.path.exists(exc.log_file)
+    assert elapsed < 20, f"took {elapsed:.1f} s"
+
+
+def test_killed_agent_raises_agent_failed():
+    with pytest.raises(slurmrun.AgentFailedError) as info:
+        slurmrun.launch(kill_own_agent, workers_per_host=2, timeout=120)
+    assert "localhost" in str(info.value)
+    assert "signal 9" in str(info.value)
+
+
+def test_silent_agent_is_declared_dead_after_timeout():
+    start = time.monotonic()
+    with pytest.raises(slurmrun.AgentFailedError, match="sent nothing for 3 s"):
+        slurmrun.launch(stop_own_agent, workers_per_host=1, timeout=3)
+    assert time.monotonic() - start < 30
+
+
+def test_unpicklable_return_value_names_the_problem():
+    with pytest.raises(TypeError, match=r"return value of rank 0 \(dict\) could not be pickled.*Unpicklable refuses"):
+        slurmrun.launch(return_unpicklable, workers_per_host=1, backend=None)
+
+
+def test_unpicklable_exception_becomes_worker_failed_with_its_text():
+    with pytest.raises(slurmrun.WorkerFailedError, match="UnpicklableError: an error holding a lock") as info:
+        slurmrun.launch(raise_unpicklable_error, workers_per_host=1, backend=None)
+    assert "raise_unpicklable_error" in str(info.value)
+
+
+def test_unpicklable_func_is_rejected_before_anything_starts():
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="func could not be pickled.*lock"):
+        slurmrun.launch(lambda: lock.locked(), workers_per_host=1)
+    with pytest.raises(TypeError, match="func_args could not be pickled"):
+        slurmrun.launch(print, (lock,), workers_per_host=1)
+    assert psutil.Process().children() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"hostnames": []}, ValueError, "hostnames is empty"),
+        ({"hostnames": "node1"}, ValueError, r"for one host, pass \['node1'\]"),
+        ({"hostnames": ["localhost", ""]}, ValueError, "non-empty strings"),
+        ({"workers_per_host": 0}, ValueError, "at least 1"),
+        ({"workers_per_host": -2}, ValueError, "at least 1"),
+        ({"workers_per_host": [1, 2]}, ValueError, "2 entries but hostnames has 1"),
+        ({"hostnames": ["localhost"], "workers_per_host": [1, 0]}, ValueError, "2 entries|positive"),
+        ({"workers_per_host": "many"}, ValueError, "int, a list of ints"),
+        ({"backend": "tcp"}, ValueError, "backend must be one of"),
+        ({"timeout": 0}, ValueError, "positive number of seconds"),
+        ({"hostnames": ["elsewhere-node"]}, ValueError, "no SLURM allocation was found"),
+    ],
+)
+def test_bad_input_is_rejected_before_anything_starts(kwargs, error, match, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    kwargs.setdefault("hostnames", ["localhost"])
+    with pytest.raises(error, match=match):
+        slurmrun.launch(print, **kwargs)
+    assert psutil.Process().children() == []
+
+
+def test_non_callable_func_is_rejected():
+    with pytest.raises(TypeError, match="func must be callable"):
+        slurmrun.launch("print")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("arg", ["hostnames", "workers_per_host"])
+def test_slurm_outside_an_allocation_raises_runtime_error(arg, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOBID", raising=False)
+    with pytest.raises(RuntimeError, match="no SLURM allocation was found"):
+        slurmrun.launch(print, **{arg: "slurm"})
+
+
+# ---------------------------------------------------------------- tests: security
+
+
+def test_peers_without_the_secret_are_refused_and_the_launch_goes_on(caplog):
+    before = transport.unpickle_count
+    result = slurmrun.launch(be_a_hostile_peer, workers_per_host=1, backend=None)
+    assert result.rank(0) == 4
+    assert transport.unpickle_count - before == 1  # only the real result
+    assert sum("rejected a connection" in r.message for r in caplog.records) == 4
+
+
+def test_secret_is_not_on_any_command_line():
+    def command_lines():
+        me = psutil.Process(int(os.environ["RANK"]) and os.getpid() or os.getpid())
+        agent = me.parent().parent()
+        return [" ".join(p.cmdline()) for p in (me, me.parent(), agent)], os.environ.get("SLURMRUN_SECRET")
+
+    lines, secret_in_env = slurmrun.launch(command_lines, workers_per_host=1, backend=None).rank(0)
+    assert secret_in_env is None
+    assert any("slurmrun.agent" in line for line in lines)
+    assert not any("SECRET" in line for line in lines)
+
+
+def test_handshake_rejects_replayed_answers():
+    secret = transport.new_secret()
+    a, b = socket.socketpair()
+    server_side = threading.Thread(target=lambda: _expect_auth_error(a, secret))
+    server_side.start()
+    b.recv(36)
+    b.sendall(os.urandom(64))  # an answer recorded from some other challenge
+    server_side.join(5)
+    assert b.recv(10) == b""
+    a.close()
+    b.close()
+
+
+def _expect_auth_error(sock, secret):
+    with pytest.raises(transport.AuthenticationError):
+        transport.server_handshake(sock, secret, timeout=5)
+    sock.close()
+
+
+# ---------------------------------------------------------------- tests: interrupts
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_to_the_launcher_stops_every_agent_and_worker(tmp_path, sig):
+    pid_file = tmp_path / "pids"
+    script = tmp_path / "launch.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {os.path.dirname(__file__)!r})
+            import slurmrun, test_launch
+            try:
+                slurmrun.launch(test_launch.pids_then_sleep, ({str(pid_file)!r},), workers_per_host=2, backend=None)
+            except KeyboardInterrupt:
+                print("KeyboardInterrupt raised", flush=True)
+                raise
+            """
+        )
+    )
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"pids.{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline, "workers never started"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    time.sleep(0.3)
+    pids = {int(p) for r in range(2) for p in (tmp_path / f"pids.{r}").read_text().split()}
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    if sig == signal.SIGINT:
+        assert b"KeyboardInterrupt raised" in out, err
+    else:
+        assert proc.returncode == 128 + signal.SIGTERM, err
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, f"left behind: {[p for p in pids if psutil.pid_exists(p)]}"
+        time.sleep(0.1)
+
+
+def test_frames_beyond_limits_are_refused():
+    a, b = socket.socketpair()
+    conn = transport.Connection(a)
+    import struct
+
+    b.sendall(struct.pack("!4sIQI", b"SRF1", 1 << 30, 0, 0))
+    with pytest.raises(transport.FrameError):
+        conn.recv()
+    b.sendall(struct.pack("!4sIQI", b"XXXX", 2, 0, 0))
+    with pytest.raises(transport.FrameError):
+        conn.recv()
+    a.close()
+    b.close()
+
+
+def test_pickled_tensors_travel_outside_the_pickle_stream():
+    import torch
+
+    body, buffers = transport.dumps({"t": torch.ones(1 << 20)})
+    assert len(body) < 1024 and sum(b.raw().nbytes for b in buffers) == 4 << 20
+    restored = transport.loads(body, [bytearray(b.raw()) for b in buffers])
+    assert torch.equal(restored["t"], torch.ones(1 << 20))
+    assert pickle.loads(pickle.dumps(1)) == 1
