@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import psutil
@@ -34,10 +35,8 @@ def no_leftover_processes():
         time.sleep(0.1)
     names = [f"{p.pid}:{' '.join(p.cmdline())[:80]}" for p in left if _alive(p)]
     for p in left:
-        try:
+        with contextlib.suppress(psutil.Error):
             p.kill()
-        except psutil.Error:
-            pass
     if names:
         pytest.fail(f"processes left behind: {names}")
 

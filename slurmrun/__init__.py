@@ -1,8 +1,8 @@
 """slurmrun: run one Python function on every GPU (or CPU) of a SLURM allocation.
 
-    >>> import slurmrun
-    >>> result = slurmrun.launch(my_function, (arg,), workers_per_host=2)
-    >>> result.rank(0)
+>>> import slurmrun
+>>> result = slurmrun.launch(my_function, (arg,), workers_per_host=2)
+>>> result.rank(0)
 """
 
 from __future__ import annotations

@@ -206,7 +206,9 @@ class Agent:
 
 
 def _hostname(environ: Mapping[str, str]) -> str:
-    return environ.get("SLURMRUN_HOSTNAME") or environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return (
+        environ.get("SLURMRUN_HOSTNAME") or environ.get("SLURMD_NODENAME") or socket.gethostname()
+    )
 
 
 def _auto_workers(environ: Mapping[str, str], hostname: str) -> int:
@@ -232,7 +234,10 @@ def main() -> int:
     """Runs the agent; returns its exit code."""
     secret_hex = os.environ.pop("SLURMRUN_SECRET", "")
     if not secret_hex:
-        print("slurmrun.agent: SLURMRUN_SECRET is not set; start agents with slurmrun.launch", file=sys.stderr)
+        print(
+            "slurmrun.agent: SLURMRUN_SECRET is not set; start agents with slurmrun.launch",
+            file=sys.stderr,
+        )
         return 2
     secret = bytes.fromhex(secret_hex)
     addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
@@ -255,7 +260,7 @@ def main() -> int:
             "auto_workers": _auto_workers(os.environ, hostname),
             "master_port": _free_port(),
             "pid": os.getpid(),
-            "slurm_step": f"{os.environ.get('SLURM_JOB_ID', '')}.{os.environ.get('SLURM_STEP_ID', '')}",
+            "slurm_step": os.environ.get("SLURM_STEP_ID", ""),
         }
     )
     start = launcher.recv()

@@ -60,7 +60,7 @@ class AgentFailedError(RuntimeError):
         self.log_file = log_file
 
 
-class RemoteTraceback(Exception):  # noqa: N818 - named like concurrent.futures' own RemoteTraceback
+class RemoteTraceback(Exception):
     """Carries a worker's traceback text; set as ``__cause__`` of a re-raised worker exception."""
 
     def __init__(self, text: str) -> None:

@@ -88,7 +88,7 @@ class Launcher:
             return _run_plan(self, plan, payload)
 
 
-def launch(
+def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept positional
     func: Callable[..., T],
     func_args: Sequence[Any] = (),
     func_kwargs: dict[str, Any] | None = None,
@@ -112,16 +112,26 @@ def launch(
 # ---------------------------------------------------------------------- validation
 
 
-def _validate(
-    cfg: Launcher, func: object, func_args: object, func_kwargs: object
-) -> None:
+def _validate(cfg: Launcher, func: object, func_args: object, func_kwargs: object) -> None:
     if not callable(func):
         raise TypeError(f"func must be callable (a function or lambda), got {type(func).__name__}")
     if not isinstance(func_args, Sequence) or isinstance(func_args, str | bytes):
         raise TypeError(f"func_args must be a tuple or list, got {type(func_args).__name__}")
     if not isinstance(func_kwargs, dict) or not all(isinstance(k, str) for k in func_kwargs):
         raise TypeError("func_kwargs must be a dict with str keys, or None")
-    h = cfg.hostnames
+    _validate_hostnames(cfg.hostnames)
+    _validate_workers(cfg.workers_per_host, cfg.hostnames)
+    if cfg.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
+    if (
+        isinstance(cfg.timeout, bool)
+        or not isinstance(cfg.timeout, int | float)
+        or cfg.timeout <= 0
+    ):
+        raise ValueError(f"timeout must be a positive number of seconds, got {cfg.timeout!r}")
+
+
+def _validate_hostnames(h: object) -> None:
     if isinstance(h, str):
         if h not in ("auto", "slurm"):
             raise ValueError(
@@ -132,12 +142,15 @@ def _validate(
         raise ValueError("hostnames is empty: pass a list of host names, 'auto' or 'slurm'")
     elif not all(isinstance(x, str) and x.strip() for x in h):
         raise ValueError(f"hostnames must be non-empty strings, got {h!r}")
-    w = cfg.workers_per_host
+
+
+def _validate_workers(w: object, h: object) -> None:
+    expected = "an int, a list of ints, 'auto' or 'slurm'"
     if isinstance(w, str):
         if w not in ("auto", "slurm"):
-            raise ValueError(f"workers_per_host must be an int, a list of ints, 'auto' or 'slurm', got {w!r}")
+            raise ValueError(f"workers_per_host must be {expected}, got {w!r}")
     elif isinstance(w, bool) or not isinstance(w, int | list | tuple):
-        raise TypeError(f"workers_per_host must be an int, a list of ints, 'auto' or 'slurm', got {w!r}")
+        raise TypeError(f"workers_per_host must be {expected}, got {w!r}")
     elif isinstance(w, int):
         if w <= 0:
             raise ValueError(f"workers_per_host must be at least 1, got {w}")
@@ -149,10 +162,6 @@ def _validate(
                 f"workers_per_host has {len(w)} entries but hostnames has {len(h)}: give one "
                 "count per host, or a single int for all"
             )
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
-    if isinstance(cfg.timeout, bool) or not isinstance(cfg.timeout, int | float) or cfg.timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {cfg.timeout!r}")
 
 
 def _pickle_call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
@@ -210,7 +219,9 @@ def _plan(cfg: Launcher) -> _Plan:
                 f"{alloc.hostnames}"
             )
         if len(set(hosts)) != len(hosts):
-            raise ValueError(f"hostnames lists a node twice ({hosts}); srun starts one agent per node")
+            raise ValueError(
+                f"hostnames lists a node twice ({hosts}); srun starts one agent per node"
+            )
     w = cfg.workers_per_host
     if isinstance(w, str):
         counts = None

@@ -30,7 +30,7 @@ class LogDir:
 
 
 def resolve_log_dir(environ: dict[str, str] | None = None) -> LogDir:
-    """Creates this launch's log directory: ``<$SLURMRUN_LOG_DIR or ./slurmrun_logs>/<timestamp>``."""
+    """Creates this launch's log directory, ``<$SLURMRUN_LOG_DIR or ./slurmrun_logs>/<time>``."""
     env = os.environ if environ is None else environ
     configured = env.get(LOG_DIR_VAR)
     if configured == "":

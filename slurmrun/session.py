@@ -37,6 +37,8 @@ HANDSHAKE_TIMEOUT = 10.0
 MAX_PENDING_HANDSHAKES = 64
 # After an agent's process exits, how long its connection may take to deliver what it sent.
 DRAIN_TIMEOUT = 2.0
+# How long a communication error ("peer reset") waits for the failure that caused it.
+ROOT_CAUSE_WAIT = 1.0
 _TICK = 0.05
 
 
@@ -78,6 +80,7 @@ class Session:
         self._pending: list[tuple[Connection, dict[str, Any]]] = []
         self._exited_at: dict[int | None, float] = {}
         self.rejected_peers = 0
+        self._held: tuple[BaseException, float] | None = None
 
     # ------------------------------------------------------------------ threads
     def _accept_loop(self) -> None:
@@ -119,10 +122,16 @@ class Session:
         self._events.put(("eof", conn, ""))
 
     # ------------------------------------------------------------------ decisions
-    def _agent_exit_error(self, agent: _Agent | None, node_rank: int | None, why: str) -> AgentFailedError:
+    def _agent_exit_error(
+        self, agent: _Agent | None, node_rank: int | None, why: str
+    ) -> AgentFailedError:
         codes = self.starter.exit_codes()
         code = codes.get(node_rank, codes.get(None))
-        hostname = agent.hostname if agent else (self.hostnames[node_rank] if node_rank is not None else "")
+        hostname = (
+            agent.hostname
+            if agent
+            else (self.hostnames[node_rank] if node_rank is not None else "")
+        )
         where = f"the agent on {hostname}" if hostname else "the agents"
         if code is not None:
             how = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
@@ -148,10 +157,9 @@ class Session:
                     )
                 continue
             agent = self._agents.get(node_rank)
-            if agent is None or not agent.closed:
-                if agent is None or now - first_seen > DRAIN_TIMEOUT:
-                    raise self._agent_exit_error(agent, node_rank, "it ended before reporting results")
-            del code
+            drained = agent is not None and (agent.closed or now - first_seen <= DRAIN_TIMEOUT)
+            if not drained:
+                raise self._agent_exit_error(agent, node_rank, f"it ended (code {code}) early")
 
     def _check_silence(self, now: float) -> None:
         for agent in self._agents.values():
@@ -223,7 +231,7 @@ class Session:
         if frame.body:
             try:
                 exc = loads(frame.body, frame.buffers)
-            except Exception as e:  # noqa: BLE001 - any failure: fall back to the text
+            except Exception as e:
                 reason = f"{type(e).__name__}: {e}"
         if isinstance(exc, Exception):
             exc.__cause__ = RemoteTraceback(str(h.get("traceback", "")))
@@ -231,7 +239,7 @@ class Session:
             if log_file:
                 note += f"; its log: {log_file}"
             exc.add_note(note)
-            return exc  # type: ignore[no-any-return]
+            return exc
         message = f"{where} raised {h.get('exc_type')}: {h.get('message')}"
         if reason:
             message += f" (it could not be rebuilt in the launcher: {reason})"
@@ -292,9 +300,19 @@ class Session:
         if frame.kind == "result":
             agent.results[int(frame.header["local_rank"])] = frame
         elif frame.kind == "error":
-            raise self._worker_error(agent, frame)
+            exc = self._worker_error(agent, frame)
+            if frame.header.get("secondary") and self._held is None:
+                self._held = (exc, now)  # likely a consequence: wait briefly for the cause
+                return
+            raise self._with_held(exc)
         elif frame.kind == "died":
-            raise self._worker_died(agent, frame.header)
+            raise self._with_held(self._worker_died(agent, frame.header))
+
+    def _with_held(self, exc: BaseException) -> BaseException:
+        if self._held is not None and self._held[0] is not exc:
+            held = self._held[0]
+            exc.add_note(f"slurmrun: another rank then failed with {type(held).__name__}: {held}")
+        return exc
 
     # ------------------------------------------------------------------ main
     def run(self, env: dict[str, str]) -> LaunchResult[Any]:
@@ -333,6 +351,8 @@ class Session:
             else:
                 self._handle(kind, conn, data, now)
                 continue  # drain events before judging silence or process exits
+            if self._held is not None and now - self._held[1] > ROOT_CAUSE_WAIT:
+                raise self._held[0]
             self._check_processes(now)
             if self._handed_out:
                 self._check_silence(now)

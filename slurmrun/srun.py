@@ -18,7 +18,9 @@ JOB_TASKS_VAR = "SLURMRUN_JOB_TASKS_PER_NODE"
 
 
 def address_toward(host: str) -> str:
-    """The local address the kernel would use to reach `host` (set SLURMRUN_LAUNCHER_ADDR to override).
+    """The local address the kernel would use to reach `host`.
+
+    ``SLURMRUN_LAUNCHER_ADDR`` overrides it (the launcher reads that, not this function).
 
     Connecting a UDP socket sends nothing; it only picks a route. This is right where
     ``getfqdn()`` is not (nodes often cannot resolve the login node's name).

@@ -17,6 +17,7 @@ objects then wrap without a copy.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import io
@@ -327,8 +328,6 @@ class Connection:
 
     def close(self) -> None:
         """Closes the socket (idempotent)."""
-        try:
+        with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.sock.close()

@@ -100,16 +100,31 @@ def _worker_env(spec: WorkerSpec) -> dict[str, str]:
     return env
 
 
+_COMM_ERROR_MARKERS = ("gloo/transport", "Connection reset by peer", "NCCL", "Connection closed by")
+
+
+def _is_communication_error(exc: BaseException) -> bool:
+    """Whether `exc` is likely a consequence of another rank failing (its peer went away)."""
+    dist = sys.modules.get("torch.distributed")
+    dist_error = getattr(dist, "DistError", None)
+    if isinstance(dist_error, type) and isinstance(exc, dist_error):
+        return True
+    text = _safe_str(exc)
+    return isinstance(exc, RuntimeError) and any(m in text for m in _COMM_ERROR_MARKERS)
+
+
 def _send_error(conn: Connection, exc: BaseException, tb_text: str) -> None:
     header: dict[str, Any] = {
         "t": "error",
         "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "message": _safe_str(exc),
         "traceback": tb_text,
+        # The launcher waits a moment for a root cause before raising such an error.
+        "secondary": _is_communication_error(exc),
     }
     try:
         body, buffers = dumps(exc)
-    except Exception as pickling_error:  # noqa: BLE001 - any failure means: send text only
+    except Exception as pickling_error:
         header["unpicklable"] = _safe_str(pickling_error)
         body, buffers = b"", []
     conn.send(header, body, buffers)
@@ -118,7 +133,7 @@ def _send_error(conn: Connection, exc: BaseException, tb_text: str) -> None:
 def _safe_str(obj: object) -> str:
     try:
         return str(obj)
-    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the real error
+    except Exception:
         return f"<{type(obj).__name__} whose str() failed>"
 
 
@@ -163,13 +178,13 @@ def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
             func, args, kwargs = loads(frame.body, frame.buffers)
             initialised = _init_process_group(spec)
             result = func(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - every failure, SystemExit too, is reported
+        except BaseException as exc:
             _send_error(conn, exc, traceback.format_exc())
             code = 1
         else:
             try:
                 body, buffers = dumps(result)
-            except Exception as exc:  # noqa: BLE001 - report, do not crash
+            except Exception as exc:
                 error = TypeError(
                     f"the return value of rank {spec.rank} ({type(result).__qualname__}) could "
                     f"not be pickled to send back to the launcher: {_safe_str(exc)}. Return "

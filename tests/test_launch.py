@@ -25,7 +25,15 @@ from slurmrun.errors import RemoteTraceback
 def env_and_rank():
     import torch.distributed as dist
 
-    keys = ["RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"]
+    keys = [
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ]
     return {k: os.environ.get(k) for k in keys} | {"initialized": dist.is_initialized()}
 
 
@@ -105,7 +113,11 @@ def return_tensors(n_bytes: int):
 
     rank = int(os.environ["RANK"])
     big = torch.full((n_bytes // 4,), float(rank), dtype=torch.float32)
-    return {"big": big, "bf16": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3), "empty": torch.zeros(0, 5)}
+    return {
+        "big": big,
+        "bf16": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+        "empty": torch.zeros(0, 5),
+    }
 
 
 def be_a_hostile_peer():
@@ -193,8 +205,13 @@ def test_launcher_class_runs_lambdas_closures_and_kwargs():
 
 
 def test_two_hosts_entries_on_localhost_get_ranks_host_by_host():
-    result = slurmrun.launch(env_and_rank, hostnames=["localhost", "localhost"], workers_per_host=[1, 2])
-    ranks = [[(v["RANK"], v["GROUP_RANK"], v["LOCAL_RANK"]) for v in host] for host in result.return_values]
+    result = slurmrun.launch(
+        env_and_rank, hostnames=["localhost", "localhost"], workers_per_host=[1, 2]
+    )
+    ranks = [
+        [(v["RANK"], v["GROUP_RANK"], v["LOCAL_RANK"]) for v in host]
+        for host in result.return_values
+    ]
     assert ranks == [[("0", "0", "0")], [("1", "1", "0"), ("2", "1", "1")]]
     assert {v["WORLD_SIZE"] for v in result.values()} == {"3"}
 
@@ -256,7 +273,11 @@ def test_worker_exception_is_reraised_at_once_while_other_ranks_wait_in_a_collec
 
 @pytest.mark.parametrize(
     ("how", "expected"),
-    [("exit", "exited with code 3"), ("sigkill", "killed by SIGKILL"), ("segfault", "killed by SIGSEGV")],
+    [
+        ("exit", "exited with code 3"),
+        ("sigkill", "killed by SIGKILL"),
+        ("segfault", "killed by SIGSEGV"),
+    ],
 )
 def test_worker_death_raises_worker_failed_with_cause_and_last_output(how, expected):
     start = time.monotonic()
@@ -289,20 +310,25 @@ def test_silent_agent_is_declared_dead_after_timeout():
 
 
 def test_unpicklable_return_value_names_the_problem():
-    with pytest.raises(TypeError, match=r"return value of rank 0 \(dict\) could not be pickled.*Unpicklable refuses"):
+    with pytest.raises(
+        TypeError,
+        match=r"return value of rank 0 \(dict\) could not be pickled.*Unpicklable refuses",
+    ):
         slurmrun.launch(return_unpicklable, workers_per_host=1, backend=None)
 
 
 def test_unpicklable_exception_becomes_worker_failed_with_its_text():
-    with pytest.raises(slurmrun.WorkerFailedError, match="UnpicklableError: an error holding a lock") as info:
+    with pytest.raises(
+        slurmrun.WorkerFailedError, match="UnpicklableError: an error holding a lock"
+    ) as info:
         slurmrun.launch(raise_unpicklable_error, workers_per_host=1, backend=None)
     assert "raise_unpicklable_error" in str(info.value)
 
 
 def test_unpicklable_func_is_rejected_before_anything_starts():
     lock = threading.Lock()
-    with pytest.raises(TypeError, match="func could not be pickled.*lock"):
-        slurmrun.launch(lambda: lock.locked(), workers_per_host=1)
+    with pytest.raises(TypeError, match=r"func could not be pickled.*lock"):
+        slurmrun.launch(lock.locked, workers_per_host=1)
     with pytest.raises(TypeError, match="func_args could not be pickled"):
         slurmrun.launch(print, (lock,), workers_per_host=1)
     assert psutil.Process().children() == []
@@ -317,7 +343,11 @@ def test_unpicklable_func_is_rejected_before_anything_starts():
         ({"workers_per_host": 0}, ValueError, "at least 1"),
         ({"workers_per_host": -2}, ValueError, "at least 1"),
         ({"workers_per_host": [1, 2]}, ValueError, "2 entries but hostnames has 1"),
-        ({"hostnames": ["localhost"], "workers_per_host": [1, 0]}, ValueError, "2 entries|positive"),
+        (
+            {"hostnames": ["localhost"], "workers_per_host": [1, 0]},
+            ValueError,
+            "2 entries|positive",
+        ),
         ({"workers_per_host": "many"}, ValueError, "int, a list of ints"),
         ({"backend": "tcp"}, ValueError, "backend must be one of"),
         ({"timeout": 0}, ValueError, "positive number of seconds"),
@@ -359,9 +389,11 @@ def test_peers_without_the_secret_are_refused_and_the_launch_goes_on(caplog):
 
 def test_secret_is_not_on_any_command_line():
     def command_lines():
-        me = psutil.Process(int(os.environ["RANK"]) and os.getpid() or os.getpid())
+        me = psutil.Process((int(os.environ["RANK"]) and os.getpid()) or os.getpid())
         agent = me.parent().parent()
-        return [" ".join(p.cmdline()) for p in (me, me.parent(), agent)], os.environ.get("SLURMRUN_SECRET")
+        return [" ".join(p.cmdline()) for p in (me, me.parent(), agent)], os.environ.get(
+            "SLURMRUN_SECRET"
+        )
 
     lines, secret_in_env = slurmrun.launch(command_lines, workers_per_host=1, backend=None).rank(0)
     assert secret_in_env is None
@@ -402,14 +434,19 @@ def test_signal_to_the_launcher_stops_every_agent_and_worker(tmp_path, sig):
             sys.path.insert(0, {os.path.dirname(__file__)!r})
             import slurmrun, test_launch
             try:
-                slurmrun.launch(test_launch.pids_then_sleep, ({str(pid_file)!r},), workers_per_host=2, backend=None)
+                slurmrun.launch(
+                    test_launch.pids_then_sleep, ({str(pid_file)!r},),
+                    workers_per_host=2, backend=None,
+                )
             except KeyboardInterrupt:
                 print("KeyboardInterrupt raised", flush=True)
                 raise
             """
         )
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     deadline = time.monotonic() + 60
     while not all((tmp_path / f"pids.{r}").exists() for r in range(2)):
         assert time.monotonic() < deadline, "workers never started"
@@ -424,8 +461,12 @@ def test_signal_to_the_launcher_stops_every_agent_and_worker(tmp_path, sig):
     else:
         assert proc.returncode == 128 + signal.SIGTERM, err
     deadline = time.monotonic() + 5
-    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-        assert time.monotonic() < deadline, f"left behind: {[p for p in pids if psutil.pid_exists(p)]}"
+    while any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
+    ):
+        assert time.monotonic() < deadline, (
+            f"left behind: {[p for p in pids if psutil.pid_exists(p)]}"
+        )
         time.sleep(0.1)
 
 
