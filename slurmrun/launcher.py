@@ -281,6 +281,8 @@ def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes) -> LaunchResult[Any]:
         SLURMRUN_PRELOAD="" if cfg.backend is None else "torch",
         PYTHONPATH=package_pythonpath(os.environ),
     )
+    if "SLURM_TASKS_PER_NODE" in os.environ:
+        env[srun.JOB_TASKS_VAR] = os.environ["SLURM_TASKS_PER_NODE"]
     starter: AgentStarter
     if plan.local:
         starter = LocalAgents(plan.hostnames, log_dir.path)

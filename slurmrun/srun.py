@@ -7,7 +7,7 @@ import shutil
 import socket
 from collections.abc import Sequence
 
-from slurmrun.allocation import SlurmAllocation
+from slurmrun.allocation import SlurmAllocation, scontrol_gpus
 from slurmrun.starters import SrunAgents, agent_command
 
 __all__ = ["address_toward", "agents_step_command", "srun_agents"]
@@ -57,12 +57,21 @@ def agents_step_command(
         "--job-name=slurmrun-agents",
         f"--output={os.path.join(log_dir, '%N.agent.log')}",
     ]
-    if alloc.gpus_per_node:
-        gpus = min(alloc.gpus_per_node[alloc.node_index(h)] for h in hostnames)
-        if gpus > 0:
-            # A step sees no GPU unless it asks: ask for what the job has on each node.
-            cmd.append(f"--gres=gpu:{gpus}")
+    gpus = _step_gpus(alloc, hostnames)
+    if gpus:
+        # A step sees no GPU unless it asks: ask for what the job has on each node. (Where nodes
+        # differ, the step can only ask for the smallest count on every node.)
+        cmd.append(f"--gres=gpu:{gpus}")
     return [*cmd, *agent_command()]
+
+
+def _step_gpus(alloc: SlurmAllocation, hostnames: Sequence[str]) -> int:
+    if alloc.gpus_per_node is not None:
+        return min(alloc.gpus_per_node[alloc.node_index(h)] for h in hostnames)
+    # e.g. `--gpus=N` spread unevenly, or a login-side shell with no per-node variable: ask
+    # the controller (`GRES=gpu:2(IDX:0-1)` lines).
+    per_node = scontrol_gpus(alloc.job_id) or {}
+    return min(per_node.get(h, 0) for h in hostnames)
 
 
 def srun_agents(alloc: SlurmAllocation, hostnames: Sequence[str], log_dir: str) -> SrunAgents:
