@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import signal
 import socket
 import threading
 import time
@@ -40,6 +41,13 @@ DRAIN_TIMEOUT = 2.0
 # How long a communication error ("peer reset") waits for the failure that caused it.
 ROOT_CAUSE_WAIT = 1.0
 _TICK = 0.05
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @dataclass
@@ -135,12 +143,19 @@ class Session:
         where = f"the agent on {hostname}" if hostname else "the agents"
         if code is not None:
             how = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
+            if code > 128:
+                how += f" (128 + {_signal_name(code - 128)})"
             why = f"{why}; it {how}"
         log_file = self.starter.log_file(node_rank)
         tail = tail_file(log_file)
         message = f"{where} failed: {why}."
-        if tail:
-            message += f"\nLast lines of its output ({log_file}):\n{tail}"
+        step_log = self.starter.log_file(None)
+        step_tail = tail_file(step_log) if step_log and step_log != log_file else ""
+        if "CANCELLED" in tail + step_tail:
+            message += " SLURM cancelled the step (scancel, the job's time limit, or preemption)."
+        for path, text in ((log_file, tail), (step_log, step_tail)):
+            if text:
+                message += f"\nLast lines of {path}:\n{text}"
         return AgentFailedError(message, hostname=hostname, stderr_tail=tail, log_file=log_file)
 
     def _check_processes(self, now: float) -> None:
@@ -149,11 +164,12 @@ class Session:
             first_seen = self._exited_at.setdefault(node_rank, now)
             if node_rank is None:
                 agents = [a for a in self._agents.values() if not a.closed]
-                connected_all = len(self._agents) == len(self.hostnames)
-                if (agents or not connected_all) and now - first_seen > DRAIN_TIMEOUT:
-                    target = agents[0] if agents else None
+                if not agents and len(self._agents) < len(self.hostnames):
+                    # srun ended before every agent connected (e.g. it could not create the step)
+                    raise self._agent_exit_error(None, None, "the srun step ended early")
+                if agents and now - first_seen > DRAIN_TIMEOUT:
                     raise self._agent_exit_error(
-                        target, target.node_rank if target else None, "the srun step ended early"
+                        agents[0], agents[0].node_rank, "the srun step ended early"
                     )
                 continue
             agent = self._agents.get(node_rank)
