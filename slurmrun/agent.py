@@ -11,16 +11,16 @@ workers' results travel back, as opaque bytes that the agent only forwards.
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing import forkserver
@@ -28,15 +28,21 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from slurmrun import allocation
+from slurmrun.environment import EnvFileError, source_env_file
+from slurmrun.logs import LineAssembler
 from slurmrun.srun import JOB_TASKS_VAR
-from slurmrun.starters import tail_file
 from slurmrun.transport import Connection, client_handshake
 from slurmrun.worker import WorkerSpec, run_worker
 
 __all__ = ["main"]
 
 HANDSHAKE_TIMEOUT = 30.0
-HEARTBEAT_INTERVAL = 1.0
+HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"
+ENV_FILE_VAR = "SLURMRUN_ENV_FILE"
+# Signals SLURM sends ahead of a time limit (`--signal=USR1@60`) are passed on to workers.
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+DRAIN_TIMEOUT = 2.0
+TAIL_LINES = 30
 _POLL = 0.05
 
 
@@ -63,7 +69,8 @@ class _Worker:
     local_rank: int
     process: BaseProcess
     conn: Connection
-    log_file: str
+    readers: list[threading.Thread] = field(default_factory=list)
+    last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     relay: threading.Thread | None = None
     delivered: bool = False
     judged: bool = False
@@ -89,8 +96,8 @@ class Agent:
             pass
         self.stop.set()
 
-    def _heartbeat(self) -> None:
-        while not self.stop.wait(HEARTBEAT_INTERVAL):
+    def _heartbeat(self, interval: float) -> None:
+        while not self.stop.wait(interval):
             try:
                 self.launcher.send({"t": "hb"})
             except OSError:
@@ -111,12 +118,41 @@ class Agent:
         except (OSError, EOFError):
             pass
 
-    def spawn(self, start: dict[str, Any], func_payload: bytes, log_dir: str) -> None:
+    def _forward_output(self, worker: _Worker, sock: socket.socket, stream: str) -> None:
+        """Turns a worker's fd-level output into records for the launcher."""
+
+        def emit(text: str, end: str) -> None:
+            if end == "\n":
+                worker.last_lines.append(text)
+            with contextlib.suppress(OSError):
+                self.launcher.send(
+                    {
+                        "t": "log",
+                        "local_rank": worker.local_rank,
+                        "stream": stream,
+                        "level": logging.INFO,
+                        "msg": text,
+                        "end": end,
+                    }
+                )
+
+        lines = LineAssembler(emit)
+        with sock:
+            while True:
+                try:
+                    data = sock.recv(1 << 16)
+                except OSError:
+                    break
+                if not data:
+                    break
+                lines.feed(data)
+        lines.close()
+
+    def spawn(self, start: dict[str, Any], func_payload: bytes) -> None:
         """Forks one worker per local rank and hands each the pickled function."""
         ctx = multiprocessing.get_context("forkserver")
         n = int(start["workers"])
         for local_rank in range(n):
-            log_file = os.path.join(log_dir, f"{self.hostname}.{local_rank}.log")
             spec = WorkerSpec(
                 hostname=self.hostname,
                 local_rank=local_rank,
@@ -131,15 +167,24 @@ class Agent:
                 sys_path=tuple(start["sys_path"]),
                 cwd=str(start["cwd"]),
                 env=tuple(sorted(dict(start["env"]).items())),
-                log_file=log_file,
+                log_level=int(start["log_level"]),
             )
-            mine, theirs = socket.socketpair()
+            pairs = [socket.socketpair() for _ in range(3)]  # control, stdout, stderr
             process = ctx.Process(
-                target=run_worker, args=(spec, theirs), name=f"slurmrun-worker-{local_rank}"
+                target=run_worker,
+                args=(spec, *(theirs for _, theirs in pairs)),
+                name=f"slurmrun-worker-{local_rank}",
             )
             process.start()
-            theirs.close()
-            worker = _Worker(local_rank, process, Connection(mine), log_file)
+            for _, theirs in pairs:
+                theirs.close()
+            worker = _Worker(local_rank, process, Connection(pairs[0][0]))
+            for (mine, _), stream in zip(pairs[1:], ("stdout", "stderr"), strict=True):
+                reader = threading.Thread(
+                    target=self._forward_output, args=(worker, mine, stream), daemon=True
+                )
+                reader.start()
+                worker.readers.append(reader)
             worker.relay = threading.Thread(target=self._relay, args=(worker,), daemon=True)
             worker.relay.start()
             self.workers.append(worker)
@@ -150,9 +195,10 @@ class Agent:
     def _judge(self, worker: _Worker) -> bool:
         """Called once a worker exited; reports it if it died without a result. True if it did."""
         worker.judged = True
-        if worker.relay is not None:
-            # The result may still be in flight on the socket: let the relay finish it first.
-            worker.relay.join(timeout=5.0)
+        # The result and the last output may still be in flight on the sockets: let them land.
+        for thread in [worker.relay, *worker.readers]:
+            if thread is not None:
+                thread.join(timeout=DRAIN_TIMEOUT)
         if worker.delivered:
             return False
         what, sig = _exit_description(worker.process.exitcode)
@@ -164,28 +210,35 @@ class Agent:
                     "exitcode": worker.process.exitcode,
                     "signal": sig,
                     "what": what,
-                    "stderr_tail": tail_file(worker.log_file),
-                    "log_file": worker.log_file,
+                    "stderr_tail": "\n".join(worker.last_lines),
                 }
             )
         return True
 
     def supervise(self) -> None:
         """Waits until every worker exited (or one died, or the launcher said stop)."""
-        while not self.stop.is_set():
+        failed = False
+        while not self.stop.is_set() and not failed:
             live = [w for w in self.workers if not w.judged]
             if not live:
+                # Every result and every line of output has been forwarded.
+                with contextlib.suppress(OSError):
+                    self.launcher.send({"t": "done"})
                 break
             ready = multiprocessing.connection.wait([w.process.sentinel for w in live], _POLL)
-            failed = False
             for worker in live:
                 if worker.process.sentinel in ready and self._judge(worker):
                     failed = True
-            if failed:
-                break
         self.stop_workers()
         # The launcher decides when we are done: it answers every report with stop or a close.
         self.stop.wait(timeout=60.0)
+
+    def forward_signal(self, signum: int) -> None:
+        """Passes a signal from SLURM (e.g. ``--signal=USR1@60``) on to every live worker."""
+        for worker in self.workers:
+            if worker.process.is_alive() and worker.process.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(worker.process.pid, signum)
 
     def stop_workers(self) -> None:
         """SIGTERM every live worker, then SIGKILL those still alive after the grace period."""
@@ -223,6 +276,18 @@ def _auto_workers(environ: Mapping[str, str], hostname: str) -> int:
     return allocation.auto_workers_per_host(environ, node_index)
 
 
+def _prepare_environment() -> str | None:
+    """Sources the env file into this process's environment; returns an error message."""
+    env_file = os.environ.pop(ENV_FILE_VAR, "")
+    if not env_file:
+        return None
+    try:
+        os.environ.update(source_env_file(env_file, os.environ))
+    except EnvFileError as e:
+        return str(e)
+    return None
+
+
 def _start_forkserver(preload: list[str]) -> None:
     # Started before connecting so that the torch import overlaps the handshake and hand-out.
     # The forkserver never initialises CUDA: `import torch` alone does not.
@@ -235,15 +300,18 @@ def main() -> int:
     secret_hex = os.environ.pop("SLURMRUN_SECRET", "")
     if not secret_hex:
         print(
-            "slurmrun.agent: SLURMRUN_SECRET is not set; start agents with slurmrun.launch",
+            "slurmrun.agent: SLURMRUN_SECRET is not set; agents are started by slurmrun.launch",
             file=sys.stderr,
         )
         return 2
     secret = bytes.fromhex(secret_hex)
     addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
     port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
-    preload = [m for m in os.environ.get("SLURMRUN_PRELOAD", "torch").split(",") if m]
-    _start_forkserver([*preload, "slurmrun.worker"])
+    heartbeat = float(os.environ.get(HEARTBEAT_VAR, "1.0"))
+    problem = _prepare_environment()  # before the forkserver, so that workers inherit it
+    if problem is None:
+        preload = [m for m in os.environ.get("SLURMRUN_PRELOAD", "torch").split(",") if m]
+        _start_forkserver([*preload, "slurmrun.worker"])
     hostname = _hostname(os.environ)
 
     sock = socket.create_connection((addr, port), timeout=HANDSHAKE_TIMEOUT)
@@ -257,35 +325,34 @@ def main() -> int:
             "hostname": hostname,
             "node_rank": int(os.environ.get("SLURMRUN_NODE_RANK", "-1")),
             "addr": sock.getsockname()[0],
-            "auto_workers": _auto_workers(os.environ, hostname),
+            "auto_workers": _auto_workers(os.environ, hostname) if problem is None else 0,
             "master_port": _free_port(),
             "pid": os.getpid(),
             "slurm_step": os.environ.get("SLURM_STEP_ID", ""),
+            "error": problem,
         }
     )
     start = launcher.recv()
     if start is None or start.kind != "start":
         return 0  # the launcher gave up before hand-out (another agent failed)
     agent = Agent(launcher=launcher, hostname=hostname, grace=float(start.header["grace"]))
-    own_log_dir = None
-    log_dir = start.header.get("log_dir")
-    if not log_dir:
-        own_log_dir = log_dir = tempfile.mkdtemp(prefix="slurmrun-")
+    for signum in FORWARDED_SIGNALS:
+        signal.signal(signum, lambda s, _: agent.forward_signal(s))
     threading.Thread(target=agent._read_launcher, daemon=True).start()
-    threading.Thread(target=agent._heartbeat, daemon=True).start()
+    threading.Thread(target=agent._heartbeat, args=(heartbeat,), daemon=True).start()
     try:
-        agent.spawn(start.header, bytes(start.body), log_dir)
+        agent.spawn(start.header, bytes(start.body))
         agent.supervise()
     finally:
         agent.stop.set()
         agent.stop_workers()
         launcher.close()
-        if own_log_dir:
-            shutil.rmtree(own_log_dir, ignore_errors=True)
     return 0
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
+    # SLURM's preemption and time limit: SIGTERM, then SIGKILL after KillWait. Workers get
+    # SIGTERM from stop_workers() on the way out, and their grace period to checkpoint.
     raise SystemExit(128 + signum)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from slurmrun import allocation, srun
-from slurmrun.logs import resolve_log_dir
+from slurmrun.agent import ENV_FILE_VAR
+from slurmrun.environment import DEFAULT_ENV_VARS, env_file_problem, matching_env
+from slurmrun.logs import log_level, resolve_log_dir
 from slurmrun.result import LaunchResult
 from slurmrun.session import Session
 from slurmrun.starters import AgentStarter, LocalAgents, package_pythonpath
@@ -57,6 +60,20 @@ class Launcher:
     """Seconds for agents to connect, for process-group initialisation and collectives, and
     of silence after which an agent counts as dead."""
 
+    default_env_vars: tuple[str, ...] = DEFAULT_ENV_VARS
+    """fnmatch patterns of the launcher's environment variables that agents and workers get.
+    Nothing else of the launcher's environment reaches them (SLURM adds its own SLURM_*)."""
+
+    extra_env_vars: tuple[str, ...] = ()
+    """More patterns, added to `default_env_vars`."""
+
+    env_file: str | None = None
+    """A bash file that each agent sources before it starts workers; its exports reach them."""
+
+    log_handlers: list[logging.Handler] | None = None
+    """Handlers for agents' and workers' output records; None: rank 0 and agent 0 live in the
+    terminal, and a file per worker under ``$SLURMRUN_LOG_DIR`` (see `slurmrun.logs`)."""
+
     def run(
         self,
         func: Callable[..., T],
@@ -96,6 +113,10 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
     workers_per_host: int | list[int] | Literal["auto", "slurm"] = "auto",
     backend: Backend = "auto",
     timeout: float = 600,
+    default_env_vars: tuple[str, ...] = DEFAULT_ENV_VARS,
+    extra_env_vars: tuple[str, ...] = (),
+    env_file: str | None = None,
+    log_handlers: list[logging.Handler] | None = None,
 ) -> LaunchResult[T]:
     """Runs ``func(*func_args, **func_kwargs)`` on every worker of every host; see `Launcher`.
 
@@ -105,7 +126,14 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
         42
     """
     return Launcher(
-        hostnames=hostnames, workers_per_host=workers_per_host, backend=backend, timeout=timeout
+        hostnames=hostnames,
+        workers_per_host=workers_per_host,
+        backend=backend,
+        timeout=timeout,
+        default_env_vars=default_env_vars,
+        extra_env_vars=extra_env_vars,
+        env_file=env_file,
+        log_handlers=log_handlers,
     ).run(func, func_args, func_kwargs)
 
 
@@ -123,12 +151,28 @@ def _validate(cfg: Launcher, func: object, func_args: object, func_kwargs: objec
     _validate_workers(cfg.workers_per_host, cfg.hostnames)
     if cfg.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
+    _validate_env_and_logs(cfg)
     if (
         isinstance(cfg.timeout, bool)
         or not isinstance(cfg.timeout, int | float)
         or cfg.timeout <= 0
     ):
         raise ValueError(f"timeout must be a positive number of seconds, got {cfg.timeout!r}")
+
+
+def _validate_env_and_logs(cfg: Launcher) -> None:
+    for name in ("default_env_vars", "extra_env_vars"):
+        patterns = getattr(cfg, name)
+        if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+            raise TypeError(f"{name} must be a tuple of fnmatch patterns, got {patterns!r}")
+    problem = env_file_problem(cfg.env_file)
+    if problem:
+        raise ValueError(f"{problem}: pass the path of a bash file for agents to source")
+    if cfg.log_handlers is not None and not all(
+        isinstance(h, logging.Handler) for h in cfg.log_handlers
+    ):
+        raise TypeError("log_handlers must be a list of logging.Handler objects (or None)")
+    log_level()  # a bad SLURMRUN_LOG_LEVEL is an error before anything starts
 
 
 def _validate_hostnames(h: object) -> None:
@@ -267,28 +311,42 @@ def _launcher_addr(plan: _Plan) -> tuple[str, str]:
     return "0.0.0.0", srun.address_toward(plan.hostnames[0])  # noqa: S104
 
 
+def _agent_env(cfg: Launcher, control: dict[str, str]) -> dict[str, str]:
+    """What agents start with: the matching variables of ours, plus the launch's own."""
+    env = matching_env(os.environ, (*cfg.default_env_vars, *cfg.extra_env_vars))
+    env.update(control)
+    return env
+
+
 def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes) -> LaunchResult[Any]:
     log_dir = resolve_log_dir()
+    level = log_level()
     bind, advertise = _launcher_addr(plan)
     server = socket.create_server((bind, 0), backlog=1024)
     port = server.getsockname()[1]
     secret = new_secret()
-    env = dict(os.environ)
-    env.update(
-        SLURMRUN_SECRET=secret.hex(),
-        SLURMRUN_LAUNCHER_ADDR=advertise,
-        SLURMRUN_LAUNCHER_PORT=str(port),
-        SLURMRUN_PRELOAD="" if cfg.backend is None else "torch",
-        PYTHONPATH=package_pythonpath(os.environ),
-    )
+    control = {
+        "SLURMRUN_SECRET": secret.hex(),
+        "SLURMRUN_LAUNCHER_ADDR": advertise,
+        "SLURMRUN_LAUNCHER_PORT": str(port),
+        "SLURMRUN_PRELOAD": "" if cfg.backend is None else "torch",
+        "PYTHONPATH": package_pythonpath(os.environ),
+    }
+    if cfg.env_file:
+        control[ENV_FILE_VAR] = os.path.abspath(cfg.env_file)
     if "SLURM_TASKS_PER_NODE" in os.environ:
-        env[srun.JOB_TASKS_VAR] = os.environ["SLURM_TASKS_PER_NODE"]
+        control[srun.JOB_TASKS_VAR] = os.environ["SLURM_TASKS_PER_NODE"]
+    agent_env = _agent_env(cfg, control)
     starter: AgentStarter
     if plan.local:
         starter = LocalAgents(plan.hostnames, log_dir.path)
+        env = agent_env
     else:
         assert plan.alloc is not None  # noqa: S101 - _plan guarantees an allocation here
-        starter = srun.srun_agents(plan.alloc, plan.hostnames, log_dir.path)
+        # srun itself needs all of our environment (the job's variables); the agents get only
+        # the names listed in --export, with their values taken from srun's environment.
+        starter = srun.srun_agents(plan.alloc, plan.hostnames, log_dir.path, sorted(agent_env))
+        env = {**os.environ, **control}
     session = Session(
         hostnames=plan.hostnames,
         workers_per_host=plan.workers_per_host,
@@ -304,9 +362,11 @@ def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes) -> LaunchResult[Any]:
             "sys_path": [p if p else os.getcwd() for p in sys.path],
             "cwd": os.getcwd(),
             "env": {},
-            "log_dir": log_dir.path if log_dir.shared or plan.local else None,
         },
         local_master=plan.local,
+        handlers=cfg.log_handlers,
+        log_dir=log_dir.path if log_dir.keep else None,
+        log_level=level,
     )
     try:
         return session.run(env)

@@ -1,15 +1,48 @@
-"""Where agents' and workers' output goes."""
+r"""Where agents' and workers' output goes: records, handlers, files and the live terminal view.
+
+Agents turn what workers write (file descriptors 1 and 2, ``logging`` records, ``warnings``)
+into plain records: JSON fields, never pickles. The launcher turns each record into a
+`logging.LogRecord` with these extra attributes, and hands it to its handlers:
+
+- ``hostname``, ``local_rank`` (None for the agent itself), ``rank`` (global, or None);
+- ``stream``: ``"stdout"``, ``"stderr"`` or ``"logging"``;
+- ``slurmrun_end``: ``"\\n"`` for a finished line, ``"\\r"`` for the current state of a line that
+  is still being rewritten (a progress bar, or text not yet ended by a newline).
+
+The default handlers print agent 0 and worker rank 0 live, and write one file per worker.
+"""
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
+import sys
 import tempfile
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import IO, Any
 
-__all__ = ["LogDir", "resolve_log_dir"]
+__all__ = [
+    "LineAssembler",
+    "LogDir",
+    "add_filter_to_handler",
+    "default_handlers",
+    "file_handler",
+    "log_level",
+    "resolve_log_dir",
+    "stream_handler",
+    "tail_file",
+]
 
 LOG_DIR_VAR = "SLURMRUN_LOG_DIR"
+LOG_LEVEL_VAR = "SLURMRUN_LOG_LEVEL"
+PROGRESS = "\r"
+LINE = "\n"
+
+
+# ---------------------------------------------------------------------- directories
 
 
 @dataclass(frozen=True)
@@ -18,15 +51,13 @@ class LogDir:
 
     Attributes:
         path: the directory.
-        keep: False when the user turned files off (``SLURMRUN_LOG_DIR=""``): the launcher then
-            uses a private temporary directory (for error messages only) and removes it.
-        shared: whether agents on other nodes may write here (True unless it is a private
-            temporary directory on the launcher's machine).
+        keep: False when the user turned files off (``SLURMRUN_LOG_DIR=""``): then it is a
+            private temporary directory, only for the agents' own start-up output, removed
+            after the launch.
     """
 
     path: str
     keep: bool
-    shared: bool
 
 
 def resolve_log_dir(environ: dict[str, str] | None = None) -> LogDir:
@@ -34,9 +65,273 @@ def resolve_log_dir(environ: dict[str, str] | None = None) -> LogDir:
     env = os.environ if environ is None else environ
     configured = env.get(LOG_DIR_VAR)
     if configured == "":
-        return LogDir(tempfile.mkdtemp(prefix="slurmrun-logs-"), keep=False, shared=False)
+        return LogDir(tempfile.mkdtemp(prefix="slurmrun-logs-"), keep=False)
     base = configured if configured is not None else os.path.join(os.getcwd(), "slurmrun_logs")
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
     path = os.path.join(base, stamp)  # one subdirectory per launch: launches never mix files
     os.makedirs(path, exist_ok=True)
-    return LogDir(os.path.abspath(path), keep=True, shared=True)
+    return LogDir(os.path.abspath(path), keep=True)
+
+
+def log_level(environ: dict[str, str] | None = None) -> int:
+    """The level from ``SLURMRUN_LOG_LEVEL`` (a name like ``DEBUG`` or a number; INFO if unset)."""
+    env = os.environ if environ is None else environ
+    value = env.get(LOG_LEVEL_VAR, "INFO").strip().upper() or "INFO"
+    if value.isdigit():
+        return int(value)
+    level = logging.getLevelName(value)
+    if not isinstance(level, int):
+        raise ValueError(  # noqa: TRY004 - a bad value of a variable, not a bad type
+            f"{LOG_LEVEL_VAR}={value!r} is not a logging level: use DEBUG, INFO, WARNING, "
+            "ERROR, CRITICAL or a number"
+        )
+    return level
+
+
+def tail_file(path: str | None, lines: int = 20, max_bytes: int = 16384) -> str:
+    """The last `lines` lines of a text file ('' if it cannot be read)."""
+    if path is None:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            data = f.read()
+    except OSError:
+        return ""
+    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------------- agent side
+
+
+class LineAssembler:
+    r"""Cuts a byte stream into finished lines and progress states (``\\r``-rewritten lines).
+
+    `feed` calls ``emit(text, end)`` for every finished line (end ``"\\n"``), and once per chunk
+    with the current state of an unfinished line (end ``"\\r"``), so a progress bar or a prompt
+    shows at once instead of waiting for a newline.
+    """
+
+    def __init__(self, emit: Callable[[str, str], None]) -> None:
+        self._emit = emit
+        self._line = ""
+        self._shown = True  # whether the current state of the line was emitted already
+
+    def feed(self, data: bytes) -> None:
+        """Processes one chunk of output."""
+        text = data.decode(errors="replace")
+        start = 0
+        for i, ch in enumerate(text):
+            if ch not in "\r\n":
+                continue
+            self._line += text[start:i]
+            if text[start:i]:
+                self._shown = False
+            start = i + 1
+            if ch == "\n":
+                self._emit(self._line, LINE)
+            elif i + 1 < len(text) and text[i + 1] == "\n":
+                continue  # "\r\n" is a plain line end
+            elif not self._shown and self._line:
+                self._emit(self._line, PROGRESS)  # a state that the next one overwrites
+            self._line, self._shown = "", True
+        if text[start:]:
+            self._line += text[start:]
+            self._emit(self._line, PROGRESS)
+            self._shown = True
+
+    def close(self) -> None:
+        """Finishes an unterminated last line."""
+        if self._line:
+            self._emit(self._line, LINE)
+            self._line = ""
+
+
+# ---------------------------------------------------------------------- launcher side
+
+
+def _matches(record: logging.LogRecord, hostname: str | None, local_rank: int | None) -> bool:
+    if hostname is not None and getattr(record, "hostname", None) != hostname:
+        return False
+    return local_rank is None or getattr(record, "local_rank", None) == local_rank
+
+
+def add_filter_to_handler(
+    handler: logging.Handler,
+    hostname: str | None = None,
+    local_rank: int | None = None,
+    log_level: int = logging.NOTSET,
+) -> logging.Handler:
+    """Makes `handler` take only records of `hostname` / `local_rank` at `log_level` or above.
+
+    Args:
+        handler: any `logging.Handler`.
+        hostname: only this host (None: every host).
+        local_rank: only this local rank (None: every rank and the agent; use -1 for the
+            agent alone).
+        log_level: the handler's level.
+
+    Returns:
+        `handler`, for chaining.
+    """
+    handler.setLevel(log_level)
+    if local_rank == -1:
+        handler.addFilter(
+            lambda r: _matches(r, hostname, None) and getattr(r, "local_rank", 0) is None
+        )
+    else:
+        handler.addFilter(lambda r: _matches(r, hostname, local_rank))
+    return handler
+
+
+def _prefix(record: logging.LogRecord) -> str:
+    rank = getattr(record, "local_rank", None)
+    return f"[{getattr(record, 'hostname', '?')}:{'agent' if rank is None else rank}]"
+
+
+def _isatty(stream: IO[str]) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class _TerminalHandler(logging.Handler):
+    """Writes records with a ``[host:rank]`` prefix; progress states rewrite their line."""
+
+    def __init__(self, stdout: IO[str] | None, stderr: IO[str] | None) -> None:
+        super().__init__()
+        self._out = stdout
+        self._err = stderr
+        self._open_progress: dict[int, bool] = {}
+        self._write_lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        stream = getattr(record, "stream", "logging")
+        target = (self._out or sys.stdout) if stream == "stdout" else (self._err or sys.stderr)
+        end = getattr(record, "slurmrun_end", LINE)
+        text = record.getMessage()
+        if stream == "logging":
+            text = f"{record.levelname}:{record.name}: {text}"
+        key = id(target)
+        with self._write_lock:
+            # On a terminal, ESC[K clears what a longer previous state left at the line's end.
+            clear = "\x1b[K" if _isatty(target) else ""
+            if end == PROGRESS:
+                target.write(f"\r{_prefix(record)} {text}{clear}")
+                self._open_progress[key] = True
+            elif self._open_progress.get(key):
+                target.write(f"\r{_prefix(record)} {text}{clear}\n")
+                self._open_progress[key] = False
+            else:
+                target.write(f"{_prefix(record)} {text}\n")
+            target.flush()
+
+
+class _FileHandler(logging.Handler):
+    """Appends finished lines to a file (progress states are dropped: files keep the result)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+        self._file: IO[str] | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "slurmrun_end", LINE) == PROGRESS:
+            return
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        text = record.getMessage()
+        if getattr(record, "stream", "") == "logging":
+            text = f"{record.levelname}:{record.name}: {text}"
+        self._file.write(text + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        super().close()
+
+
+def stream_handler(
+    hostname: str | None = None,
+    local_rank: int | None = None,
+    log_level: int = logging.NOTSET,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> logging.Handler:
+    r"""A handler that prints records live with a ``[host:rank]`` prefix.
+
+    Workers' stdout goes to the launcher's stdout, everything else to its stderr; progress
+    bars (``\\r``-rewritten lines) update in place.
+
+    Args:
+        hostname: only this host (None: all).
+        local_rank: only this local rank (None: all; -1: the agent alone).
+        log_level: minimum level.
+        stdout: where stdout records go (default: ``sys.stdout`` at the time of writing).
+        stderr: where the others go (default: ``sys.stderr`` at the time of writing).
+    """
+    return add_filter_to_handler(_TerminalHandler(stdout, stderr), hostname, local_rank, log_level)
+
+
+def file_handler(
+    path: str,
+    hostname: str | None = None,
+    local_rank: int | None = None,
+    log_level: int = logging.NOTSET,
+) -> logging.Handler:
+    """A handler that appends the finished lines of matching records to `path`.
+
+    Example:
+        One file per rank of node1::
+
+            handlers = [slurmrun.file_handler(f"logs/node1.{i}.log", "node1", i) for i in range(8)]
+    """
+    return add_filter_to_handler(_FileHandler(path), hostname, local_rank, log_level)
+
+
+def default_handlers(
+    hostnames: Iterable[str], workers: Iterable[int], log_dir: str | None, level: int
+) -> list[logging.Handler]:
+    """Agent 0 and rank 0 live in the terminal; with `log_dir`, a file per worker."""
+    hosts = list(hostnames)
+    handlers = [
+        stream_handler(hosts[0], -1, level),
+        stream_handler(hosts[0], 0, level),
+    ]
+    if log_dir is not None:
+        for host, count in zip(hosts, workers, strict=True):
+            for local_rank in range(count):
+                path = os.path.join(log_dir, f"{host}.{local_rank}.log")
+                handlers.append(file_handler(path, host, local_rank, level))
+    return handlers
+
+
+def make_record(header: dict[str, Any], hostname: str, rank: int | None) -> logging.LogRecord:
+    """A LogRecord from a ``log`` frame's JSON fields."""
+    level = int(header.get("level", logging.INFO))
+    local_rank = header.get("local_rank")
+    record = logging.makeLogRecord(
+        {
+            "name": str(header.get("name") or f"slurmrun.{hostname}"),
+            "levelno": level,
+            "levelname": logging.getLevelName(level),
+            "msg": str(header.get("msg", "")),
+        }
+    )
+    record.hostname = hostname
+    record.local_rank = int(local_rank) if local_rank is not None else None
+    record.rank = rank
+    record.stream = str(header.get("stream", "logging"))
+    record.slurmrun_end = PROGRESS if header.get("end") == PROGRESS else LINE
+    return record
+
+
+def dispatch(record: logging.LogRecord, handlers: Iterable[logging.Handler]) -> None:
+    """Hands `record` to each handler whose level it reaches (as a logger would)."""
+    for handler in handlers:
+        if record.levelno >= handler.level:
+            handler.handle(record)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import signal
 import socket
@@ -19,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrun.errors import AgentFailedError, RemoteTraceback, WorkerFailedError
+from slurmrun.logs import default_handlers, dispatch, make_record, tail_file
 from slurmrun.result import LaunchResult
-from slurmrun.starters import AgentStarter, tail_file
+from slurmrun.starters import AgentStarter
 from slurmrun.transport import (
     AuthenticationError,
     Connection,
@@ -40,6 +42,8 @@ MAX_PENDING_HANDSHAKES = 64
 DRAIN_TIMEOUT = 2.0
 # How long a communication error ("peer reset") waits for the failure that caused it.
 ROOT_CAUSE_WAIT = 1.0
+# After the last result, how long to wait for agents to forward their workers' last output.
+DONE_WAIT = 2.0
 _TICK = 0.05
 
 
@@ -60,6 +64,7 @@ class _Agent:
     workers: int = 0
     results: dict[int, Frame] = field(default_factory=dict)
     closed: bool = False
+    done: bool = False  # all its workers exited and their output was forwarded
 
 
 @dataclass
@@ -78,6 +83,9 @@ class Session:
     server: socket.socket
     start_header: dict[str, Any]
     local_master: bool = False
+    handlers: list[logging.Handler] | None = None  # None: the defaults (see logs.py)
+    log_dir: str | None = None  # where the default handlers write one file per worker
+    log_level: int = logging.INFO
 
     def __post_init__(self) -> None:
         self._events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
@@ -89,6 +97,9 @@ class Session:
         self._exited_at: dict[int | None, float] = {}
         self.rejected_peers = 0
         self._held: tuple[BaseException, float] | None = None
+        self._last_result = 0.0
+        self._handlers: list[logging.Handler] = list(self.handlers or [])
+        self._own_handlers = self.handlers is None
 
     # ------------------------------------------------------------------ threads
     def _accept_loop(self) -> None:
@@ -206,6 +217,12 @@ class Session:
         agent = _Agent(rank, self.hostnames[rank], conn, header, time.monotonic())
         self._agents[rank] = agent
         self._by_conn[id(conn)] = agent
+        if header.get("error"):
+            raise AgentFailedError(
+                f"the agent on {agent.hostname} could not prepare its workers: {header['error']}",
+                hostname=agent.hostname,
+                log_file=self.starter.log_file(rank),
+            )
 
     def _hand_out(self) -> None:
         order = [self._agents[i] for i in range(len(self.hostnames))]
@@ -215,6 +232,8 @@ class Session:
             else [int(a.hello["auto_workers"]) for a in order]
         )
         world_size = sum(counts)
+        if self._own_handlers:
+            self._handlers = default_handlers(self.hostnames, counts, self.log_dir, self.log_level)
         first = order[0].hello
         master_addr = "127.0.0.1" if self.local_master else str(first["addr"])
         offset = 0
@@ -232,6 +251,7 @@ class Session:
                 backend=self.backend,
                 timeout=self.timeout,
                 grace=self.grace,
+                log_level=self.log_level,
             )
             agent.conn.send(header, self.payload)
             offset += count
@@ -239,7 +259,7 @@ class Session:
     def _worker_error(self, agent: _Agent, frame: Frame) -> BaseException:
         h = frame.header
         local_rank = int(h.get("local_rank", -1))
-        rank = sum(self._agents[i].workers for i in range(agent.node_rank)) + local_rank
+        rank = self._rank(agent, local_rank)
         where = f"rank {rank} (host {agent.hostname}, local rank {local_rank})"
         log_file = self._worker_log(agent, local_rank)
         exc: Any = None
@@ -265,14 +285,16 @@ class Session:
         )
 
     def _worker_log(self, agent: _Agent, local_rank: int) -> str | None:
-        log_dir = self.start_header.get("log_dir")
-        if not log_dir:
+        if not self._own_handlers or self.log_dir is None:
             return None
-        return f"{log_dir}/{agent.hostname}.{local_rank}.log"
+        return os.path.join(self.log_dir, f"{agent.hostname}.{local_rank}.log")
+
+    def _rank(self, agent: _Agent, local_rank: int) -> int:
+        return sum(self._agents[i].workers for i in range(agent.node_rank)) + local_rank
 
     def _worker_died(self, agent: _Agent, header: dict[str, Any]) -> WorkerFailedError:
         local_rank = int(header.get("local_rank", -1))
-        rank = sum(self._agents[i].workers for i in range(agent.node_rank)) + local_rank
+        rank = self._rank(agent, local_rank)
         tail = str(header.get("stderr_tail", ""))
         log_file = self._worker_log(agent, local_rank)
         message = (
@@ -313,8 +335,15 @@ class Session:
             self._on_hello(conn, frame.header)
             return
         agent.last_seen = now
-        if frame.kind == "result":
+        if frame.kind == "log":
+            local_rank = frame.header.get("local_rank")
+            rank = None if local_rank is None else self._rank(agent, int(local_rank))
+            dispatch(make_record(frame.header, agent.hostname, rank), self._handlers)
+        elif frame.kind == "result":
             agent.results[int(frame.header["local_rank"])] = frame
+            self._last_result = now
+        elif frame.kind == "done":
+            agent.done = True
         elif frame.kind == "error":
             exc = self._worker_error(agent, frame)
             if frame.header.get("secondary") and self._held is None:
@@ -351,7 +380,7 @@ class Session:
             if not self._handed_out and len(self._agents) == n:
                 self._hand_out()
                 self._handed_out = True
-            if self._handed_out and all(len(a.results) == a.workers for a in self._agents.values()):
+            if self._handed_out and self._finished(now):
                 break
             if not self._handed_out and now > connect_deadline:
                 missing = [self.hostnames[i] for i in range(n) if i not in self._agents]
@@ -373,6 +402,13 @@ class Session:
             if self._handed_out:
                 self._check_silence(now)
         return self._collect()
+
+    def _finished(self, now: float) -> bool:
+        if not all(len(a.results) == a.workers for a in self._agents.values()):
+            return False
+        # Output written just before returning may still be on its way: wait (briefly) for
+        # every agent to say that its workers exited and their output was forwarded.
+        return all(a.done for a in self._agents.values()) or now - self._last_result > DONE_WAIT
 
     def _collect(self) -> LaunchResult[Any]:
         order = [self._agents[i] for i in range(len(self.hostnames))]
@@ -413,3 +449,6 @@ class Session:
                 conn.close()
         with contextlib.suppress(OSError):
             self.server.close()
+        if self._own_handlers:
+            for handler in self._handlers:
+                handler.close()

@@ -38,7 +38,11 @@ def address_toward(host: str) -> str:
 
 
 def agents_step_command(
-    alloc: SlurmAllocation, hostnames: Sequence[str], log_dir: str, srun: str = "srun"
+    alloc: SlurmAllocation,
+    hostnames: Sequence[str],
+    log_dir: str,
+    export: Sequence[str],
+    srun: str = "srun",
 ) -> list[str]:
     """The srun command line of the agents' step: one task on each of `hostnames`."""
     n = len(hostnames)
@@ -56,6 +60,9 @@ def agents_step_command(
         "--kill-on-bad-exit=1",
         "--job-name=slurmrun-agents",
         f"--output={os.path.join(log_dir, '%N.agent.log')}",
+        # Names only: srun copies their values from its own environment, so no value (the
+        # launch secret above all) ever appears on a command line.
+        f"--export={','.join(export)}",
     ]
     gpus = _step_gpus(alloc, hostnames)
     if gpus:
@@ -74,13 +81,15 @@ def _step_gpus(alloc: SlurmAllocation, hostnames: Sequence[str]) -> int:
     return min(per_node.get(h, 0) for h in hostnames)
 
 
-def srun_agents(alloc: SlurmAllocation, hostnames: Sequence[str], log_dir: str) -> SrunAgents:
+def srun_agents(
+    alloc: SlurmAllocation, hostnames: Sequence[str], log_dir: str, export: Sequence[str]
+) -> SrunAgents:
     """An `AgentStarter` that runs the agents as one srun step."""
     srun = shutil.which("srun")
     if srun is None:
         raise RuntimeError("srun was not found on PATH, but a SLURM allocation was detected")
     return SrunAgents(
-        command=agents_step_command(alloc, hostnames, log_dir, srun),
+        command=agents_step_command(alloc, hostnames, log_dir, export, srun),
         log_path=os.path.join(log_dir, "srun.log"),
         node_logs={h: os.path.join(log_dir, f"{h}.agent.log") for h in hostnames},
         hostnames=list(hostnames),

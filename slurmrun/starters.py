@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Protocol
 
-__all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command", "tail_file"]
+__all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command"]
 
 
 def agent_command() -> list[str]:
@@ -25,20 +25,6 @@ def package_pythonpath(environ: Mapping[str, str]) -> str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rest = environ.get("PYTHONPATH", "")
     return root if not rest else f"{root}{os.pathsep}{rest}"
-
-
-def tail_file(path: str | None, lines: int = 20, max_bytes: int = 16384) -> str:
-    """The last `lines` lines of a text file ('' if it cannot be read)."""
-    if path is None:
-        return ""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - max_bytes))
-            data = f.read()
-    except OSError:
-        return ""
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
 class AgentStarter(Protocol):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import logging
 import os
 import signal
 import socket
@@ -43,7 +44,7 @@ class WorkerSpec:
     sys_path: tuple[str, ...]
     cwd: str
     env: tuple[tuple[str, str], ...]
-    log_file: str | None
+    log_level: int
 
 
 def _die_with_parent() -> None:
@@ -57,17 +58,47 @@ def _die_with_parent() -> None:
         os._exit(70)
 
 
-def _redirect_output(log_file: str | None) -> None:
-    if log_file is None:
-        return
-    fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def _redirect_output(stdout: socket.socket, stderr: socket.socket) -> None:
+    """Points file descriptors 1 and 2 at the agent, so C code and subprocesses are caught too."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    for fd, sock in ((1, stdout), (2, stderr)):
+        os.dup2(sock.fileno(), fd)
+        sock.close()
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+class _ChannelHandler(logging.Handler):
+    """Sends `logging` records (and captured `warnings`) to the agent as plain JSON fields."""
+
+    def __init__(self, conn: Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            if record.exc_info:
+                msg += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+            self._conn.send(
+                {
+                    "t": "log",
+                    "stream": "logging",
+                    "level": record.levelno,
+                    "name": record.name,
+                    "msg": msg,
+                }
+            )
+        except Exception:  # logging must never break the user's function
+            self.handleError(record)
+
+
+def _capture_logging(conn: Connection, level: int) -> None:
+    root = logging.getLogger()
+    root.addHandler(_ChannelHandler(conn))
+    root.setLevel(level)
+    logging.captureWarnings(True)
 
 
 def _watch_agent(conn: Connection) -> None:
@@ -158,9 +189,11 @@ def _init_process_group(spec: WorkerSpec) -> bool:
     return True
 
 
-def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
+def run_worker(
+    spec: WorkerSpec, sock: socket.socket, stdout: socket.socket, stderr: socket.socket
+) -> None:
     """Entry point of a worker process (the target of the agent's forkserver Process)."""
-    _redirect_output(spec.log_file)
+    _redirect_output(stdout, stderr)
     faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
     _die_with_parent()
     os.environ.update(_worker_env(spec))
@@ -168,6 +201,7 @@ def run_worker(spec: WorkerSpec, sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         os.chdir(spec.cwd)
     conn = Connection(sock)
+    _capture_logging(conn, spec.log_level)
     code = 0
     try:
         frame = conn.recv()

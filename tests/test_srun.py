@@ -13,6 +13,7 @@ from slurmrun import srun
 from slurmrun.allocation import SlurmAllocation
 
 GOLDEN = Path(__file__).parent / "golden"
+EXPORT = ["HOME", "PATH", "SLURMRUN_SECRET"]
 
 
 def _alloc(gpus: list[int] | None, cpus: list[int]) -> SlurmAllocation:
@@ -35,7 +36,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_agents_step_command_matches_golden_file(name):
     alloc, hosts = CASES[name]
-    cmd = srun.agents_step_command(alloc, hosts, "/logs", srun="srun")
+    cmd = srun.agents_step_command(alloc, hosts, "/logs", EXPORT, srun="srun")
     assert cmd[-3:] == [sys.executable, "-m", "slurmrun.agent"]
     text = (
         shlex.join([*cmd[:-3], "PYTHON", "-m", "slurmrun.agent"]).replace(" --", " \\\n  --") + "\n"
@@ -47,8 +48,9 @@ def test_agents_step_command_matches_golden_file(name):
 
 
 def test_the_secret_never_goes_on_the_srun_command_line():
-    cmd = srun.agents_step_command(CASES["gpus_two_per_node"][0], ["node1"], "/logs", srun="srun")
-    assert not any("SECRET" in part for part in cmd)
+    cmd = srun.agents_step_command(CASES["gpus_two_per_node"][0], ["node1"], "/logs", EXPORT, srun="srun")
+    assert "--export=HOME,PATH,SLURMRUN_SECRET" in cmd  # the name, so srun copies the value
+    assert not any("=deadbeef" in part or part.endswith("SECRET=") for part in cmd)
 
 
 def test_address_toward_a_host_is_a_local_address():

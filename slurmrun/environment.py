@@ -1,0 +1,107 @@
+"""Which of the launcher's environment variables reach agents and workers, and env files."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import subprocess
+from collections.abc import Iterable, Mapping
+
+__all__ = ["DEFAULT_ENV_VARS", "EnvFileError", "matching_env", "source_env_file"]
+
+DEFAULT_ENV_VARS: tuple[str, ...] = (
+    "PATH",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "LIBRARY_PATH",
+    "PYTHON*",
+    "CUDA*",
+    "CUDNN*",
+    "NVIDIA*",
+    "TORCH*",
+    "PYTORCH*",
+    "NCCL*",
+    "GLOO*",
+    "UCX*",
+    "OMP_*",
+    "MKL_*",
+    "OPENBLAS_*",
+    "HF_*",
+    "TRANSFORMERS_*",
+    "TOKENIZERS_*",
+    "WANDB_*",
+    "TRITON_*",
+    "XDG_*",
+    "VIRTUAL_ENV",
+    "CONDA_*",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "LANG",
+    "LC_*",
+    "TZ",
+    "TMPDIR",
+    "TERM",
+)
+"""fnmatch patterns of variables copied from the launcher to agents and workers by default."""
+
+ENV_FILE_TIMEOUT = 60.0
+
+
+class EnvFileError(RuntimeError):
+    """Sourcing the env file failed."""
+
+
+def matching_env(environ: Mapping[str, str], patterns: Iterable[str]) -> dict[str, str]:
+    """The variables of `environ` whose names match any of the fnmatch `patterns`."""
+    pats = list(patterns)
+    return {k: v for k, v in environ.items() if any(fnmatch.fnmatchcase(k, p) for p in pats)}
+
+
+def source_env_file(
+    path: str, environ: Mapping[str, str], timeout: float = ENV_FILE_TIMEOUT
+) -> dict[str, str]:
+    """Sources `path` with bash in `environ` and returns the variables it set or changed.
+
+    Raises:
+        EnvFileError: bash failed (with bash's message), or took longer than `timeout`.
+    """
+    script = 'set -a; source "$1" || exit $?; exec env -0'
+    try:
+        out = subprocess.run(
+            ["bash", "-c", script, "slurmrun-env-file", path],
+            env=dict(environ),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise EnvFileError(f"sourcing env_file {path} took longer than {timeout:.0f} s") from e
+    except FileNotFoundError as e:
+        raise EnvFileError("bash is needed to source env_file, and it was not found") from e
+    if out.returncode != 0:
+        message = out.stderr.decode(errors="replace").strip() or f"exit code {out.returncode}"
+        raise EnvFileError(f"sourcing env_file {path} failed: {message}")
+    new: dict[str, str] = {}
+    for item in out.stdout.split(b"\0"):
+        if b"=" not in item:
+            continue
+        key, _, value = item.decode(errors="replace").partition("=")
+        if key in ("_", "SHLVL", "PWD", "OLDPWD"):
+            continue
+        if environ.get(key) != value:
+            new[key] = value
+    return new
+
+
+def env_file_problem(path: str | os.PathLike[str] | None) -> str | None:
+    """Why `path` cannot be an env file, checked in the launcher before anything starts."""
+    if path is None:
+        return None
+    if not os.path.isfile(path):
+        return f"env_file {os.fspath(path)!r} does not exist or is not a file"
+    if not os.access(path, os.R_OK):
+        return f"env_file {os.fspath(path)!r} is not readable"
+    return None
