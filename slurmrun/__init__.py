@@ -10,6 +10,7 @@ from __future__ import annotations
 from slurmrun.allocation import SlurmAllocation, slurm_allocation
 from slurmrun.errors import AgentFailedError, WorkerFailedError
 from slurmrun.launcher import Launcher, launch
+from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
 from slurmrun.result import LaunchResult
 
 __all__ = [
@@ -18,6 +19,9 @@ __all__ = [
     "Launcher",
     "SlurmAllocation",
     "WorkerFailedError",
+    "add_filter_to_handler",
+    "file_handler",
     "launch",
     "slurm_allocation",
+    "stream_handler",
 ]

@@ -48,7 +48,9 @@ def test_agents_step_command_matches_golden_file(name):
 
 
 def test_the_secret_never_goes_on_the_srun_command_line():
-    cmd = srun.agents_step_command(CASES["gpus_two_per_node"][0], ["node1"], "/logs", EXPORT, srun="srun")
+    cmd = srun.agents_step_command(
+        CASES["gpus_two_per_node"][0], ["node1"], "/logs", EXPORT, srun="srun"
+    )
     assert "--export=HOME,PATH,SLURMRUN_SECRET" in cmd  # the name, so srun copies the value
     assert not any("=deadbeef" in part or part.endswith("SECRET=") for part in cmd)
 

@@ -1,0 +1,241 @@
+"""Workers' output reaches the launcher (live and in files); the environment workers see."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+import slurmrun
+from slurmrun.logs import LINE, PROGRESS, LineAssembler
+
+# ---------------------------------------------------------------- functions run on workers
+
+
+def chatty():
+    rank = os.environ["RANK"]
+    print(f"print from rank {rank}")
+    os.write(1, f"os.write from rank {rank}\n".encode())
+    subprocess.run(["echo", f"subprocess echo from rank {rank}"], check=True)
+    print(f"stderr line from rank {rank}", file=sys.stderr)
+    logging.getLogger("user.code").warning("logging record from rank %s", rank)
+    warnings.warn(f"a warning from rank {rank}", stacklevel=1)
+    logging.getLogger("user.code").debug("debug record from rank %s", rank)
+    return rank
+
+
+def progress_bar(path):
+    import tqdm
+
+    if os.environ["RANK"] == "0":
+        bar = tqdm.tqdm(total=3, mininterval=0, file=sys.stderr)
+        bar.update(1)
+        with open(path, "w") as f:  # the first update is on its way: tell the test
+            f.write("first")
+        time.sleep(2)  # the launcher must show the update while we sleep
+        bar.update(2)
+        bar.close()
+    return True
+
+
+def environment(names):
+    return {name: os.environ.get(name) for name in names}
+
+
+# ---------------------------------------------------------------- the live view and files
+
+
+def test_rank0_output_is_live_with_prefixes_and_every_rank_has_a_file(capfd, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    assert slurmrun.launch(chatty, workers_per_host=2).values() == ["0", "1"]
+    out, err = capfd.readouterr()
+    assert "[localhost:0] print from rank 0" in out
+    assert "[localhost:0] os.write from rank 0" in out
+    assert "[localhost:0] subprocess echo from rank 0" in out
+    assert "[localhost:0] stderr line from rank 0" in err
+    assert "[localhost:0] WARNING:user.code: logging record from rank 0" in err
+    assert "rank 1" not in out + err
+    (launch_dir,) = tmp_path.iterdir()
+    for rank in ("0", "1"):
+        text = (launch_dir / f"localhost.{rank}.log").read_text()
+        for expected in (
+            f"print from rank {rank}",
+            f"os.write from rank {rank}",
+            f"subprocess echo from rank {rank}",
+            f"stderr line from rank {rank}",
+            f"WARNING:user.code: logging record from rank {rank}",
+            f"UserWarning: a warning from rank {rank}",
+        ):
+            assert expected in text
+        assert "debug record" not in text  # SLURMRUN_LOG_LEVEL defaults to INFO
+    assert (launch_dir / "localhost.agent.log").exists()
+
+
+def test_log_level_and_empty_log_dir(capfd, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", "")
+    monkeypatch.setenv("SLURMRUN_LOG_LEVEL", "DEBUG")
+    slurmrun.launch(chatty, workers_per_host=1)
+    _, err = capfd.readouterr()
+    assert "[localhost:0] DEBUG:user.code: debug record from rank 0" in err
+    assert list(tmp_path.iterdir()) == []  # no ./slurmrun_logs, no files anywhere here
+
+
+def test_bad_log_level_is_rejected_before_anything_starts(monkeypatch):
+    monkeypatch.setenv("SLURMRUN_LOG_LEVEL", "LOUD")
+    with pytest.raises(ValueError, match="SLURMRUN_LOG_LEVEL='LOUD' is not a logging level"):
+        slurmrun.launch(chatty, workers_per_host=1)
+
+
+def test_custom_handlers_replace_the_defaults_and_filter_by_host_and_rank(
+    capfd, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path / "unused"))
+    records: dict[str, list[logging.LogRecord]] = {"rank1": [], "all": []}
+
+    class Collect(logging.Handler):
+        def __init__(self, into):
+            super().__init__()
+            self.into = into
+
+        def emit(self, record):
+            self.into.append(record)
+
+    handlers = [
+        slurmrun.add_filter_to_handler(Collect(records["rank1"]), "localhost", 1, logging.INFO),
+        slurmrun.add_filter_to_handler(Collect(records["all"]), log_level=logging.WARNING),
+        slurmrun.file_handler(str(tmp_path / "rank1.log"), local_rank=1),
+    ]
+    slurmrun.launch(chatty, workers_per_host=2, log_handlers=handlers)
+    out, err = capfd.readouterr()
+    assert "print from rank" not in out + err  # the default terminal view was replaced
+    assert not (tmp_path / "unused").exists() or not list((tmp_path / "unused").rglob("*.0.log"))
+    assert {r.local_rank for r in records["rank1"]} == {1}
+    assert {r.rank for r in records["rank1"]} == {1}
+    assert {r.hostname for r in records["rank1"]} == {"localhost"}
+    assert "print from rank 1" in [r.getMessage() for r in records["rank1"]]
+    assert {r.levelno >= logging.WARNING for r in records["all"]} == {True}
+    assert {r.local_rank for r in records["all"]} == {0, 1}
+    assert "print from rank 1" in (tmp_path / "rank1.log").read_text()
+
+
+def test_progress_bar_updates_in_place_and_promptly(capfd, tmp_path):
+    marker = tmp_path / "first"
+    received: list[tuple[float, str]] = []
+
+    class Watch(logging.Handler):
+        def emit(self, record):
+            if record.slurmrun_end == PROGRESS:
+                received.append((time.time(), record.getMessage()))
+
+    terminal = io.StringIO()
+    handlers = [slurmrun.stream_handler(local_rank=0, stdout=terminal, stderr=terminal), Watch()]
+    slurmrun.launch(progress_bar, (str(marker),), workers_per_host=2, log_handlers=handlers)
+    first_written = marker.stat().st_mtime
+    first_shown = [t for t, msg in received if "1/3" in msg]
+    assert first_shown, received
+    # shown while rank 0 still slept before its next update, not delayed to the end
+    assert first_shown[0] < first_written + 1.5
+    text = terminal.getvalue()
+    assert "\r[localhost:0]  33%" in text
+    assert text.count("\n") <= 2  # one final line, not a line per update
+    assert "3/3" in text.rstrip("\n").splitlines()[-1]
+
+
+def test_worker_error_names_its_log_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+
+    def fail():
+        print("about to fail", flush=True)
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom") as info:
+        slurmrun.launch(fail, workers_per_host=1, backend=None)
+    (note,) = info.value.__notes__
+    log_file = note.split("its log: ")[1]
+    assert "about to fail" in open(log_file).read()
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        ([b"a\nb\n"], [("a", LINE), ("b", LINE)]),
+        ([b"par", b"tial\n"], [("par", PROGRESS), ("partial", LINE)]),
+        (
+            [b"\r 10%", b"\r 20%", b"\r100%\n"],
+            [(" 10%", PROGRESS), (" 20%", PROGRESS), ("100%", LINE)],
+        ),
+        ([b"x\r\ny\n"], [("x", LINE), ("y", LINE)]),
+        (
+            [b"one\rtwo\rthree"],
+            [("one", PROGRESS), ("two", PROGRESS), ("three", PROGRESS), ("three", LINE)],
+        ),
+        (
+            [b"end without newline"],
+            [("end without newline", PROGRESS), ("end without newline", LINE)],
+        ),
+    ],
+)
+def test_line_assembler_cuts_lines_and_progress_states(chunks, expected):
+    got: list[tuple[str, str]] = []
+    lines = LineAssembler(lambda text, end: got.append((text, end)))
+    for chunk in chunks:
+        lines.feed(chunk)
+    lines.close()
+    assert got == expected
+
+
+# ---------------------------------------------------------------- environment
+
+
+def test_only_matching_variables_reach_workers(monkeypatch):
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    monkeypatch.setenv("MY_PRIVATE_TOKEN", "hunter2")
+    monkeypatch.setenv("EXTRA_ONE", "1")
+    names = ["NCCL_DEBUG", "MY_PRIVATE_TOKEN", "EXTRA_ONE", "PATH"]
+    got = slurmrun.launch(environment, (names,), workers_per_host=1, backend=None).rank(0)
+    assert got == {
+        "NCCL_DEBUG": "INFO",
+        "MY_PRIVATE_TOKEN": None,
+        "EXTRA_ONE": None,
+        "PATH": os.environ["PATH"],
+    }
+    got = slurmrun.launch(
+        environment, (names,), workers_per_host=1, backend=None, extra_env_vars=("EXTRA_*",)
+    ).rank(0)
+    assert got["EXTRA_ONE"] == "1"
+    assert got["MY_PRIVATE_TOKEN"] is None
+
+
+def test_env_file_exports_reach_workers(tmp_path):
+    env_file = tmp_path / "env.sh"
+    env_file.write_text("export FROM_ENV_FILE=yes\nMODEL_DIR=/data/models\nunset NOT_THERE\n")
+    got = slurmrun.launch(
+        environment,
+        (["FROM_ENV_FILE", "MODEL_DIR"],),
+        workers_per_host=2,
+        backend=None,
+        env_file=str(env_file),
+    )
+    assert got.values() == [{"FROM_ENV_FILE": "yes", "MODEL_DIR": "/data/models"}] * 2
+
+
+def test_broken_env_file_fails_with_bashs_message_not_a_hang(tmp_path):
+    env_file = tmp_path / "broken.sh"
+    env_file.write_text("export A=1\nif then fi\n")
+    start = time.monotonic()
+    with pytest.raises(slurmrun.AgentFailedError, match="syntax error") as info:
+        slurmrun.launch(environment, ([],), workers_per_host=1, env_file=str(env_file), timeout=60)
+    assert "broken.sh" in str(info.value)
+    assert time.monotonic() - start < 30
+
+
+def test_missing_env_file_is_rejected_before_anything_starts(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        slurmrun.launch(environment, ([],), env_file=str(tmp_path / "nope.sh"))
