@@ -159,7 +159,8 @@ def test_worker_error_names_its_log_file(tmp_path, monkeypatch):
         slurmrun.launch(fail, workers_per_host=1, backend=None)
     (note,) = info.value.__notes__
     log_file = note.split("its log: ")[1]
-    assert "about to fail" in open(log_file).read()
+    with open(log_file) as f:
+        assert "about to fail" in f.read()
 
 
 @pytest.mark.parametrize(
