@@ -336,8 +336,11 @@ def main() -> int:
     if start is None or start.kind != "start":
         return 0  # the launcher gave up before hand-out (another agent failed)
     agent = Agent(launcher=launcher, hostname=hostname, grace=float(start.header["grace"]))
-    for signum in FORWARDED_SIGNALS:
-        signal.signal(signum, lambda s, _: agent.forward_signal(s))
+    if "SLURM_STEP_ID" not in os.environ:
+        # Inside a SLURM step, slurmstepd signals every process of the step itself (workers
+        # included); forwarding there would deliver each signal twice.
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, lambda s, _: agent.forward_signal(s))
     threading.Thread(target=agent._read_launcher, daemon=True).start()
     threading.Thread(target=agent._heartbeat, args=(heartbeat,), daemon=True).start()
     try:

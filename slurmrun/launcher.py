@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from slurmrun import allocation, srun
-from slurmrun.agent import ENV_FILE_VAR
+from slurmrun.agent import ENV_FILE_VAR, HEARTBEAT_VAR
 from slurmrun.environment import DEFAULT_ENV_VARS, env_file_problem, matching_env
 from slurmrun.logs import log_level, resolve_log_dir
 from slurmrun.result import LaunchResult
@@ -26,6 +26,10 @@ from slurmrun.transport import dumps, dumps_inband, new_secret
 __all__ = ["Launcher", "launch"]
 
 T = TypeVar("T")
+log = logging.getLogger("slurmrun")
+
+PORT_VAR = "SLURMRUN_LAUNCHER_PORT"
+RESTART_VAR = "SLURMRUN_RESTART_COUNT"
 
 Backend = Literal["nccl", "gloo", "mpi", "ucc", "auto"] | None
 BACKENDS = ("nccl", "gloo", "mpi", "ucc", "auto", None)
@@ -74,6 +78,14 @@ class Launcher:
     """Handlers for agents' and workers' output records; None: rank 0 and agent 0 live in the
     terminal, and a file per worker under ``$SLURMRUN_LOG_DIR`` (see `slurmrun.logs`)."""
 
+    max_restarts: int = 0
+    """How often the whole worker group is started again after a failure (same world size;
+    workers see ``SLURMRUN_RESTART_COUNT``). The error is raised after the last attempt."""
+
+    heartbeat_timeout: float = 15.0
+    """Seconds without a heartbeat (agents send five per period) after which an agent counts
+    as dead: a hung node, or one the network lost."""
+
     def run(
         self,
         func: Callable[..., T],
@@ -102,7 +114,22 @@ class Launcher:
         plan = _plan(self)
         payload = _pickle_call(func, tuple(func_args), kwargs)
         with _sigterm_as_exit():
-            return _run_plan(self, plan, payload)
+            for attempt in range(self.max_restarts + 1):
+                try:
+                    return _run_plan(self, plan, payload, attempt)
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as e:
+                    if attempt == self.max_restarts:
+                        raise
+                    log.warning(
+                        "slurmrun: attempt %d of %d failed (%s: %s); restarting the workers",
+                        attempt + 1,
+                        self.max_restarts + 1,
+                        type(e).__name__,
+                        e,
+                    )
+        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept positional
@@ -117,6 +144,8 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
     extra_env_vars: tuple[str, ...] = (),
     env_file: str | None = None,
     log_handlers: list[logging.Handler] | None = None,
+    max_restarts: int = 0,
+    heartbeat_timeout: float = 15.0,
 ) -> LaunchResult[T]:
     """Runs ``func(*func_args, **func_kwargs)`` on every worker of every host; see `Launcher`.
 
@@ -134,6 +163,8 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
         extra_env_vars=extra_env_vars,
         env_file=env_file,
         log_handlers=log_handlers,
+        max_restarts=max_restarts,
+        heartbeat_timeout=heartbeat_timeout,
     ).run(func, func_args, func_kwargs)
 
 
@@ -152,6 +183,18 @@ def _validate(cfg: Launcher, func: object, func_args: object, func_kwargs: objec
     if cfg.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
     _validate_env_and_logs(cfg)
+    for name in ("max_restarts",):
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if (
+        isinstance(cfg.heartbeat_timeout, bool)
+        or not isinstance(cfg.heartbeat_timeout, int | float)
+        or cfg.heartbeat_timeout <= 0
+    ):
+        raise ValueError(
+            f"heartbeat_timeout must be a positive number of seconds, got {cfg.heartbeat_timeout!r}"
+        )
     if (
         isinstance(cfg.timeout, bool)
         or not isinstance(cfg.timeout, int | float)
@@ -318,11 +361,28 @@ def _agent_env(cfg: Launcher, control: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes) -> LaunchResult[Any]:
+def _listen(bind: str) -> socket.socket:
+    wanted = os.environ.get(PORT_VAR, "")
+    if not wanted:
+        return socket.create_server((bind, 0), backlog=1024)
+    if not wanted.isdigit() or not 0 < int(wanted) < 65536:
+        raise ValueError(f"{PORT_VAR}={wanted!r} is not a TCP port number (1-65535)")
+    try:
+        return socket.create_server((bind, int(wanted)), backlog=1024)
+    except OSError as e:
+        raise OSError(
+            e.errno,
+            f"the launcher cannot listen on {PORT_VAR}={wanted} ({e.strerror}): another "
+            "process (or a launch not yet finished) holds it. Free it, pick another port, or "
+            f"unset {PORT_VAR} to let slurmrun choose a free one.",
+        ) from e
+
+
+def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes, attempt: int) -> LaunchResult[Any]:
+    bind, advertise = _launcher_addr(plan)
+    server = _listen(bind)
     log_dir = resolve_log_dir()
     level = log_level()
-    bind, advertise = _launcher_addr(plan)
-    server = socket.create_server((bind, 0), backlog=1024)
     port = server.getsockname()[1]
     secret = new_secret()
     control = {
@@ -331,6 +391,7 @@ def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes) -> LaunchResult[Any]:
         "SLURMRUN_LAUNCHER_PORT": str(port),
         "SLURMRUN_PRELOAD": "" if cfg.backend is None else "torch",
         "PYTHONPATH": package_pythonpath(os.environ),
+        HEARTBEAT_VAR: str(max(0.05, cfg.heartbeat_timeout / 5)),
     }
     if cfg.env_file:
         control[ENV_FILE_VAR] = os.path.abspath(cfg.env_file)
@@ -352,7 +413,7 @@ def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes) -> LaunchResult[Any]:
         workers_per_host=plan.workers_per_host,
         backend=cfg.backend,
         timeout=float(cfg.timeout),
-        agent_timeout=float(cfg.timeout),
+        agent_timeout=float(min(cfg.timeout, cfg.heartbeat_timeout)),
         grace=3.0,
         payload=payload,
         secret=secret,
@@ -361,7 +422,7 @@ def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes) -> LaunchResult[Any]:
         start_header={
             "sys_path": [p if p else os.getcwd() for p in sys.path],
             "cwd": os.getcwd(),
-            "env": {},
+            "env": {RESTART_VAR: str(attempt)},
         },
         local_master=plan.local,
         handlers=cfg.log_handlers,

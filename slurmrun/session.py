@@ -98,6 +98,7 @@ class Session:
         self.rejected_peers = 0
         self._held: tuple[BaseException, float] | None = None
         self._last_result = 0.0
+        self._first_result = 0.0
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
 
@@ -194,11 +195,34 @@ class Session:
                 continue
             if now - agent.last_seen > self.agent_timeout:
                 raise AgentFailedError(
-                    f"the agent on {agent.hostname} sent nothing for {self.agent_timeout:.0f} s "
+                    f"the agent on {agent.hostname} sent nothing for {self.agent_timeout:g} s "
                     "(no heartbeat): its node may be hung or unreachable.",
                     hostname=agent.hostname,
                     log_file=self.starter.log_file(agent.node_rank),
                 )
+
+    def _check_stragglers(self, now: float) -> None:
+        """Some ranks returned, others not within `timeout`: they are stuck (in a collective)."""
+        if not self._last_result or now - self._first_result <= self.timeout:
+            return
+        missing = [
+            (self._rank(agent, local_rank), agent.hostname, local_rank)
+            for agent in self._agents.values()
+            for local_rank in range(agent.workers)
+            if local_rank not in agent.results
+        ]
+        if not missing:
+            return
+        listed = ", ".join(f"rank {r} ({h}, local rank {lr})" for r, h, lr in missing)
+        rank, hostname, local_rank = missing[0]
+        raise WorkerFailedError(
+            f"{listed} never reported: other ranks returned {now - self._first_result:.0f} s "
+            f"ago (timeout={self.timeout:.0f} s). They are probably stuck in a collective that "
+            "the finished ranks never joined, or in a deadlock.",
+            hostname=hostname,
+            local_rank=local_rank,
+            rank=rank,
+        )
 
     def _on_hello(self, conn: Connection, header: dict[str, Any]) -> None:
         rank = int(header.get("node_rank", -1))
@@ -341,6 +365,7 @@ class Session:
             dispatch(make_record(frame.header, agent.hostname, rank), self._handlers)
         elif frame.kind == "result":
             agent.results[int(frame.header["local_rank"])] = frame
+            self._first_result = self._first_result or now
             self._last_result = now
         elif frame.kind == "done":
             agent.done = True
@@ -401,6 +426,7 @@ class Session:
             self._check_processes(now)
             if self._handed_out:
                 self._check_silence(now)
+                self._check_stragglers(now)
         return self._collect()
 
     def _finished(self, now: float) -> bool:
