@@ -1,0 +1,483 @@
+"""Fixtures for the tests that run on the real SLURM test cluster.
+
+The cluster is tests/cluster/slurm-cluster.sh: slurmctld in the root namespace (10.199.0.1,
+hostname alias ``slurmctl``; this is also where pytest, ``salloc`` and ``sbatch`` run) and
+node1..node3, each a slurmd in its own network + UTS namespace on a bridge. All nodes share
+this machine's filesystem and PID namespace, so tmp_path and sys.executable work on them.
+``bash tests/run.sh`` brings the cluster up and exports SLURMRUN_TEST_CLUSTER=1.
+
+Every test in this directory gets the ``slurm`` marker and, through the autouse fixture
+``_slurm_clean_state``, the ``slurm_cluster`` fixture; after each test no job may be left
+in squeue and no process may be left on the nodes (both are cleaned up, and the test fails).
+
+Several pytest sessions may share one cluster (developers on one machine): a job or node
+process counts as this session's when its working directory (the job's submit dir) lies in
+this session's pytest basetemp. The helpers run everything from tmp_path, so jobs started
+through them, and processes started by those jobs, are this session's; the clean-state
+check and ``node_processes`` look only at those and never touch another session's.
+
+Helpers (all are fixtures returning callables; every call has a timeout):
+
+- ``run_cmd(argv, timeout=30)``: run a command in tmp_path
+  (e.g. ``["salloc", "-N3", "srun", "hostname"]``).
+- ``run_in_allocation(salloc_args, script, timeout=60)``: write ``script`` (Python) to tmp_path
+  and run ``salloc <salloc_args> <python> script.py``: the script runs on the login side with
+  the allocation's SLURM_* variables set, the way a user runs slurmrun inside ``salloc``.
+- ``sbatch(script, args=(), timeout=60)``: submit a batch script with ``sbatch --wait``
+  (it runs on node1, the batch host) and return its exit code and output file.
+- ``node_processes(wait=5.0)``: this session's processes on the nodes (slurmd excluded), polled
+  until none are left or ``wait`` runs out (slurmstepd takes a moment to exit); ``{}`` when
+  clean. A process started outside the helpers can be made visible by starting its job
+  with ``cwd=tmp_path``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import math
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_SH = REPO / "tests" / "cluster" / "slurm-cluster.sh"
+SLURM_DIR = Path(__file__).resolve().parent
+JOB_NAME = "slurmrun-test"  # name of the jobs run_in_allocation and sbatch submit
+NOT_UP_HELP = (
+    "The SLURM test cluster is not up. Run the test suite with `bash tests/run.sh` (as root; "
+    "it starts and stops the cluster), or bring it up yourself with "
+    "`sudo bash tests/cluster/slurm-cluster.sh up 3`. "
+    "To run without the SLURM tests set SLURMRUN_SKIP_SLURM=1."
+)
+
+
+# --------------------------------------------------------------------------- marker
+@pytest.hookimpl(tryfirst=True)  # before `-m "not slurm"` deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLURM_DIR in item.path.parents:
+            item.add_marker(pytest.mark.slurm)
+
+
+# --------------------------------------------------------------------------- cluster facts
+@dataclasses.dataclass(frozen=True)
+class SlurmCluster:
+    """What tests/cluster/slurm-cluster.sh brought up (from its ``env`` command)."""
+
+    nodes: tuple[str, ...]  # ("node1", "node2", "node3")
+    node_addrs: tuple[str, ...]  # ("10.199.0.11", ...), same order as nodes
+    launcher_addr: str  # root-namespace address every node can reach: 10.199.0.1
+    controller: str  # hostname alias of launcher_addr: "slurmctl"
+    cpus_per_node: int
+    gpus_per_node: int  # fake GPUs (gres/gpu on /dev/null clones)
+    mode: str  # "netns" (default) or "multi"
+    state_dir: Path
+    logs_dir: Path
+    netns_prefix: str  # node i lives in network namespace f"{netns_prefix}node{i}"
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    def addr(self, node: str) -> str:
+        return self.node_addrs[self.nodes.index(node)]
+
+
+def _read_cluster() -> SlurmCluster | str:
+    """The running cluster's facts, or why it is not up and healthy."""
+    try:
+        env = subprocess.run(
+            ["bash", str(CLUSTER_SH), "env"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if env.returncode != 0:
+            return env.stderr.strip()
+        status = subprocess.run(
+            ["bash", str(CLUSTER_SH), "status"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return repr(e)
+    if status.returncode != 0:
+        return status.stdout.strip() + "\n" + status.stderr.strip()
+    facts: dict[str, str] = {}
+    for line in env.stdout.splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, value = words[1].split("=", 1)
+            facts[key] = value
+    n = int(facts["SLURM_CLUSTER_NODES"])
+    state = Path(facts.get("SLURM_CLUSTER_STATE", "/var/lib/slurm-cluster"))
+    return SlurmCluster(
+        nodes=tuple(f"node{i}" for i in range(1, n + 1)),
+        node_addrs=tuple(facts["SLURM_CLUSTER_NODE_ADDRS"].split()),
+        launcher_addr=facts["SLURM_CLUSTER_LAUNCHER_ADDR"],
+        controller=facts["SLURM_CLUSTER_CONTROLLER"],
+        cpus_per_node=int(facts["SLURM_CLUSTER_CPUS"]),
+        gpus_per_node=int(facts["SLURM_CLUSTER_GPUS"]),
+        mode=facts["SLURM_CLUSTER_MODE"],
+        state_dir=state,
+        logs_dir=Path(facts["SLURM_CLUSTER_LOGS"]),
+        netns_prefix=facts.get("SLURM_CLUSTER_NETNS_PREFIX", "slurmc-"),
+    )
+
+
+# This session's pytest basetemp: jobs submitted from below it (and their processes) are ours.
+_session: dict[str, str] = {}
+
+
+def _ours(path: str) -> bool:
+    root = _session.get("dir")
+    return root is not None and (path == root or path.startswith(root + os.sep))
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
+    """The running SLURM test cluster; skips (SLURMRUN_SKIP_SLURM=1) or fails when it is down."""
+    cluster = _read_cluster()
+    if isinstance(cluster, str):
+        if os.environ.get("SLURMRUN_SKIP_SLURM") == "1":
+            pytest.skip("SLURMRUN_SKIP_SLURM=1 and the SLURM test cluster is not up")
+        pytest.fail(f"{NOT_UP_HELP}\n\n{CLUSTER_SH.name} says:\n{cluster}", pytrace=False)
+    _session["dir"] = str(tmp_path_factory.getbasetemp().resolve())
+    return cluster
+
+
+# --------------------------------------------------------------------------- running commands
+def _clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """os.environ without SLURM_* job variables (pytest itself may run inside a job)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+    if "SLURM_CONF" in os.environ:
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+    env.update(extra or {})
+    return env
+
+
+def _minutes(timeout: float) -> str:
+    """A SLURM --time that outlives our own timeout (SLURM then reaps what we missed)."""
+    return str(math.ceil(timeout / 60) + 1)
+
+
+def _report(cp: subprocess.CompletedProcess[str], what: str) -> str:
+    return f"{what}: {shlex.join(cp.args)}\n--- stdout\n{cp.stdout}\n--- stderr\n{cp.stderr}"
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
+
+
+def _run(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    check: bool,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run argv with a hard timeout: on expiry kill its whole process group and fail."""
+    argv = [str(a) for a in argv]
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        env=_clean_env(env),
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    if timed_out:  # salloc/sbatch cancel their job on SIGTERM; then kill what is left
+        _signal_group(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        _signal_group(proc.pid, signal.SIGKILL)
+        _cancel(_jobs())  # sbatch --wait leaves its job running when killed
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a grandchild outside the group holds the pipes
+            out, err = "", ""
+        cp = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        pytest.fail(_report(cp, f"timed out after {timeout}s"), pytrace=False)
+    cp = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    if check and cp.returncode != 0:
+        pytest.fail(_report(cp, f"exit code {cp.returncode}"), pytrace=False)
+    return cp
+
+
+RunCmd = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def run_cmd(tmp_path: Path, slurm_cluster: SlurmCluster) -> RunCmd:
+    """``run_cmd(argv, timeout=30, check=True, env=None)`` -> CompletedProcess (text).
+
+    Runs in tmp_path, so jobs it submits count as this session's.
+    """
+
+    def run(
+        argv: Sequence[str],
+        timeout: float = 30.0,
+        *,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        return _run(argv, timeout=timeout, check=check, cwd=tmp_path, env=env)
+
+    return run
+
+
+@pytest.fixture
+def run_in_allocation(tmp_path: Path, slurm_cluster: SlurmCluster) -> RunCmd:
+    """``run_in_allocation(salloc_args, script, timeout=60, check=True, env=None)``.
+
+    Writes the Python ``script`` (dedented) to tmp_path and runs
+    ``salloc --job-name=slurmrun-test --time=.. <salloc_args> <sys.executable> script.py``
+    in tmp_path. Returns the CompletedProcess (stdout/stderr as text); with check=True a
+    non-zero exit fails the test and shows both streams.
+    """
+    counter = itertools.count()
+
+    def run(
+        salloc_args: Sequence[str],
+        script: str,
+        timeout: float = 60.0,
+        *,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / f"in_allocation_{next(counter)}.py"
+        path.write_text(textwrap.dedent(script))
+        argv = [
+            "salloc",
+            f"--job-name={JOB_NAME}",
+            f"--time={_minutes(timeout)}",
+            *salloc_args,
+            sys.executable,
+            str(path),
+        ]
+        return _run(argv, timeout=timeout, check=check, cwd=tmp_path, env=env)
+
+    return run
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchResult:
+    """A finished ``sbatch --wait`` job."""
+
+    job_id: str
+    returncode: int  # sbatch --wait exits with the job's exit code
+    output: str  # the job's output file (stdout and stderr together)
+    sbatch_stderr: str
+
+
+@pytest.fixture
+def sbatch(tmp_path: Path, slurm_cluster: SlurmCluster) -> Callable[..., BatchResult]:
+    """``sbatch(script, args=(), timeout=60, check=True)`` -> BatchResult.
+
+    ``script`` is a batch script (``#!/bin/bash`` is prepended when it has no shebang, so
+    ``#SBATCH`` lines may follow); it is submitted from tmp_path with
+    ``sbatch --wait --output=<tmp_path>/batch_N.out <args>`` and runs on node1.
+    """
+    counter = itertools.count()
+
+    def submit(
+        script: str,
+        args: Sequence[str] = (),
+        timeout: float = 60.0,
+        *,
+        check: bool = True,
+    ) -> BatchResult:
+        n = next(counter)
+        path, out = tmp_path / f"batch_{n}.sh", tmp_path / f"batch_{n}.out"
+        text = textwrap.dedent(script).lstrip("\n")
+        if not text.startswith("#!"):
+            text = "#!/bin/bash\n" + text
+        path.write_text(text)
+        argv = [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            f"--job-name={JOB_NAME}",
+            f"--time={_minutes(timeout)}",
+            f"--output={out}",
+            *args,
+            str(path),
+        ]
+        cp = _run(argv, timeout=timeout, check=False, cwd=tmp_path)
+        result = BatchResult(
+            job_id=cp.stdout.strip().split(";")[0],
+            returncode=cp.returncode,
+            output=out.read_text() if out.exists() else "",
+            sbatch_stderr=cp.stderr,
+        )
+        if check and result.returncode != 0:
+            pytest.fail(
+                f"sbatch job {result.job_id} exit code {result.returncode}\n"
+                f"--- output\n{result.output}\n--- sbatch stderr\n{result.sbatch_stderr}",
+                pytrace=False,
+            )
+        return result
+
+    return submit
+
+
+# --------------------------------------------------------------------------- node processes
+@dataclasses.dataclass(frozen=True)
+class NodeProcess:
+    node: str
+    pid: int
+    cmdline: str
+
+
+def _job_dirs() -> dict[str, str]:
+    """Job id -> working directory, for running and recently finished (MinJobAge) jobs."""
+    cp = subprocess.run(
+        ["squeue", "-h", "-t", "all", "-o", "%A %Z"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    return dict(line.split(" ", 1) for line in cp.stdout.splitlines() if " " in line)
+
+
+def _process_is_ours(proc: Path, cmdline: str, job_dirs: dict[str, str]) -> bool:
+    """A job's task (SLURM_SUBMIT_DIR in its environment) or slurmstepd ([jobid.step])."""
+    if m := re.match(r"slurmstepd: \[(\d+)", cmdline):
+        return _ours(job_dirs.get(m.group(1), ""))
+    try:
+        environ = (proc / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    for var in environ:
+        if var.startswith(b"SLURM_SUBMIT_DIR="):
+            return _ours(var.split(b"=", 1)[1].decode(errors="replace"))
+    return False
+
+
+def _snapshot(cluster: SlurmCluster) -> dict[str, list[NodeProcess]]:
+    """This session's processes in the nodes' namespaces (net: netns mode, UTS: multi mode)."""
+    kind = "net" if cluster.mode == "netns" else "uts"
+    node_of: dict[str, str] = {}
+    for node in cluster.nodes:
+        if kind == "net":
+            ino = os.stat(f"/run/netns/{cluster.netns_prefix}{node}").st_ino
+            node_of[f"net:[{ino}]"] = node
+        else:
+            node_of[(cluster.state_dir / f"uts.{node}").read_text().strip()] = node
+    found: dict[str, list[NodeProcess]] = {}
+    job_dirs = _job_dirs()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            node = node_of.get(os.readlink(entry / "ns" / kind))
+            if node is None:
+                continue
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # gone, or a zombie
+            continue
+        if not argv[0] or Path(argv[0].decode(errors="replace")).name == "slurmd":
+            continue
+        cmdline = b" ".join(a for a in argv if a).decode(errors="replace").strip()
+        if not _process_is_ours(entry, cmdline, job_dirs):
+            continue
+        found.setdefault(node, []).append(NodeProcess(node, int(entry.name), cmdline))
+    return found
+
+
+def _wait_node_processes(cluster: SlurmCluster, wait: float) -> dict[str, list[NodeProcess]]:
+    deadline = time.monotonic() + wait
+    while True:
+        found = _snapshot(cluster)
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def node_processes(slurm_cluster: SlurmCluster) -> Callable[..., dict[str, list[NodeProcess]]]:
+    """``node_processes(wait=5.0)``: {node: [NodeProcess]} of this session's jobs.
+
+    Polls until no such process is left or ``wait`` seconds pass (``wait=0``: one snapshot),
+    so ``assert node_processes() == {}`` checks that a launch left nothing behind.
+    """
+
+    def get(wait: float = 5.0) -> dict[str, list[NodeProcess]]:
+        return _wait_node_processes(slurm_cluster, wait)
+
+    return get
+
+
+# --------------------------------------------------------------------------- clean state
+def _jobs() -> list[str]:
+    """This session's jobs still in the queue, as "id name state nodes"."""
+    cp = subprocess.run(
+        ["squeue", "-h", "-o", "%A %j %T %N %Z"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    lines = (line.rsplit(" ", 1) for line in cp.stdout.splitlines() if " " in line)
+    return [job for job, workdir in lines if _ours(workdir)]
+
+
+def _cancel(jobs: list[str]) -> None:
+    if jobs:
+        subprocess.run(["scancel", *(j.split()[0] for j in jobs)], timeout=10, check=False)
+
+
+def _wait_no_jobs(wait: float) -> list[str]:
+    deadline = time.monotonic() + wait
+    while (jobs := _jobs()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return jobs
+
+
+@pytest.fixture(autouse=True)
+def _slurm_clean_state(slurm_cluster: SlurmCluster) -> Iterator[None]:
+    """After each SLURM test: no job in squeue, no process left on the nodes."""
+    yield
+    problems = []
+    jobs = _wait_no_jobs(10)  # a finished job shows as COMPLETING for a moment
+    if jobs:
+        problems.append("jobs left in squeue after the test:\n  " + "\n  ".join(jobs))
+        _cancel(jobs)
+        if still := _wait_no_jobs(20):
+            problems.append("and still there after scancel:\n  " + "\n  ".join(still))
+    leftovers = _wait_node_processes(slurm_cluster, 10)
+    if leftovers:
+        procs = [p for ps in leftovers.values() for p in ps]
+        problems.append(
+            "processes left on the nodes after the test (killed now):\n  "
+            + "\n  ".join(f"{p.node} pid {p.pid}: {p.cmdline}" for p in procs)
+        )
+        for p in procs:  # all of them belong to this session's jobs
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
+    if problems:
+        pytest.fail("\n".join(problems), pytrace=False)
