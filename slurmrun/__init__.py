@@ -12,16 +12,19 @@ from slurmrun.errors import AgentFailedError, WorkerFailedError
 from slurmrun.launcher import Launcher, launch
 from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
 from slurmrun.result import LaunchResult
+from slurmrun.submit import SubmittedLaunch, submit
 
 __all__ = [
     "AgentFailedError",
     "LaunchResult",
     "Launcher",
     "SlurmAllocation",
+    "SubmittedLaunch",
     "WorkerFailedError",
     "add_filter_to_handler",
     "file_handler",
     "launch",
     "slurm_allocation",
     "stream_handler",
+    "submit",
 ]

@@ -23,7 +23,7 @@ from slurmrun.session import Session
 from slurmrun.starters import AgentStarter, LocalAgents, package_pythonpath
 from slurmrun.transport import dumps, dumps_inband, new_secret
 
-__all__ = ["Launcher", "launch"]
+__all__ = ["Launcher", "check_call", "launch"]
 
 T = TypeVar("T")
 log = logging.getLogger("slurmrun")
@@ -110,9 +110,8 @@ class Launcher:
             Exception: whatever a worker raised, re-raised with its traceback as ``__cause__``.
         """
         kwargs = {} if func_kwargs is None else func_kwargs
-        _validate(self, func, func_args, kwargs)
+        payload = check_call(self, func, func_args, kwargs)
         plan = _plan(self)
-        payload = _pickle_call(func, tuple(func_args), kwargs)
         with _sigterm_as_exit():
             for attempt in range(self.max_restarts + 1):
                 try:
@@ -169,6 +168,14 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
 
 
 # ---------------------------------------------------------------------- validation
+
+
+def check_call(
+    cfg: Launcher, func: Callable[..., Any], func_args: Sequence[Any], func_kwargs: dict[str, Any]
+) -> bytes:
+    """Validates options and the call, and returns the pickled call (before anything starts)."""
+    _validate(cfg, func, func_args, func_kwargs)
+    return _pickle_call(func, tuple(func_args), func_kwargs)
 
 
 def _validate(cfg: Launcher, func: object, func_args: object, func_kwargs: object) -> None:

@@ -35,7 +35,9 @@ def test_public_names_are_exported():
 
 def test_import_slurmrun_does_not_import_torch():
     code = "import sys, slurmrun; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -44,5 +46,9 @@ def test_launcher_is_a_dataclass_with_the_launch_keywords():
     import inspect
 
     fields = {f.name for f in dataclasses.fields(slurmrun.Launcher)}
-    params = set(inspect.signature(slurmrun.launch).parameters) - {"func", "func_args", "func_kwargs"}
+    params = set(inspect.signature(slurmrun.launch).parameters) - {
+        "func",
+        "func_args",
+        "func_kwargs",
+    }
     assert fields == params

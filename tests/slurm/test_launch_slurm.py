@@ -333,7 +333,7 @@ def test_logs_and_environment_behave_as_on_localhost(run_in_allocation, tmp_path
         env={"SLURMRUN_LOG_DIR": str(logs)},
     )
     out = results(cp)
-    for node, host in zip(["node1", "node2", "node3"], out["values"]):
+    for node, host in zip(["node1", "node2", "node3"], out["values"], strict=True):
         for value in host:
             assert value == {
                 "NCCL_SOCKET_IFNAME": "eth0",
