@@ -259,16 +259,21 @@ def _validate_workers(w: object, h: object) -> None:
 
 
 def _pickle_call(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
-    for what, obj in (("func", func), ("func_args", args), ("func_kwargs", kwargs)):
-        try:
-            dumps(obj)
-        except Exception as e:
-            raise TypeError(
-                f"{what} could not be pickled to send to the workers: {type(e).__name__}: {e}. "
-                f"Everything {what} holds must be picklable by cloudpickle (locks, open files, "
-                "sockets and generators are not); create such objects inside func instead."
-            ) from e
-    return dumps_inband((func, args, kwargs))
+    try:
+        return dumps_inband((func, args, kwargs))
+    except Exception as first_error:
+        # Say which part could not be pickled (pickling each part again costs only here).
+        for what, obj in (("func", func), ("func_args", args), ("func_kwargs", kwargs)):
+            try:
+                dumps(obj)
+            except Exception as e:
+                raise TypeError(
+                    f"{what} could not be pickled to send to the workers: {type(e).__name__}: "
+                    f"{e}. Everything {what} holds must be picklable by cloudpickle (locks, "
+                    "open files, sockets and generators are not); create such objects inside "
+                    "func instead."
+                ) from e
+        raise TypeError(f"the call could not be pickled: {first_error}") from first_error
 
 
 # ---------------------------------------------------------------------- planning

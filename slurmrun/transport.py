@@ -28,7 +28,7 @@ import socket
 import struct
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,13 +94,26 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+@contextlib.contextmanager
+def _handshake_io(sock: socket.socket, timeout: float) -> Iterator[None]:
+    """Bounds a handshake by `timeout` and reports any way it breaks as AuthenticationError."""
+    sock.settimeout(timeout)
+    try:
+        yield
+    except AuthenticationError:
+        raise
+    except (OSError, EOFError) as e:
+        raise AuthenticationError(f"handshake broke off: {e}") from e
+    finally:
+        sock.settimeout(None)
+
+
 def server_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
     """Challenges a freshly accepted peer; raises AuthenticationError if it fails.
 
     The fields read are all fixed-size, and the whole exchange is bounded by `timeout`.
     """
-    sock.settimeout(timeout)
-    try:
+    with _handshake_io(sock, timeout):
         nonce_s = secrets.token_bytes(NONCE_BYTES)
         sock.sendall(HANDSHAKE_MAGIC + nonce_s)
         reply = _recv_exact(sock, NONCE_BYTES + MAC_BYTES)
@@ -108,18 +121,11 @@ def server_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None
         if not hmac.compare_digest(mac_c, _mac(secret, b"client", nonce_s, nonce_c)):
             raise AuthenticationError("peer failed the HMAC challenge")
         sock.sendall(_mac(secret, b"server", nonce_s, nonce_c))
-    except (OSError, EOFError) as e:
-        if isinstance(e, AuthenticationError):
-            raise
-        raise AuthenticationError(f"handshake broke off: {e}") from e
-    finally:
-        sock.settimeout(None)
 
 
 def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
     """Answers the server's challenge and checks that the server knows the secret too."""
-    sock.settimeout(timeout)
-    try:
+    with _handshake_io(sock, timeout):
         hello = _recv_exact(sock, len(HANDSHAKE_MAGIC) + NONCE_BYTES)
         if bytes(hello[: len(HANDSHAKE_MAGIC)]) != HANDSHAKE_MAGIC:
             raise AuthenticationError("server did not speak the slurmrun handshake")
@@ -129,12 +135,6 @@ def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None
         mac_s = bytes(_recv_exact(sock, MAC_BYTES))
         if not hmac.compare_digest(mac_s, _mac(secret, b"server", nonce_s, nonce_c)):
             raise AuthenticationError("server failed the HMAC challenge")
-    except (OSError, EOFError) as e:
-        if isinstance(e, AuthenticationError):
-            raise
-        raise AuthenticationError(f"handshake broke off: {e}") from e
-    finally:
-        sock.settimeout(None)
 
 
 # ----------------------------------------------------------------------------- pickling
