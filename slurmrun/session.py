@@ -168,6 +168,8 @@ class Session:
         for path, text in ((log_file, tail), (step_log, step_tail)):
             if text:
                 message += f"\nLast lines of {path}:\n{text}"
+        if not tail and log_file:
+            message += f" Its log: {log_file}"
         return AgentFailedError(message, hostname=hostname, stderr_tail=tail, log_file=log_file)
 
     def _check_processes(self, now: float) -> None:
@@ -196,7 +198,8 @@ class Session:
             if now - agent.last_seen > self.agent_timeout:
                 raise AgentFailedError(
                     f"the agent on {agent.hostname} sent nothing for {self.agent_timeout:g} s "
-                    "(no heartbeat): its node may be hung or unreachable.",
+                    "(no heartbeat): its node may be hung or unreachable. Its log: "
+                    f"{self.starter.log_file(agent.node_rank)}",
                     hostname=agent.hostname,
                     log_file=self.starter.log_file(agent.node_rank),
                 )

@@ -163,6 +163,38 @@ def test_worker_error_names_its_log_file(tmp_path, monkeypatch):
         assert "about to fail" in f.read()
 
 
+def print_then_abort():
+    print("last words before abort", flush=True)
+    os.write(2, b"C-level write to fd 2 without a newline")
+    os.abort()
+
+
+def test_last_output_before_a_c_level_abort_is_in_the_file_and_the_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    with pytest.raises(slurmrun.WorkerFailedError, match="SIGABRT") as info:
+        slurmrun.launch(print_then_abort, workers_per_host=1, backend=None)
+    for expected in ("last words before abort", "C-level write to fd 2 without a newline"):
+        assert expected in info.value.stderr_tail
+        assert expected in str(info.value)
+        with open(info.value.log_file) as f:
+            assert expected in f.read()
+
+
+def test_agent_failure_names_the_agent_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+
+    def kill_agent():
+        import psutil
+
+        psutil.Process().parent().parent().kill()
+        time.sleep(60)
+
+    with pytest.raises(slurmrun.AgentFailedError) as info:
+        slurmrun.launch(kill_agent, workers_per_host=1, backend=None)
+    assert info.value.log_file.endswith("localhost.agent.log")
+    assert info.value.log_file in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("chunks", "expected"),
     [
