@@ -93,7 +93,6 @@ class Session:
         self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
         self._agents: dict[int, _Agent] = {}
         self._by_conn: dict[int, _Agent] = {}
-        self._pending: list[tuple[Connection, dict[str, Any]]] = []
         self._exited_at: dict[int | None, float] = {}
         self.rejected_peers = 0
         self._held: tuple[BaseException, float] | None = None
@@ -174,7 +173,7 @@ class Session:
 
     def _check_processes(self, now: float) -> None:
         """Turns agent process exits into errors once their connections had time to drain."""
-        for node_rank, code in self.starter.exit_codes().items():
+        for node_rank in self.starter.exit_codes():
             first_seen = self._exited_at.setdefault(node_rank, now)
             if node_rank is None:
                 agents = [a for a in self._agents.values() if not a.closed]
@@ -189,7 +188,7 @@ class Session:
             agent = self._agents.get(node_rank)
             drained = agent is not None and (agent.closed or now - first_seen <= DRAIN_TIMEOUT)
             if not drained:
-                raise self._agent_exit_error(agent, node_rank, f"it ended (code {code}) early")
+                raise self._agent_exit_error(agent, node_rank, "it ended before its workers did")
 
     def _check_silence(self, now: float) -> None:
         for agent in self._agents.values():
