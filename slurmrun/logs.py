@@ -197,36 +197,73 @@ def _isatty(stream: IO[str]) -> bool:
         return False
 
 
+@dataclass
+class _Bar:
+    target: IO[str]
+    source: tuple[object, ...]
+    text: str
+
+
 class _TerminalHandler(logging.Handler):
-    """Writes records with a ``[host:rank]`` prefix; progress states rewrite their line."""
+    """Writes records with a ``[host:rank]`` prefix; progress states rewrite their line.
+
+    Like ``tqdm.write``: at most one progress line is open; another line is printed by
+    clearing the bar, printing the line, and drawing the bar again below it.
+    """
 
     def __init__(self, stdout: IO[str] | None, stderr: IO[str] | None) -> None:
         super().__init__()
         self._out = stdout
         self._err = stderr
-        self._open_progress: dict[int, bool] = {}
+        self._bar: _Bar | None = None
         self._write_lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
         stream = getattr(record, "stream", "logging")
         target = (self._out or sys.stdout) if stream == "stdout" else (self._err or sys.stderr)
-        end = getattr(record, "slurmrun_end", LINE)
-        text = record.getMessage()
+        message = record.getMessage()
         if stream == "logging":
-            text = f"{record.levelname}:{record.name}: {text}"
-        key = id(target)
+            message = f"{record.levelname}:{record.name}: {message}"
+        text = f"{_prefix(record)} {message}"
+        source = (getattr(record, "hostname", None), getattr(record, "local_rank", None), stream)
         with self._write_lock:
-            # On a terminal, ESC[K clears what a longer previous state left at the line's end.
-            clear = "\x1b[K" if _isatty(target) else ""
-            if end == PROGRESS:
-                target.write(f"\r{_prefix(record)} {text}{clear}")
-                self._open_progress[key] = True
-            elif self._open_progress.get(key):
-                target.write(f"\r{_prefix(record)} {text}{clear}\n")
-                self._open_progress[key] = False
+            if getattr(record, "slurmrun_end", LINE) == PROGRESS:
+                self._progress(target, source, text)
             else:
-                target.write(f"{_prefix(record)} {text}\n")
-            target.flush()
+                self._line(target, source, text)
+
+    def _progress(self, target: IO[str], source: tuple[object, ...], text: str) -> None:
+        bar = self._bar
+        if bar is not None and bar.source != source:
+            _write(bar.target, "\n")  # another source's bar: leave it as it is
+        _write(target, f"\r{text}{_clear(target)}")
+        self._bar = _Bar(target, source, text)
+
+    def _line(self, target: IO[str], source: tuple[object, ...], text: str) -> None:
+        bar = self._bar
+        if bar is None:
+            _write(target, f"{text}\n")
+        elif bar.source == source:  # the bar's own final state
+            _write(target, f"\r{text}{_clear(target)}\n")
+            self._bar = None
+        elif _isatty(bar.target):
+            _write(bar.target, "\r\x1b[K")  # ESC[K: erase the bar, print, draw it again
+            _write(target, f"{text}\n")
+            _write(bar.target, bar.text)
+        else:
+            _write(bar.target, "\n")  # a file or pipe cannot redraw: end the bar's line
+            _write(target, f"{text}\n")
+            self._bar = None
+
+
+def _clear(target: IO[str]) -> str:
+    # On a terminal, ESC[K erases what a longer previous state left at the end of the line.
+    return "\x1b[K" if _isatty(target) else ""
+
+
+def _write(target: IO[str], text: str) -> None:
+    target.write(text)
+    target.flush()
 
 
 class _FileHandler(logging.Handler):
