@@ -28,7 +28,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from slurmrun import allocation
-from slurmrun.environment import EnvFileError, source_env_file
+from slurmrun.environment import ENV_FILE_VAR, HEARTBEAT_VAR, EnvFileError, source_env_file
 from slurmrun.logs import LineAssembler
 from slurmrun.srun import JOB_TASKS_VAR
 from slurmrun.transport import Connection, client_handshake
@@ -37,8 +37,6 @@ from slurmrun.worker import WorkerSpec, run_worker
 __all__ = ["main"]
 
 HANDSHAKE_TIMEOUT = 30.0
-HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"
-ENV_FILE_VAR = "SLURMRUN_ENV_FILE"
 # Signals SLURM sends ahead of a time limit (`--signal=USR1@60`) are passed on to workers.
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 DRAIN_TIMEOUT = 2.0
@@ -305,6 +303,12 @@ def main() -> int:
         )
         return 2
     secret = bytes.fromhex(secret_hex)
+    if "SLURM_STEP_ID" in os.environ:
+        # slurmstepd signals every process of the step (`scancel --signal`, `--signal=USR1@60`):
+        # the agent must survive those, and workers get them directly. SIG_IGN is inherited by
+        # the forkserver; workers restore the default before running the user's function.
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
     addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
     port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
     heartbeat = float(os.environ.get(HEARTBEAT_VAR, "1.0"))
@@ -328,6 +332,7 @@ def main() -> int:
             "auto_workers": _auto_workers(os.environ, hostname) if problem is None else 0,
             "master_port": _free_port(),
             "pid": os.getpid(),
+            "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
             "slurm_step": os.environ.get("SLURM_STEP_ID", ""),
             "error": problem,
         }

@@ -48,6 +48,10 @@ DEFAULT_ENV_VARS: tuple[str, ...] = (
 
 ENV_FILE_TIMEOUT = 60.0
 
+# Variables the launcher sets for its agents (besides the secret and its address).
+ENV_FILE_VAR = "SLURMRUN_ENV_FILE"
+HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"
+
 
 class EnvFileError(RuntimeError):
     """Sourcing the env file failed."""

@@ -15,8 +15,13 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from slurmrun import allocation, srun
-from slurmrun.agent import ENV_FILE_VAR, HEARTBEAT_VAR
-from slurmrun.environment import DEFAULT_ENV_VARS, env_file_problem, matching_env
+from slurmrun.environment import (
+    DEFAULT_ENV_VARS,
+    ENV_FILE_VAR,
+    HEARTBEAT_VAR,
+    env_file_problem,
+    matching_env,
+)
 from slurmrun.logs import log_level, resolve_log_dir
 from slurmrun.result import LaunchResult
 from slurmrun.session import Session

@@ -44,6 +44,8 @@ DRAIN_TIMEOUT = 2.0
 ROOT_CAUSE_WAIT = 1.0
 # After the last result, how long to wait for agents to forward their workers' last output.
 DONE_WAIT = 2.0
+# Once agents closed their connections, how long their processes (or srun) may take to exit.
+STOP_WAIT = 1.0
 _TICK = 0.05
 
 
@@ -98,6 +100,7 @@ class Session:
         self._held: tuple[BaseException, float] | None = None
         self._last_result = 0.0
         self._first_result = 0.0
+        self._dead: set[int] = set()  # node ranks of agents declared dead (no heartbeat)
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
 
@@ -162,7 +165,7 @@ class Session:
         message = f"{where} failed: {why}."
         step_log = self.starter.log_file(None)
         step_tail = tail_file(step_log) if step_log and step_log != log_file else ""
-        if "CANCELLED" in tail + step_tail:
+        if self._step_cancelled(tail + step_tail):
             message += " SLURM cancelled the step (scancel, the job's time limit, or preemption)."
         for path, text in ((log_file, tail), (step_log, step_tail)):
             if text:
@@ -170,6 +173,11 @@ class Session:
         if not tail and log_file:
             message += f" Its log: {log_file}"
         return AgentFailedError(message, hostname=hostname, stderr_tail=tail, log_file=log_file)
+
+    def _step_cancelled(self, seen: str) -> bool:
+        # slurmstepd writes "*** STEP ... CANCELLED ***" into one node's agent log only.
+        others = (self.starter.log_file(i) for i in range(len(self.hostnames)))
+        return "CANCELLED" in seen or any("CANCELLED" in tail_file(p, 5) for p in others)
 
     def _check_processes(self, now: float) -> None:
         """Turns agent process exits into errors once their connections had time to drain."""
@@ -195,6 +203,7 @@ class Session:
             if agent.closed or agent.conn.receiving:
                 continue
             if now - agent.last_seen > self.agent_timeout:
+                self._dead.add(agent.node_rank)
                 raise AgentFailedError(
                     f"the agent on {agent.hostname} sent nothing for {self.agent_timeout:g} s "
                     "(no heartbeat): its node may be hung or unreachable. Its log: "
@@ -241,6 +250,7 @@ class Session:
                 hostname=hostname,
             )
         agent = _Agent(rank, self.hostnames[rank], conn, header, time.monotonic())
+        self.starter.agent_hello(rank, header)
         self._agents[rank] = agent
         self._by_conn[id(conn)] = agent
         if header.get("error"):
@@ -461,11 +471,24 @@ class Session:
 
     def _shutdown(self) -> None:
         self._closing.set()
-        for agent in self._agents.values():
+        live = [a for a in self._agents.values() if not a.closed and a.node_rank not in self._dead]
+        for agent in live:
             with contextlib.suppress(OSError):
                 agent.conn.send({"t": "stop"})
-        # Agents stop their workers (SIGTERM, grace, SIGKILL) before they exit.
-        self.starter.stop(self.grace + 3.0)
+        # Agents stop their workers (SIGTERM, grace, SIGKILL), then exit and close their
+        # connections. Agents declared dead, or lost with their node, are not waited for.
+        waiting = {id(a.conn) for a in live}
+        deadline = time.monotonic() + self.grace + 3.0
+        while waiting and time.monotonic() < deadline:
+            try:
+                kind, conn, _ = self._events.get(timeout=_TICK)
+            except queue.Empty:
+                continue
+            if kind == "eof":
+                waiting.discard(id(conn))
+            elif id(conn) not in self._by_conn:
+                conn.close()  # authenticated, but too late to take part
+        self.starter.stop(STOP_WAIT if not waiting else 0.0)
         for agent in self._agents.values():
             agent.conn.close()
         while True:  # connections that were still in the accept queue

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Protocol
+from typing import IO, Any, Protocol
 
 __all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command"]
 
@@ -32,6 +32,9 @@ class AgentStarter(Protocol):
 
     def start(self, env: Mapping[str, str]) -> None:
         """Starts every agent with `env` as its environment."""
+
+    def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
+        """Learns what an agent said of itself when it connected (e.g. its SLURM step)."""
 
     def exit_codes(self) -> dict[int | None, int]:
         """Agents that have exited: node rank (None: all of them, e.g. srun) to exit code."""
@@ -67,6 +70,9 @@ class LocalAgents:
         if node_rank is None:
             return None
         return os.path.join(self.log_dir, f"{self.hostnames[node_rank]}.agent.log")
+
+    def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
+        """See `AgentStarter`."""
 
     def start(self, env: Mapping[str, str]) -> None:
         """See `AgentStarter`."""
@@ -108,6 +114,9 @@ class LocalAgents:
             log.close()
 
 
+SRUN_TERM_WAIT = 2.0
+
+
 @dataclass
 class SrunAgents:
     """All agents as one SLURM job step, started with the `srun` command line `command`."""
@@ -117,7 +126,14 @@ class SrunAgents:
     node_logs: Mapping[str, str]
     hostnames: Sequence[str]
     proc: subprocess.Popen[bytes] | None = None
+    step: str | None = None  # "<job id>.<step id>", once an agent said
     _log: IO[bytes] | None = None
+
+    def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
+        """See `AgentStarter`."""
+        job, step = hello.get("slurm_job"), hello.get("slurm_step")
+        if job and step:
+            self.step = f"{job}.{step}"
 
     def log_file(self, node_rank: int | None) -> str | None:
         """See `AgentStarter`."""
@@ -140,6 +156,12 @@ class SrunAgents:
         except FileNotFoundError as e:
             raise RuntimeError(f"could not run srun ({e}); is SLURM's client installed?") from e
 
+    def _cancel_step(self) -> None:
+        if self.step is None:
+            return
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["scancel", self.step], capture_output=True, timeout=10.0, check=False)
+
     def exit_codes(self) -> dict[int | None, int]:
         """See `AgentStarter`."""
         if self.proc is None or self.proc.poll() is None:
@@ -152,14 +174,16 @@ class SrunAgents:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace)
             if self.proc.poll() is None:
-                # srun forwards SIGTERM to the step's tasks and ends the step; SIGKILL of srun
-                # alone would leave the step running, so it is only the last resort.
+                # srun forwards SIGTERM to the step's tasks and ends the step. A task on a lost
+                # node keeps srun waiting (up to KillWait and longer): then kill srun and
+                # cancel the step, which slurmctld ends even on a node it cannot reach.
                 self.proc.send_signal(signal.SIGTERM)
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=grace + 10.0)
+                    self.proc.wait(timeout=SRUN_TERM_WAIT)
             if self.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=5.0)
+                self._cancel_step()
         if self._log is not None:
             self._log.close()

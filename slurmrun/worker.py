@@ -194,6 +194,8 @@ def run_worker(
 ) -> None:
     """Entry point of a worker process (the target of the agent's forkserver Process)."""
     _redirect_output(stdout, stderr)
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)  # the agent may ignore them; the user's code decides
     faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
     _die_with_parent()
     os.environ.update(_worker_env(spec))
