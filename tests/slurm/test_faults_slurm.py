@@ -656,8 +656,12 @@ def record_sigusr1():
     signal.signal(signal.SIGUSR1, lambda s, f: got.append(time.time()))
     dist.all_reduce(torch.ones(1))  # every worker has its handler
     if os.environ["RANK"] == "0":
+        # The launcher side sends the signal: a scancel started here would be a process of
+        # the step itself, and get the signal too.
         step = f"{os.environ['SLURM_JOB_ID']}.{os.environ['SLURM_STEP_ID']}"
-        subprocess.run(["scancel", "--signal=USR1", step], check=True)
+        with open(os.path.join(WORK, "step.tmp"), "w") as f:
+            f.write(step)
+        os.rename(os.path.join(WORK, "step.tmp"), os.path.join(WORK, "step"))
     deadline = time.time() + 20
     while not got and time.time() < deadline:
         time.sleep(0.02)
@@ -675,6 +679,16 @@ try:
     elif WHAT == "no_restarts":
         slurmrun.launch(fail_on_first_attempt, timeout=60, max_restarts=0)
     elif WHAT == "sigusr1":
+        import threading
+
+        def signal_the_step():
+            path = os.path.join(WORK, "step")
+            deadline = time.time() + 60
+            while not os.path.exists(path) and time.time() < deadline:
+                time.sleep(0.05)
+            subprocess.run(["scancel", "--signal=USR1", open(path).read()], check=True, timeout=30)
+
+        threading.Thread(target=signal_the_step, daemon=True).start()
         out["values"] = slurmrun.launch(record_sigusr1, timeout=60).values()
 except Exception as e:
     out["raised"] = time.time()
@@ -720,8 +734,8 @@ def test_max_restarts_on_the_cluster_returns_the_second_attempts_values(run_in_a
 
 
 def test_scancel_signal_usr1_of_the_step_reaches_every_worker_once(
-    run_in_allocation, node_processes
+    run_in_allocation, node_processes, tmp_path
 ):
-    out = result_line(run_in_allocation(["-N3"], extras_script("sigusr1", Path("/")), 120))
+    out = result_line(run_in_allocation(["-N3"], extras_script("sigusr1", tmp_path), 120))
     assert out.get("values") == [["node1", 1], ["node2", 1], ["node3", 1]], out
     assert node_processes() == {}
