@@ -1,18 +1,40 @@
 """slurmrun: run one Python function on every GPU (or CPU) of a SLURM allocation.
 
->>> import slurmrun
->>> result = slurmrun.launch(my_function, (arg,), workers_per_host=2)
->>> result.rank(0)
+    >>> import slurmrun
+    >>> result = slurmrun.launch(my_function, (arg,), workers_per_host=2)
+    >>> result.rank(0)
+
+Names are imported on first use, so that agents and workers, which import parts of this
+package, do not pay for the launcher's modules (and ``import slurmrun`` stays light).
 """
 
 from __future__ import annotations
 
-from slurmrun.allocation import SlurmAllocation, slurm_allocation
-from slurmrun.errors import AgentFailedError, WorkerFailedError
-from slurmrun.launcher import Launcher, launch
-from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
-from slurmrun.result import LaunchResult
-from slurmrun.submit import SubmittedLaunch, submit
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slurmrun.allocation import SlurmAllocation, slurm_allocation
+    from slurmrun.errors import AgentFailedError, WorkerFailedError
+    from slurmrun.launcher import Launcher, launch
+    from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
+    from slurmrun.result import LaunchResult
+    from slurmrun.submit import SubmittedLaunch, submit
+
+_EXPORTS = {
+    "AgentFailedError": "slurmrun.errors",
+    "LaunchResult": "slurmrun.result",
+    "Launcher": "slurmrun.launcher",
+    "SlurmAllocation": "slurmrun.allocation",
+    "SubmittedLaunch": "slurmrun.submit",
+    "WorkerFailedError": "slurmrun.errors",
+    "add_filter_to_handler": "slurmrun.logs",
+    "file_handler": "slurmrun.logs",
+    "launch": "slurmrun.launcher",
+    "slurm_allocation": "slurmrun.allocation",
+    "stream_handler": "slurmrun.logs",
+    "submit": "slurmrun.submit",
+}
 
 __all__ = [
     "AgentFailedError",
@@ -28,3 +50,16 @@ __all__ = [
     "stream_handler",
     "submit",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'slurmrun' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -15,6 +15,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import select
 import signal
 import socket
 import sys
@@ -40,6 +41,7 @@ HANDSHAKE_TIMEOUT = 30.0
 # Signals SLURM sends ahead of a time limit (`--signal=USR1@60`) are passed on to workers.
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 DRAIN_TIMEOUT = 2.0
+OUTPUT_DRAIN_LIMIT = 1.0
 TAIL_LINES = 30
 _POLL = 0.05
 
@@ -68,6 +70,8 @@ class _Worker:
     process: BaseProcess
     conn: Connection
     readers: list[threading.Thread] = field(default_factory=list)
+    outputs: list[socket.socket] = field(default_factory=list)  # its stdout and stderr
+    output_lock: threading.Lock = field(default_factory=threading.Lock)
     last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     relay: threading.Thread | None = None
     delivered: bool = False
@@ -104,6 +108,8 @@ class Agent:
     def _relay(self, worker: _Worker) -> None:
         def tag(header: dict[str, Any]) -> dict[str, Any]:
             header["local_rank"] = worker.local_rank
+            if header.get("t") in ("result", "error"):
+                self._drain_output(worker)  # what it printed first reaches the launcher first
             return header
 
         try:
@@ -113,8 +119,28 @@ class Agent:
                     break
                 if header.get("t") in ("result", "error"):
                     worker.delivered = True
-        except (OSError, EOFError):
+        except (OSError, EOFError, ValueError):
             pass
+
+    @staticmethod
+    def _drain_output(worker: _Worker, limit: float = OUTPUT_DRAIN_LIMIT) -> None:
+        """Waits (briefly) until everything the worker wrote before now has been forwarded.
+
+        The worker flushes stdout and stderr before it sends a result or an error, so once
+        its output sockets hold nothing unread, nothing it printed before is left behind.
+        """
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            with worker.output_lock:
+                # A reader closes its socket at end of stream: nothing is left there then.
+                open_socks = [sock for sock in worker.outputs if sock.fileno() >= 0]
+                try:
+                    pending, _, _ = select.select(open_socks, [], [], 0)
+                except (OSError, ValueError):
+                    pending = open_socks  # closed under us: look again
+                if not pending:
+                    return
+            time.sleep(0.001)
 
     def _forward_output(self, worker: _Worker, sock: socket.socket, stream: str) -> None:
         """Turns a worker's fd-level output into records for the launcher."""
@@ -135,16 +161,19 @@ class Agent:
                 )
 
         lines = LineAssembler(emit)
-        with sock:
+        try:
             while True:
-                try:
+                select.select([sock], [], [])
+                with worker.output_lock:  # a read and its forwarding are one step
                     data = sock.recv(1 << 16)
-                except OSError:
-                    break
-                if not data:
-                    break
-                lines.feed(data)
-        lines.close()
+                    if not data:
+                        break
+                    lines.feed(data)
+        except (OSError, ValueError):
+            pass
+        with worker.output_lock:  # the last partial line, then "nothing left" for the drain
+            lines.close()
+            sock.close()
 
     def spawn(self, start: dict[str, Any], func_payload: bytes) -> None:
         """Forks one worker per local rank and hands each the pickled function."""
@@ -177,6 +206,7 @@ class Agent:
             for _, theirs in pairs:
                 theirs.close()
             worker = _Worker(local_rank, process, Connection(pairs[0][0]))
+            worker.outputs = [mine for mine, _ in pairs[1:]]
             for (mine, _), stream in zip(pairs[1:], ("stdout", "stderr"), strict=True):
                 reader = threading.Thread(
                     target=self._forward_output, args=(worker, mine, stream), daemon=True

@@ -330,20 +330,45 @@ def file_handler(
     return add_filter_to_handler(_FileHandler(path), hostname, local_rank, log_level)
 
 
+class _WorkerFiles(logging.Handler):
+    """One file per worker, ``<dir>/<host>.<local rank>.log``, found by a dict lookup.
+
+    One filtered handler per worker would test every record against every worker's filter:
+    quadratic in the number of workers.
+    """
+
+    def __init__(self, log_dir: str) -> None:
+        super().__init__()
+        self.log_dir = log_dir
+        self._files: dict[tuple[str, int], _FileHandler] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        local_rank = getattr(record, "local_rank", None)
+        if local_rank is None:
+            return  # agents' own output is in <host>.agent.log already
+        key = (str(getattr(record, "hostname", "")), int(local_rank))
+        handler = self._files.get(key)
+        if handler is None:
+            path = os.path.join(self.log_dir, f"{key[0]}.{key[1]}.log")
+            handler = self._files[key] = _FileHandler(path)
+        handler.emit(record)
+
+    def close(self) -> None:
+        for handler in self._files.values():
+            handler.close()
+        super().close()
+
+
 def default_handlers(
-    hostnames: Iterable[str], workers: Iterable[int], log_dir: str | None, level: int
+    hostnames: Iterable[str], log_dir: str | None, level: int
 ) -> list[logging.Handler]:
     """Agent 0 and rank 0 live in the terminal; with `log_dir`, a file per worker."""
-    hosts = list(hostnames)
-    handlers = [
-        stream_handler(hosts[0], -1, level),
-        stream_handler(hosts[0], 0, level),
-    ]
+    first = next(iter(hostnames))
+    handlers = [stream_handler(first, -1, level), stream_handler(first, 0, level)]
     if log_dir is not None:
-        for host, count in zip(hosts, workers, strict=True):
-            for local_rank in range(count):
-                path = os.path.join(log_dir, f"{host}.{local_rank}.log")
-                handlers.append(file_handler(path, host, local_rank, level))
+        files = _WorkerFiles(log_dir)
+        files.setLevel(level)
+        handlers.append(files)
     return handlers
 
 

@@ -37,7 +37,9 @@ __all__ = ["Session"]
 log = logging.getLogger("slurmrun")
 
 HANDSHAKE_TIMEOUT = 10.0
-MAX_PENDING_HANDSHAKES = 64
+# Handshakes in progress at once; more connections wait in the listen backlog (never dropped,
+# so that a thousand agents connecting at once all get in).
+MAX_PENDING_HANDSHAKES = 256
 # After an agent's process exits, how long its connection may take to deliver what it sent.
 DRAIN_TIMEOUT = 2.0
 # How long a communication error ("peer reset") waits for the failure that caused it.
@@ -64,6 +66,7 @@ class _Agent:
     hello: dict[str, Any]
     last_seen: float
     workers: int = 0
+    rank_offset: int = 0  # global rank of its local rank 0
     results: dict[int, Frame] = field(default_factory=dict)
     closed: bool = False
     done: bool = False  # all its workers exited and their output was forwarded
@@ -114,10 +117,10 @@ class Session:
                 continue
             except OSError:
                 break
-            if not self._handshakes.acquire(blocking=False):
-                log.warning("slurmrun: too many unauthenticated connections; dropped %s", peer)
-                sock.close()
-                continue
+            while not self._handshakes.acquire(timeout=0.2):
+                if self._closing.is_set():
+                    sock.close()
+                    return
             threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
 
     def _serve(self, sock: socket.socket, peer: Any) -> None:
@@ -269,12 +272,13 @@ class Session:
         )
         world_size = sum(counts)
         if self._own_handlers:
-            self._handlers = default_handlers(self.hostnames, counts, self.log_dir, self.log_level)
+            self._handlers = default_handlers(self.hostnames, self.log_dir, self.log_level)
         first = order[0].hello
         master_addr = "127.0.0.1" if self.local_master else str(first["addr"])
         offset = 0
         for agent, count in zip(order, counts, strict=True):
             agent.workers = count
+            agent.rank_offset = offset
             header = dict(self.start_header)
             header.update(
                 t="start",
@@ -325,8 +329,9 @@ class Session:
             return None
         return os.path.join(self.log_dir, f"{agent.hostname}.{local_rank}.log")
 
-    def _rank(self, agent: _Agent, local_rank: int) -> int:
-        return sum(self._agents[i].workers for i in range(agent.node_rank)) + local_rank
+    @staticmethod
+    def _rank(agent: _Agent, local_rank: int) -> int:
+        return agent.rank_offset + local_rank
 
     def _worker_died(self, agent: _Agent, header: dict[str, Any]) -> WorkerFailedError:
         local_rank = int(header.get("local_rank", -1))
@@ -471,6 +476,8 @@ class Session:
 
     def _shutdown(self) -> None:
         self._closing.set()
+        with contextlib.suppress(OSError):
+            self.server.shutdown(socket.SHUT_RDWR)  # wakes the accept thread at once
         live = [a for a in self._agents.values() if not a.closed and a.node_rank not in self._dead]
         for agent in live:
             with contextlib.suppress(OSError):

@@ -144,7 +144,15 @@ def _is_communication_error(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in text for m in _COMM_ERROR_MARKERS)
 
 
+def _flush_stdio() -> None:
+    # Before a result or an error: the agent forwards what is already written first.
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+
+
 def _send_error(conn: Connection, exc: BaseException, tb_text: str) -> None:
+    _flush_stdio()
     header: dict[str, Any] = {
         "t": "error",
         "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
@@ -229,6 +237,7 @@ def run_worker(
                 _send_error(conn, error, traceback.format_exc())
                 code = 1
             else:
+                _flush_stdio()
                 conn.send({"t": "result"}, body, buffers)
                 del body, buffers, result
                 if initialised:
