@@ -1,0 +1,1037 @@
+"""slurmrun's benchmark suite: one command runs every scenario against its peers.
+
+    python benchmarks/run.py [--quick] [--json out.json] [--plots docs/] [--only launch,scale]
+                             [--slow-peers] [--rounds N] [--torchrunx-python PATH]
+
+Scenarios (docs/benchmarks.md says what each number means):
+
+  launch   trivial function (one all_reduce) on 2 CPU workers: launch-call and whole-script
+           time of slurmrun vs the physical floor (2 fresh processes + gloo), torchrun and
+           torchrunx; first and second launch in one script; a 1/4-worker sweep for the plot.
+  returns  each of 2 workers returns 64 MiB / 256 MiB / 1 GiB (tensor), a dict of 100 x 1 MiB
+           tensors and a 1 GiB numpy array: effective MiB/s and the launcher's peak memory.
+  failure  a worker SIGKILLs itself (or os._exit) while its peer waits in all_reduce: time
+           from its death to the exception in the launcher.
+  scale    a real launcher-side Session against 1..1024 fake agents x 8 workers (simulated).
+  slurm    on the 3-node test cluster (if up): trivial launch vs `srun -N3 python -c "import
+           torch"` in the same allocation.
+
+Every measured run is a fresh subprocess; within a scenario the tools alternate run by run,
+and the tables show medians over the rounds (5; 3 with --quick) and ratios slurmrun/peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import HERE, REPO, Run, median, mem_available_bytes, ratio, run_measured
+
+MIB = 1 << 20
+GIB = 1 << 30
+TORCHRUNX_VENV_PYTHON = os.path.expanduser("~/.cache/slurmrun-bench/torchrunx-venv/bin/python")
+TORCHRUNX_MEMORY_FACTOR = 10  # torchrunx holds about 10x the returned bytes (measured, 0.4.0)
+FAIL_CAP_S = 60.0
+SCENARIOS = ("launch", "returns", "failure", "scale", "slurm")
+
+
+# ------------------------------------------------------------------ configuration
+
+
+@dataclass(frozen=True)
+class Config:
+    """What this invocation runs."""
+
+    quick: bool
+    rounds: int
+    slow_peers: bool
+    only: tuple[str, ...]
+    python: str
+    torchrunx_python: str | None
+    workdir: str
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured command; run once per round."""
+
+    key: str
+    argv: list[str]
+    cap_s: float = 300.0
+    mem_limit: int | None = None
+
+
+@dataclass
+class Table:
+    """A printed (markdown) table."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Target:
+    """One target of the performance issue, and whether this run met it."""
+
+    name: str
+    measured: str
+    target: str
+    met: bool | None  # None: not measured
+
+
+@dataclass
+class Report:
+    """Everything one invocation produced."""
+
+    tables: list[Table] = field(default_factory=list)
+    targets: list[Target] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def find_torchrunx_python(explicit: str | None) -> str | None:
+    """An interpreter that can import torchrunx (it needs cloudpickle>=3: a venv of its own)."""
+    candidates = [explicit, os.environ.get("TORCHRUNX_PYTHON")]
+    if importlib.util.find_spec("torchrunx") is not None:
+        candidates.append(sys.executable)
+    candidates.append(TORCHRUNX_VENV_PYTHON)
+    for python in candidates:
+        if python and os.path.exists(python):
+            probe = subprocess.run(
+                [python, "-c", "import torchrunx"], capture_output=True, timeout=120, check=False
+            )
+            if probe.returncode == 0:
+                return python
+    return None
+
+
+# ------------------------------------------------------------------ running cases
+
+
+def script(name: str) -> str:
+    """Absolute path of a benchmark script."""
+    return os.path.join(HERE, name)
+
+
+def run_rounds(
+    cfg: Config, cases: Sequence[Case], rounds: int | None = None
+) -> dict[str, list[Run]]:
+    """Runs every case once per round, alternating; returns the runs of each case."""
+    runs: dict[str, list[Run]] = {c.key: [] for c in cases}
+    n = cfg.rounds if rounds is None else rounds
+    for r in range(n):
+        for case in cases:
+            run = run_measured(
+                case.argv, cap_s=case.cap_s, cwd=cfg.workdir, mem_limit_bytes=case.mem_limit
+            )
+            runs[case.key].append(run)
+            status = "ok" if run.ok and run.data.get("ok", True) else "FAILED"
+            print(f"  [{r + 1}/{n}] {case.key:<34} {run.wall_s:7.2f} s  {status}", flush=True)
+            if status == "FAILED":
+                print("    " + (run.stderr_tail or run.stdout_tail)[-600:].replace("\n", "\n    "))
+    return runs
+
+
+def values(runs: Sequence[Run], get: Callable[[Run], float | None]) -> list[float | None]:
+    """`get` of each successful run (None for failed ones)."""
+    out: list[float | None] = []
+    for run in runs:
+        try:
+            out.append(get(run) if run.ok and run.data.get("ok", True) else None)
+        except (KeyError, IndexError, TypeError):
+            out.append(None)
+    return out
+
+
+def med(runs: Sequence[Run], get: Callable[[Run], float | None]) -> float | None:
+    """Median of `get` over the successful runs."""
+    return median(values(runs, get))
+
+
+def fmt(x: float | None, unit: str = "s", digits: int = 2) -> str:
+    """A number with its unit, or an em dash when missing."""
+    if x is None:
+        return "—"
+    return f"{x:.{digits}f} {unit}".rstrip()
+
+
+def fmt_ratio(x: float | None) -> str:
+    """A ratio like 0.42x."""
+    return "—" if x is None else f"{x:.2f}x"
+
+
+def raw(runs: dict[str, list[Run]]) -> dict[str, list[dict[str, Any]]]:
+    """JSON-able runs (without the output tails of successful runs)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for key, rs in runs.items():
+        items = []
+        for run in rs:
+            d = asdict(run)
+            if run.ok:
+                d.pop("stdout_tail")
+                d.pop("stderr_tail")
+            items.append(d)
+        out[key] = items
+    return out
+
+
+# ------------------------------------------------------------------ scenario 1: launch
+
+
+def _launch_cases(cfg: Config, workers: int, launches: int, with_torchrunx: bool) -> list[Case]:
+    py = cfg.python
+    w = str(workers)
+    cases = [
+        Case(f"floor/w{w}", [py, script("floor.py"), "--workers", w]),
+        Case(
+            f"torchrun/w{w}",
+            [
+                py,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={w}",
+                script("torchrun_job.py"),
+            ],
+        ),
+        Case(
+            f"slurmrun/w{w}",
+            [
+                py,
+                script("bench_launch.py"),
+                "--tool",
+                "slurmrun",
+                "--workers",
+                w,
+                "trivial",
+                "--launches",
+                str(launches),
+            ],
+        ),
+    ]
+    if with_torchrunx and cfg.torchrunx_python:
+        cases.append(
+            Case(
+                f"torchrunx/w{w}",
+                [
+                    cfg.torchrunx_python,
+                    script("bench_launch.py"),
+                    "--tool",
+                    "torchrunx",
+                    "--workers",
+                    w,
+                    "trivial",
+                    "--launches",
+                    "1",
+                ],
+            )
+        )
+    return cases
+
+
+def _launch_times(run: Run) -> list[float]:
+    """The launch calls of a run; a command without one (torchrun) counts as one launch."""
+    if "launch_s" not in run.data:
+        return [run.wall_s]
+    return [float(t) for t in run.data["launch_s"]]
+
+
+def _first_launch(run: Run) -> float:
+    return _launch_times(run)[0]
+
+
+def _second_launch(run: Run) -> float | None:
+    times = _launch_times(run)
+    return times[1] if len(times) > 1 else None
+
+
+def _whole_script_one_launch(run: Run) -> float:
+    """Process start to exit, minus the second launch when the script launched twice."""
+    second = _second_launch(run)
+    return run.wall_s - (second or 0.0)
+
+
+def scenario_launch(cfg: Config, report: Report) -> None:
+    """Trivial launch on 2 workers, plus a 1/4-worker sweep (full runs only)."""
+    print("== launch: trivial function, 2 CPU workers", flush=True)
+    runs = run_rounds(cfg, _launch_cases(cfg, 2, 2, True))
+    tools = [k.split("/")[0] for k in runs]
+    stats: dict[str, dict[str, float | None]] = {}
+    for key, rs in runs.items():
+        tool = key.split("/")[0]
+        stats[tool] = {
+            "launch": med(rs, _first_launch),
+            "second": med(rs, _second_launch),
+            "script": med(rs, _whole_script_one_launch),
+            "import": med(rs, lambda r: r.data.get("import_s")),
+        }
+    table = Table(
+        "Launch overhead: trivial function (one all_reduce) on 2 CPU workers (medians)",
+        ["metric", *tools, *[f"slurmrun/{t}" for t in tools if t != "slurmrun"]],
+    )
+    for metric, label in (
+        ("launch", "launch call, 1st launch"),
+        ("second", "launch call, 2nd launch in the same script"),
+        ("script", "whole script, python start to exit (1 launch)"),
+    ):
+        row = [label, *[fmt(stats[t][metric]) for t in tools]]
+        row += [
+            fmt_ratio(ratio(stats["slurmrun"][metric], stats[t][metric]))
+            for t in tools
+            if t != "slurmrun"
+        ]
+        table.rows.append(row)
+    table.notes.append(
+        "floor = 2 fresh processes that import torch, init gloo (env://, 127.0.0.1) and "
+        "all_reduce once; its 'launch call' is spawn-to-exit of both. torchrun has no launch "
+        "call: its column shows the whole command. Whole script for 2-launch scripts = "
+        "wall time minus the 2nd launch."
+    )
+    if not cfg.torchrunx_python:
+        table.notes.append("torchrunx is not installed (see docs/benchmarks.md): no column.")
+    report.tables.append(table)
+    report.data["launch"] = {"runs": raw(runs), "medians": stats}
+    _launch_targets(stats, report)
+    if not cfg.quick:
+        _launch_sweep(cfg, report, stats)
+
+
+def _launch_targets(stats: dict[str, dict[str, float | None]], report: Report) -> None:
+    s = stats["slurmrun"]["launch"]
+    floor = ratio(s, stats["floor"]["launch"])
+    report.targets.append(
+        Target(
+            "launch call <= 1.0x floor",
+            fmt_ratio(floor),
+            "<= 1.00x",
+            None if floor is None else floor <= 1.0,
+        )
+    )
+    trx = ratio(s, stats.get("torchrunx", {}).get("launch"))
+    report.targets.append(
+        Target(
+            "launch call <= 0.40x torchrunx",
+            fmt_ratio(trx),
+            "<= 0.40x",
+            None if trx is None else trx <= 0.40,
+        )
+    )
+
+
+def _launch_sweep(cfg: Config, report: Report, at2: dict[str, dict[str, float | None]]) -> None:
+    """1, 2 and 4 workers in the same rounds (so that one plot compares like with like)."""
+    print("== launch sweep: 1, 2 and 4 workers", flush=True)
+    cases = [
+        c
+        for w in (1, 2, 4)
+        for c in _launch_cases(cfg, w, 1, cfg.slow_peers)
+        if cfg.slow_peers or c.key.split("/")[0] in ("floor", "slurmrun")
+    ]
+    rounds = cfg.rounds if cfg.slow_peers else min(cfg.rounds, 3)
+    runs = run_rounds(cfg, cases, rounds)
+    series: dict[str, dict[int, float | None]] = {}
+    for key, rs in runs.items():
+        tool, w = key.split("/")
+        series.setdefault(tool, {})[int(w[1:])] = med(rs, _first_launch)
+    for tool, s in at2.items():  # peers not in the sweep: their 2-worker value from above
+        series.setdefault(tool, {}).setdefault(2, s["launch"])
+    table = Table("Launch call vs workers on localhost (medians)", ["workers", *series])
+    for count in (1, 2, 4):
+        table.rows.append([str(count), *[fmt(series[t].get(count)) for t in series]])
+    if not cfg.slow_peers:
+        table.notes.append(
+            f"{rounds} rounds of floor and slurmrun at 1, 2 and 4 workers (all peers with "
+            "--slow-peers); torchrun and torchrunx: their 2-worker values from the table above."
+        )
+    report.tables.append(table)
+    report.data["launch_sweep"] = {"runs": raw(runs), "series": series}
+
+
+# ------------------------------------------------------------------ scenario 2: returns
+
+
+def _returns_sizes(cfg: Config) -> list[int]:
+    return [64, 256] if cfg.quick else [64, 256, 1024]
+
+
+def _fits(nbytes_total: int, factor: float) -> bool:
+    """Whether `factor` x the bytes (plus 2 GiB) fits in 60 % of the available memory."""
+    return factor * nbytes_total + 2 * GIB <= 0.6 * mem_available_bytes()
+
+
+def _returns_cases(cfg: Config) -> tuple[list[Case], list[str]]:
+    py = cfg.python
+    limit = int(0.85 * mem_available_bytes())
+    cases: list[Case] = []
+    notes: list[str] = []
+    for mib in _returns_sizes(cfg):
+        total = 2 * mib * MIB
+        if not _fits(total, 3):
+            notes.append(f"{mib} MiB skipped: not enough memory for 3x {total >> 20} MiB")
+            continue
+        m = str(mib)
+        cases.append(
+            Case(
+                f"floor/{m}",
+                [py, script("floor.py"), "--workers", "2", "--return-mib", m],
+                mem_limit=limit,
+            )
+        )
+        cases.append(
+            Case(
+                f"slurmrun/{m}",
+                [
+                    py,
+                    script("bench_launch.py"),
+                    "--tool",
+                    "slurmrun",
+                    "returns",
+                    "--kind",
+                    "tensor",
+                    "--mib",
+                    m,
+                ],
+                mem_limit=limit,
+            )
+        )
+        if cfg.torchrunx_python and not cfg.quick:
+            if not _fits(total, TORCHRUNX_MEMORY_FACTOR):
+                notes.append(
+                    f"torchrunx skipped at {mib} MiB: it holds ~{TORCHRUNX_MEMORY_FACTOR}x the "
+                    f"returned {total >> 20} MiB, more than this machine can spare"
+                )
+            elif mib > 64 and not cfg.slow_peers:
+                notes.append(
+                    f"torchrunx at {mib} MiB: only with --slow-peers (~30 s a run at 256 MiB)"
+                )
+            else:
+                cases.append(
+                    Case(
+                        f"torchrunx/{m}",
+                        [
+                            cfg.torchrunx_python,
+                            script("bench_launch.py"),
+                            "--tool",
+                            "torchrunx",
+                            "returns",
+                            "--kind",
+                            "tensor",
+                            "--mib",
+                            m,
+                        ],
+                        mem_limit=limit,
+                    )
+                )
+    cases.append(
+        Case(
+            "slurmrun/nested",
+            [py, script("bench_launch.py"), "--tool", "slurmrun", "returns", "--kind", "nested"],
+            mem_limit=limit,
+        )
+    )
+    if not cfg.quick and _fits(2 * GIB, 3):
+        cases.append(
+            Case(
+                "slurmrun/numpy1024",
+                [
+                    py,
+                    script("bench_launch.py"),
+                    "--tool",
+                    "slurmrun",
+                    "returns",
+                    "--kind",
+                    "numpy",
+                    "--mib",
+                    "1024",
+                ],
+                mem_limit=limit,
+            )
+        )
+    if cfg.quick:
+        notes.append("--quick: 64 and 256 MiB only, no torchrunx, no numpy 1 GiB")
+    return cases, notes
+
+
+def _launch_time(run: Run) -> float:
+    v = run.data["launch_s"]
+    return float(v[0] if isinstance(v, list) else v)
+
+
+def scenario_returns(cfg: Config, report: Report) -> None:
+    """Large return values: effective throughput and launcher memory."""
+    print("== returns: large return values, 2 workers", flush=True)
+    cases, notes = _returns_cases(cfg)
+    trivial: dict[str, dict[str, float | None]] = dict(
+        report.data.get("launch", {}).get("medians", {})
+    )
+    # The trivial launch that "effective" subtracts is measured in the same rounds (load on a
+    # shared machine drifts); --quick, and torchrunx (~10 s a run), reuse the launch scenario's.
+    in_rounds = {"floor", "slurmrun"} if not cfg.quick else set()
+    in_rounds |= {"floor", "slurmrun", "torchrunx"} - set(trivial)
+    tools = {c.key.split("/")[0] for c in cases}
+    base_cases = [
+        c for c in _launch_cases(cfg, 2, 1, True) if c.key.split("/")[0] in tools & in_rounds
+    ]
+    runs = run_rounds(cfg, base_cases + cases)
+    for c in base_cases:
+        trivial[c.key.split("/")[0]] = {"launch": med(runs.pop(c.key), _first_launch)}
+    measured_here = {c.key.split("/")[0] for c in base_cases}
+    notes.append(
+        "trivial launch subtracted for 'effective': "
+        + ", ".join(
+            f"{t} {fmt(trivial.get(t, {}).get('launch'))} "
+            + ("(these rounds)" if t in measured_here else "(launch table)")
+            for t in sorted(tools)
+        )
+    )
+    table = Table(
+        "Large returns: 2 workers each return the value (medians)",
+        [
+            "tool / value",
+            "bytes returned",
+            "launch call",
+            "MiB/s plain",
+            "MiB/s effective",
+            "MiB/s after created",
+            "launcher peak RSS - before",
+            "÷ bytes",
+            "process-tree peak RSS",
+            "slurmrun/floor time",
+        ],
+    )
+    stats: dict[str, dict[str, float | None]] = {}
+    for key, rs in runs.items():
+        tool, what = key.split("/")
+        nbytes = med(rs, lambda r: r.data["bytes_returned"])
+        launch = med(rs, _launch_time)
+        base = trivial.get(tool, {}).get("launch")
+        mem = med(rs, lambda r: r.data["peak_rss"] - r.data["rss_before"])
+        s = {
+            "bytes": nbytes,
+            "launch": launch,
+            "plain": None if not (nbytes and launch) else nbytes / MIB / launch,
+            "effective": (
+                None
+                if not (nbytes and launch and base) or launch <= base
+                else nbytes / MIB / (launch - base)
+            ),
+            "below_noise": float(bool(nbytes and launch and base and launch <= base)),
+            "mem_delta": mem,
+            "mem_ratio": ratio(mem, nbytes),
+            "tree_peak": med(rs, lambda r: float(r.tree_peak_rss)),
+        }
+        after = med(rs, lambda r: r.data.get("after_created_s"))
+        s["after_created"] = None if not (nbytes and after) else nbytes / MIB / after
+        stats[key] = s
+        floor_key = f"floor/{what}"
+        vs_floor = (
+            ratio(launch, stats[floor_key]["launch"])
+            if tool != "floor" and floor_key in stats
+            else None
+        )
+        table.rows.append(
+            [
+                f"{tool} / {_what_label(what)}",
+                fmt(None if nbytes is None else nbytes / MIB, "MiB", 0),
+                fmt(launch),
+                fmt(s["plain"], "", 0),
+                "n/m" if s["below_noise"] else fmt(s["effective"], "", 0),
+                fmt(s["after_created"], "", 0),
+                fmt(None if mem is None else mem / MIB, "MiB", 0),
+                fmt_ratio(s["mem_ratio"]),
+                fmt(None if s["tree_peak"] is None else s["tree_peak"] / MIB, "MiB", 0),
+                fmt_ratio(vs_floor),
+            ]
+        )
+    table.notes += [
+        "effective = bytes / (launch call - the same tool's trivial launch call in this run); "
+        "plain = bytes / launch call. Both include the workers creating the values. "
+        "after created = bytes / (launch call returned - the last worker's value was created): "
+        "the transfer alone (pickling, relays, receiving, unpickling, and the launch's end). "
+        "n/m: not measurable, the launch with the value was no slower than the trivial one "
+        "(the machine's noise exceeds the transfer time).",
+        "launcher peak RSS - before: ru_maxrss of the launcher process minus its RSS just "
+        "before the launch (after importing torch); 1.0x is the minimum (it holds the results).",
+        "floor = 2 fresh processes that send the raw tensor bytes to the parent over loopback "
+        "TCP (one connection each, received in parallel).",
+        *notes,
+    ]
+    report.tables.append(table)
+    report.data["returns"] = {"runs": raw(runs), "stats": stats}
+    _returns_targets(stats, report)
+
+
+def _what_label(what: str) -> str:
+    if what == "nested":
+        return "dict of 100 x 1 MiB tensors"
+    if what.startswith("numpy"):
+        return f"numpy {what[5:]} MiB"
+    return f"tensor {what} MiB"
+
+
+def _returns_targets(stats: dict[str, dict[str, float | None]], report: Report) -> None:
+    tensor = {k: s for k, s in stats.items() if k.startswith("slurmrun/") and k[9:].isdigit()}
+    effs = {k: s["effective"] for k, s in tensor.items()}
+    worst = min((v for v in effs.values() if v is not None), default=None)
+    detail = ", ".join(
+        f"{k[9:]} MiB: {'n/m' if tensor[k]['below_noise'] else fmt(v, '', 0)} "
+        f"(after created {fmt(tensor[k]['after_created'], '', 0)})"
+        for k, v in effs.items()
+    )
+    report.targets.append(
+        Target(
+            "tensor returns >= 1 GiB/s effective (1024 MiB/s)",
+            detail,
+            ">= 1024 MiB/s each",
+            None if worst is None else worst >= 1024,
+        )
+    )
+    mem = {k: s["mem_ratio"] for k, s in stats.items() if k.startswith("slurmrun/")}
+    worst_mem = max((v for v in mem.values() if v is not None), default=None)
+    detail = ", ".join(f"{k[9:]}: {fmt_ratio(v)}" for k, v in mem.items())
+    report.targets.append(
+        Target(
+            "launcher peak memory <= 1.2x bytes returned",
+            detail,
+            "<= 1.20x each",
+            None if worst_mem is None else worst_mem <= 1.2,
+        )
+    )
+
+
+# ------------------------------------------------------------------ scenario 3: failure
+
+
+def scenario_failure(cfg: Config, report: Report) -> None:
+    """Worker death to launcher exception."""
+    print("== failure: a worker dies while its peer waits in all_reduce", flush=True)
+    py = cfg.python
+    cases = []
+    tools: list[tuple[str, str, str]] = [("slurmrun", py, "kill")]
+    if not cfg.quick:
+        tools.append(("slurmrun", py, "exit"))
+    if cfg.torchrunx_python:
+        tools.append(("torchrunx", cfg.torchrunx_python, "kill"))
+    for tool, python, how in tools:
+        death = os.path.join(cfg.workdir, f"death-{tool}-{how}")
+        cases.append(
+            Case(
+                f"{tool}/{how}",
+                [
+                    python,
+                    script("bench_launch.py"),
+                    "--tool",
+                    tool,
+                    "fail",
+                    "--how",
+                    how,
+                    "--death-file",
+                    death,
+                    "--cap",
+                    str(FAIL_CAP_S),
+                ],
+                cap_s=FAIL_CAP_S + 60.0,
+            )
+        )
+    runs = run_rounds(cfg, cases)
+    table = Table(
+        "Failure latency: worker death -> exception in the launcher (medians)",
+        ["tool / death", "latency", "min", "max", "capped runs", "exception"],
+    )
+    stats: dict[str, float | None] = {}
+    for key, rs in runs.items():
+        lat = values(rs, lambda r: r.data.get("latency_s"))
+        capped = sum(1 for r in rs if r.data.get("capped") or r.capped)
+        stats[key] = median(lat)
+        clean = [v for v in lat if v is not None]
+        exc = next((r.data.get("exc_type", "") for r in rs if r.data.get("exc_type")), "")
+        how = "SIGKILL" if key.endswith("kill") else "os._exit(3)"
+        table.rows.append(
+            [
+                f"{key.split('/')[0]} / {how}",
+                fmt(stats[key]) if capped < len(rs) else f">= {FAIL_CAP_S:.0f} s (cap)",
+                fmt(min(clean) if clean else None),
+                fmt(max(clean) if clean else None),
+                f"{capped}/{len(rs)}",
+                exc,
+            ]
+        )
+    table.notes.append(
+        "Rank 1 writes time.time() to a file, then kills itself; rank 0 is in all_reduce. "
+        f"Cap: {FAIL_CAP_S:.0f} s after the death."
+    )
+    report.tables.append(table)
+    report.data["failure"] = {"runs": raw(runs), "medians": stats}
+    worst = max(
+        (v for k, v in stats.items() if k.startswith("slurmrun") and v is not None), default=None
+    )
+    report.targets.append(
+        Target(
+            "worker death -> exception <= 0.5 s median",
+            ", ".join(f"{k}: {fmt(v)}" for k, v in stats.items() if k.startswith("slurmrun")),
+            "<= 0.50 s",
+            None if worst is None else worst <= 0.5,
+        )
+    )
+
+
+# ------------------------------------------------------------------ scenario 4: scale
+
+
+def scenario_scale(cfg: Config, report: Report) -> None:
+    """Simulated agents against a real Session."""
+    print("== scale: simulated agents x 8 workers against a real Session", flush=True)
+    counts = [1, 64, 256, 1024]
+    log_counts = [1, 64, 256]
+    cases = [
+        Case(f"scale/{n}", [cfg.python, script("scale.py"), "--agents", str(n)]) for n in counts
+    ]
+    cases += [
+        Case(
+            f"scale+logs/{n}",
+            [cfg.python, script("scale.py"), "--agents", str(n), "--logs"],
+            cap_s=600.0,
+        )
+        for n in log_counts
+    ]
+    runs = run_rounds(cfg, cases)
+    table = Table(
+        "Scale (simulated): N agents x 8 workers against a real launcher Session (medians)",
+        [
+            "agents x workers",
+            "logs",
+            "connect wall",
+            "hand-out+gather wall",
+            "hand-out+gather CPU",
+            "launch wall (all)",
+            "launcher CPU (all)",
+            "memory Δ",
+            "per agent",
+            "dropped handshakes: max (runs)",
+            "ok",
+        ],
+    )
+    stats: dict[str, dict[str, float | None]] = {}
+    for key, rs in runs.items():
+        n = int(key.split("/")[1])
+        s = {
+            "agents": float(n),
+            "connect": med(rs, lambda r: r.data["connect_wall_s"]),
+            "hg_wall": med(rs, lambda r: r.data["handout_gather_wall_s"]),
+            "hg_cpu": med(rs, lambda r: r.data["handout_gather_cpu_s"]),
+            "total_wall": med(rs, lambda r: r.data["total_wall_s"]),
+            "total_cpu": med(rs, lambda r: r.data["total_cpu_s"]),
+            "mem": med(rs, lambda r: r.data["mem_delta"]),
+            "dropped": max(
+                (float(r.data.get("dropped_handshakes") or 0) for r in rs if r.data), default=None
+            ),
+            "runs_with_drops": float(sum(1 for r in rs if r.data.get("dropped_handshakes"))),
+        }
+        stats[key] = s
+        oks = sum(1 for r in rs if r.data.get("ok"))
+        errors = {
+            f"{r.data.get('error', '')} ({r.data.get('fake_agent_failures')} fake agents saw: "
+            f"{r.data.get('fake_agent_failure_example') or 'nothing'})"
+            for r in rs
+            if r.data and not r.data.get("ok")
+        }
+        mem = s["mem"]
+        table.rows.append(
+            [
+                f"{n} x 8",
+                "yes" if key.startswith("scale+logs") else "no",
+                fmt(s["connect"]),
+                fmt(s["hg_wall"], "s", 3),
+                fmt(s["hg_cpu"], "s", 3),
+                fmt(s["total_wall"]),
+                fmt(s["total_cpu"]),
+                fmt(None if mem is None else mem / MIB, "MiB", 1),
+                fmt(None if mem is None else mem / 1024 / n, "KiB", 0),
+                f"{fmt(s['dropped'], '', 0)} ({int(s['runs_with_drops'] or 0)}/{len(rs)})",
+                f"{oks}/{len(rs)}",
+            ]
+        )
+        for e in sorted(errors):
+            table.notes.append(f"{key}: a run failed: {e}")
+    table.notes += [
+        "Fake agents are threads in 2 separate processes (their CPU is not counted). CPU = "
+        "time.process_time() of the launcher process (all its threads). hand-out+gather = "
+        "from the first start frame to the results unpickled. launch wall/CPU = the whole "
+        "Session.run (connect, handshakes, hand-out, gather, stop).",
+        "logs=yes: each worker sends one stdout line and the session uses its default log "
+        "handlers (one file per worker), as a real launch does.",
+        "dropped handshakes: connections the launcher closed because more than "
+        "MAX_PENDING_HANDSHAKES were pending (most in one run, and runs with any). Fake agents "
+        "retry them so that the run can be timed; a real agent would fail, and its launch too.",
+    ]
+    report.tables.append(table)
+    report.data["scale"] = {"runs": raw(runs), "stats": stats}
+    _scale_targets(stats, report)
+
+
+def _scale_targets(stats: dict[str, dict[str, float | None]], report: Report) -> None:
+    big = stats.get("scale/1024", {})
+    hg = big.get("hg_wall")
+    report.targets.append(
+        Target(
+            "1024x8 simulated hand-out+gather <= 2 s",
+            fmt(hg, "s", 3),
+            "<= 2.00 s",
+            None if hg is None else hg <= 2.0,
+        )
+    )
+    m64, m1024 = stats.get("scale/64", {}).get("mem"), big.get("mem")
+    growth = ratio(m1024, m64)
+    report.targets.append(
+        Target(
+            "memory O(N): 1024 vs 64 agents",
+            f"{fmt_ratio(growth)} for 16x agents",
+            "<= ~16x (linear)",
+            None if growth is None else growth <= 20,
+        )
+    )
+    drops = big.get("runs_with_drops")
+    report.targets.append(
+        Target(
+            "1024 agents connect without dropped handshakes",
+            f"drops in {int(drops or 0)} of the runs",
+            "no drops",
+            None if drops is None else drops == 0,
+        )
+    )
+    logs = [s for k, s in stats.items() if k.startswith("scale+logs/")]
+    if len(logs) >= 2 and logs[-1]["hg_cpu"] and logs[-2]["hg_cpu"]:
+        growth = logs[-1]["hg_cpu"] / logs[-2]["hg_cpu"]
+        n = (logs[-1]["agents"] or 1) / (logs[-2]["agents"] or 1)
+        report.targets.append(
+            Target(
+                f"with logs: CPU grows linearly ({int(logs[-2]['agents'] or 0)} -> "
+                f"{int(logs[-1]['agents'] or 0)} agents)",
+                f"{growth:.1f}x CPU for {n:.0f}x agents",
+                f"<= {1.25 * n:.0f}x (linear, 25 % slack)",
+                growth <= 1.25 * n,
+            )
+        )
+
+
+# ------------------------------------------------------------------ scenario 5: slurm
+
+
+def cluster_up() -> tuple[bool, str]:
+    """Whether the SLURM test cluster is up and idle (no other jobs queued)."""
+    cluster = os.path.join(REPO, "tests", "cluster", "slurm-cluster.sh")
+    if not os.path.exists(cluster) or shutil.which("salloc") is None:
+        return False, "no tests/cluster/slurm-cluster.sh or no salloc"
+    try:
+        status = subprocess.run(
+            ["bash", cluster, "status"], capture_output=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return False, f"cluster status failed: {e}"
+    if status.returncode != 0:
+        return False, "the SLURM test cluster is down (slurm-cluster.sh status exits non-zero)"
+    queue = subprocess.run(
+        ["squeue", "-h"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout.strip()
+    if queue:
+        return False, f"the cluster is busy (other jobs in squeue: {queue.splitlines()[0]!r} ...)"
+    return True, ""
+
+
+def scenario_slurm(cfg: Config, report: Report) -> None:
+    """Trivial launch on the 3-node test cluster next to a bare srun."""
+    print("== slurm: 3-node test cluster", flush=True)
+    table = Table(
+        "SLURM test cluster (3 nodes, 1 worker each): launch vs bare srun (medians)",
+        ["metric", "time", "ratio"],
+    )
+    up, why = cluster_up()
+    if not up:
+        table.notes.append(f"skipped: {why}")
+        report.tables.append(table)
+        report.data["slurm"] = {"skipped": why}
+        print(f"  skipped: {why}")
+        return
+    rounds = min(cfg.rounds, 2) if cfg.quick else cfg.rounds
+    argv = [
+        "salloc",
+        "-N3",
+        "--job-name=slurmrun-bench",
+        "--time=10",
+        cfg.python,
+        script("slurm_bench.py"),
+        "--rounds",
+        str(rounds),
+    ]
+    run = run_measured(argv, cap_s=420.0, cwd=cfg.workdir)
+    d = run.data
+    if not d or d.get("error"):
+        why = d.get("error") or (run.stderr_tail or run.stdout_tail)[-400:]
+        table.notes.append(f"skipped: slurmrun could not launch on the cluster: {why}")
+        report.tables.append(table)
+        report.data["slurm"] = {"skipped": why, "run": asdict(run)}
+        print(f"  skipped: {why}")
+        return
+    srun_s = median(d["srun_s"])
+    launch_s = median(d["launch_s"][1:] or d["launch_s"])
+    table.rows += [
+        ['srun -N3 python -c "import torch"', fmt(srun_s), ""],
+        [
+            "slurmrun.launch, 1st in the allocation",
+            fmt(d["launch_s"][0]),
+            fmt_ratio(ratio(d["launch_s"][0], srun_s)),
+        ],
+        ["slurmrun.launch, later ones", fmt(launch_s), fmt_ratio(ratio(launch_s, srun_s))],
+    ]
+    table.notes.append(f"{rounds} alternating rounds inside one `salloc -N3`; ratio = vs srun.")
+    report.tables.append(table)
+    report.data["slurm"] = d
+
+
+# ------------------------------------------------------------------ output
+
+
+def render(report: Report) -> str:
+    """The report as markdown tables."""
+    lines: list[str] = []
+    for t in report.tables:
+        lines += [
+            f"### {t.title}",
+            "",
+            "| " + " | ".join(t.headers) + " |",
+            "|" + "---|" * len(t.headers),
+        ]
+        lines += ["| " + " | ".join(r) + " |" for r in t.rows]
+        lines += [""] + [f"- {n}" for n in t.notes] + [""]
+    lines += ["### Targets", "", "| target | measured | wanted | met |", "|---|---|---|---|"]
+    for tg in report.targets:
+        met = "n/a" if tg.met is None else ("yes" if tg.met else "**NO**")
+        lines.append(f"| {tg.name} | {tg.measured} | {tg.target} | {met} |")
+    return "\n".join(lines) + "\n"
+
+
+def meta(cfg: Config) -> dict[str, Any]:
+    """Machine and version facts for the JSON file."""
+
+    def version(python: str | None, module: str) -> str:
+        if python is None:
+            return ""
+        cp = subprocess.run(
+            [python, "-c", f"import {module}; print({module}.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        return cp.stdout.strip()
+
+    commit = subprocess.run(
+        ["git", "-C", REPO, "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "mem_total_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
+        "python": platform.python_version(),
+        "torch": version(cfg.python, "torch"),
+        "torchrunx": version(cfg.torchrunx_python, "torchrunx"),
+        "slurmrun_commit": commit,
+        "quick": cfg.quick,
+        "rounds": cfg.rounds,
+    }
+
+
+def main() -> None:
+    """Runs the selected scenarios, prints the tables, writes JSON (and plots)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="3 rounds, fewer sizes (~4 min)")
+    parser.add_argument("--json", help="write all runs and summaries here")
+    parser.add_argument("--plots", help="write the PNG plots into this directory")
+    parser.add_argument("--only", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    parser.add_argument("--rounds", type=int, help="override the number of rounds")
+    parser.add_argument("--torchrunx-python", help="interpreter with torchrunx installed")
+    parser.add_argument(
+        "--slow-peers",
+        action="store_true",
+        help="also torchrunx at 256 MiB and all peers in the worker sweep (+5 min)",
+    )
+    a = parser.parse_args()
+    only = tuple(a.only.split(",")) if a.only else SCENARIOS
+    unknown = set(only) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
+    workdir = tempfile.mkdtemp(prefix="slurmrun-bench-")
+    cfg = Config(
+        quick=a.quick,
+        rounds=a.rounds or (3 if a.quick else 5),
+        slow_peers=a.slow_peers,
+        only=only,
+        python=sys.executable,
+        torchrunx_python=find_torchrunx_python(a.torchrunx_python),
+        workdir=workdir,
+    )
+    report = Report()
+    report.data["meta"] = meta(cfg)
+    print(
+        f"slurmrun benchmarks: rounds={cfg.rounds} quick={cfg.quick} "
+        f"torchrunx={cfg.torchrunx_python or 'not installed'} workdir={workdir}",
+        flush=True,
+    )
+    started = time.perf_counter()
+    steps: dict[str, Callable[[Config, Report], None]] = {
+        "launch": scenario_launch,
+        "returns": scenario_returns,
+        "failure": scenario_failure,
+        "scale": scenario_scale,
+        "slurm": scenario_slurm,
+    }
+    try:
+        for name in SCENARIOS:
+            if name in only:
+                steps[name](cfg, report)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report.data["meta"]["duration_s"] = round(time.perf_counter() - started, 1)
+    text = render(report)
+    print("\n" + text)
+    print(f"(took {report.data['meta']['duration_s']:.0f} s)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(
+                {
+                    "tables": [asdict(t) for t in report.tables],
+                    "targets": [asdict(t) for t in report.targets],
+                    **report.data,
+                },
+                f,
+                indent=1,
+            )
+    if a.plots:
+        from plots import make_plots
+
+        for path in make_plots(report.data, a.plots):
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

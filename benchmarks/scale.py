@@ -1,0 +1,360 @@
+"""Simulated scale: a real launcher-side `Session` against N fake agents x W fake workers.
+
+    python benchmarks/scale.py --agents 1024 --workers 8 [--logs] [--no-retry]
+
+The fake agents are threads in separate, forked processes (2 by default; their CPU time is
+not the launcher's). Each speaks the real protocol of `slurmrun.transport`: TCP connect, HMAC
+handshake, ``hello``, then after ``start`` one ``result`` frame per worker (a pickled int),
+a heartbeat and ``done``, and finally waits for ``stop``. A handshake that the launcher
+drops (it closes connections beyond its limit of pending handshakes) is counted and retried;
+with ``--no-retry`` the fake agent fails as a real agent would, and so does the launch.
+With ``--logs`` every worker also sends one line of stdout first and the session uses its
+default log handlers (a file per worker), as a real launch does.
+
+This process is the launcher: it measures wall and CPU time (``time.process_time``: all its
+threads) of each phase, and its memory (peak RSS minus RSS before the launch). Prints one
+``BENCH_JSON`` line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing
+import multiprocessing.connection
+import os
+import queue
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import current_rss_bytes, emit, peak_rss_bytes
+
+from slurmrun.session import Session
+from slurmrun.transport import (
+    AuthenticationError,
+    Connection,
+    client_handshake,
+    dumps,
+    dumps_inband,
+    new_secret,
+)
+
+CONNECT_TIMEOUT = 120.0
+
+
+# ------------------------------------------------------------------ fake agents (other process)
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeSpec:
+    """What every fake agent needs to know."""
+
+    port: int
+    secret: bytes
+    workers: int
+    logs: bool
+    retry: bool
+
+
+def _connect(spec: FakeSpec, drops: list[int]) -> Connection:
+    """Connects and authenticates; with spec.retry, a dropped handshake is counted and retried.
+
+    A real agent does not retry: each drop counted here would have failed a real launch.
+    """
+    while True:
+        sock = socket.create_connection(("127.0.0.1", spec.port), timeout=CONNECT_TIMEOUT)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            client_handshake(sock, spec.secret, CONNECT_TIMEOUT)
+        except AuthenticationError:
+            sock.close()
+            if not spec.retry:
+                raise
+            drops.append(1)
+            time.sleep(0.02)
+            continue
+        return Connection(sock)
+
+
+def _fake_agent(node_rank: int, spec: FakeSpec, go: threading.Event, drops: list[int]) -> None:
+    """One agent: connect, hello, wait for start, send W results + hb + done, wait for stop."""
+    go.wait()
+    workers = spec.workers
+    conn = _connect(spec, drops)
+    conn.send(
+        {
+            "t": "hello",
+            "hostname": f"node{node_rank}",
+            "node_rank": node_rank,
+            "addr": "127.0.0.1",
+            "auto_workers": workers,
+            "master_port": 1234,
+            "pid": os.getpid(),
+        }
+    )
+    start = conn.recv()
+    if start is None or start.kind != "start":
+        conn.close()
+        return
+    offset = int(start.header["rank_offset"])
+    for local_rank in range(workers):
+        if spec.logs:
+            conn.send(
+                {
+                    "t": "log",
+                    "local_rank": local_rank,
+                    "stream": "stdout",
+                    "level": 20,
+                    "msg": f"worker {offset + local_rank} ready",
+                    "end": "\n",
+                }
+            )
+        body, buffers = dumps(offset + local_rank)
+        conn.send({"t": "result", "local_rank": local_rank}, body, buffers)
+    conn.send({"t": "hb"})
+    conn.send({"t": "done"})
+    while (frame := conn.recv()) is not None and frame.kind != "stop":
+        pass
+    conn.close()
+
+
+def _fake_agents_main(
+    pipe: multiprocessing.connection.Connection, ranks: list[int], spec: FakeSpec
+) -> None:
+    """Starts the fake agents `ranks` on "go"; reports failures and "finished"."""
+    go = threading.Event()
+    failures: queue.Queue[tuple[int, str]] = queue.Queue()
+    drops: list[int] = []  # list.append is atomic: one entry per dropped handshake
+
+    def guarded(rank: int) -> None:
+        try:
+            _fake_agent(rank, spec, go, drops)
+        except Exception as e:
+            failures.put((rank, f"{type(e).__name__}: {e}"))
+
+    threading.stack_size(256 * 1024)
+    threads = [threading.Thread(target=guarded, args=(i,), daemon=True) for i in ranks]
+    for t in threads:
+        t.start()
+    pipe.send(("ready",))
+    pipe.recv()  # "go"
+    go.set()
+    while any(t.is_alive() for t in threads) or not failures.empty():
+        try:
+            rank, why = failures.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        pipe.send(("fail", rank, why))
+    pipe.send(("finished", len(drops)))
+
+
+# ------------------------------------------------------------------ launcher side (this process)
+
+
+@dataclasses.dataclass
+class FakeStarter:
+    """An `AgentStarter` whose agents are the threads of the fake-agent processes."""
+
+    pipes: list[multiprocessing.connection.Connection]
+    failed: dict[int | None, int] = dataclasses.field(default_factory=dict)
+    reasons: list[str] = dataclasses.field(default_factory=list)
+    finished: set[int] = dataclasses.field(default_factory=set)
+    drops: int = 0
+
+    def _poll(self, timeout: float = 0.0) -> None:
+        live = [p for i, p in enumerate(self.pipes) if i not in self.finished]
+        for pipe in multiprocessing.connection.wait(live, timeout) if live else []:
+            assert isinstance(pipe, multiprocessing.connection.Connection)
+            while pipe.poll():
+                msg = pipe.recv()
+                if msg[0] == "fail":
+                    self.failed[int(msg[1])] = 1
+                    self.reasons.append(str(msg[2]))
+                elif msg[0] == "finished":
+                    self.finished.add(self.pipes.index(pipe))
+                    self.drops += int(msg[1])
+                    break
+
+    def __getattr__(self, name: str) -> Any:
+        """Hooks that later versions of `AgentStarter` add are no-ops for fake agents."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: None
+
+    def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
+        """Fake agents need nothing from their hello."""
+
+    def start(self, env: Mapping[str, str]) -> None:
+        """Tells the fake agents to connect."""
+        for pipe in self.pipes:
+            pipe.send(("go",))
+
+    def exit_codes(self) -> dict[int | None, int]:
+        """Fake agents that failed count as agents that exited with code 1."""
+        self._poll()
+        return dict(self.failed)
+
+    def log_file(self, node_rank: int | None) -> str | None:
+        """Fake agents write no log."""
+        return None
+
+    def stop(self, grace: float) -> None:
+        """Waits for every fake agent thread to end (they end on stop)."""
+        deadline = time.monotonic() + grace
+        while len(self.finished) < len(self.pipes) and time.monotonic() < deadline:
+            self._poll(timeout=max(0.0, deadline - time.monotonic()))
+
+
+class TimedSession(Session):
+    """A `Session` that notes the wall and CPU clock when hand-out and collection run."""
+
+    marks: dict[str, tuple[float, float]]
+
+    def _mark(self, name: str) -> None:
+        self.marks[name] = (time.perf_counter(), time.process_time())
+
+    def _hand_out(self) -> None:
+        self._mark("handout_start")
+        super()._hand_out()
+        self._mark("handout_end")
+
+    def _collect(self) -> Any:
+        self._mark("collect_start")
+        result = super()._collect()
+        self._mark("collect_end")
+        return result
+
+
+def _trivial() -> int:
+    return 0
+
+
+def _session(
+    agents: int, secret: bytes, starter: FakeStarter, server: socket.socket, log_dir: str | None
+) -> TimedSession:
+    """A TimedSession with the arguments launcher.py gives a real one (those this version has)."""
+    wanted: dict[str, Any] = {
+        "hostnames": [f"node{i}" for i in range(agents)],
+        "workers_per_host": None,
+        "backend": "gloo",
+        "timeout": CONNECT_TIMEOUT,
+        "agent_timeout": CONNECT_TIMEOUT,
+        "grace": 3.0,
+        "payload": dumps_inband((_trivial, (), {})),
+        "secret": secret,
+        "starter": starter,
+        "server": server,
+        "start_header": {"sys_path": list(sys.path), "cwd": os.getcwd(), "env": {}},
+        "local_master": False,
+        "handlers": None if log_dir else [],
+        "log_dir": log_dir,
+    }
+    names = {f.name for f in dataclasses.fields(Session)}
+    session = TimedSession(**{k: v for k, v in wanted.items() if k in names})
+    session.marks = {}
+    return session
+
+
+def start_fake_agents(
+    agents: int, spec: FakeSpec, procs: int
+) -> tuple[list[multiprocessing.connection.Connection], list[multiprocessing.process.BaseProcess]]:
+    """Forks `procs` processes that hold the fake agents between them, ready for "go"."""
+    ctx = multiprocessing.get_context("fork")
+    pipes: list[multiprocessing.connection.Connection] = []
+    processes: list[multiprocessing.process.BaseProcess] = []
+    for p in range(min(procs, agents)):
+        mine, theirs = ctx.Pipe()
+        ranks = list(range(p, agents, procs))
+        process = ctx.Process(target=_fake_agents_main, args=(theirs, ranks, spec), daemon=True)
+        process.start()
+        pipes.append(mine)
+        processes.append(process)
+    for pipe in pipes:
+        if pipe.recv()[0] != "ready":
+            raise RuntimeError("fake agents did not start")
+    return pipes, processes
+
+
+def measure(
+    agents: int, workers: int, logs: bool, procs: int = 2, retry: bool = True
+) -> dict[str, Any]:
+    """Runs one simulated launch and returns its timings and memory."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    secret = new_secret()
+    spec = FakeSpec(server.getsockname()[1], secret, workers, logs, retry)
+    pipes, processes = start_fake_agents(agents, spec, procs)
+    log_dir = tempfile.mkdtemp(prefix="slurmrun-scale-") if logs else None
+    starter = FakeStarter(pipes)
+    session = _session(agents, secret, starter, server, log_dir)
+    rss_before = current_rss_bytes()
+    t0, c0 = time.perf_counter(), time.process_time()
+    error = ""
+    ok = False
+    try:
+        result = session.run({})
+        ok = list(result.values()) == list(range(agents * workers))
+    except Exception as e:
+        error = f"{type(e).__name__}: {str(e)[:300]}"
+    t1, c1 = time.perf_counter(), time.process_time()
+    peak = peak_rss_bytes()
+    for process in processes:
+        process.join(timeout=10.0 if ok else 0.5)
+        if process.is_alive():
+            process.kill()
+    if log_dir:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    m = session.marks
+    out: dict[str, Any] = {
+        "agents": agents,
+        "workers": workers,
+        "logs": logs,
+        "ok": ok,
+        "error": error,
+        "fake_agent_failures": len(starter.failed),
+        "dropped_handshakes": starter.drops,
+        "fake_agent_failure_example": starter.reasons[0] if starter.reasons else "",
+        "total_wall_s": t1 - t0,
+        "total_cpu_s": c1 - c0,
+        "rss_before": rss_before,
+        "peak_rss": peak,
+        "mem_delta": max(0, peak - rss_before),
+    }
+    if "handout_start" in m and "collect_end" in m:
+        out.update(
+            connect_wall_s=m["handout_start"][0] - t0,
+            connect_cpu_s=m["handout_start"][1] - c0,
+            handout_wall_s=m["handout_end"][0] - m["handout_start"][0],
+            gather_wall_s=m["collect_start"][0] - m["handout_end"][0],
+            collect_wall_s=m["collect_end"][0] - m["collect_start"][0],
+            handout_gather_wall_s=m["collect_end"][0] - m["handout_start"][0],
+            handout_gather_cpu_s=m["collect_end"][1] - m["handout_start"][1],
+            shutdown_wall_s=t1 - m["collect_end"][0],
+        )
+    return out
+
+
+def main() -> None:
+    """Parses the command line, runs one simulated launch, prints its BENCH_JSON line."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--agents", type=int, default=64)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--logs", action="store_true", help="one stdout line per worker")
+    parser.add_argument("--fake-procs", type=int, default=2, help="processes of fake agents")
+    parser.add_argument(
+        "--no-retry",
+        action="store_true",
+        help="fake agents fail on a dropped handshake, as real ones",
+    )
+    a = parser.parse_args()
+    emit(measure(a.agents, a.workers, a.logs, a.fake_procs, not a.no_retry))
+
+
+if __name__ == "__main__":
+    main()
