@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import queue
+import re
 import signal
 import socket
 import threading
@@ -165,10 +166,16 @@ class Session:
             why = f"{why}; it {how}"
         log_file = self.starter.log_file(node_rank)
         tail = tail_file(log_file)
-        message = f"{where} failed: {why}."
         step_log = self.starter.log_file(None)
+        verdict = self._srun_verdict(step_log, hostname) if step_log != log_file else None
+        if verdict:
+            why = f"{why}; srun: {verdict}"
+        message = f"{where} failed: {why}."
         step_tail = tail_file(step_log) if step_log and step_log != log_file else ""
-        if self._step_cancelled(tail + step_tail):
+        # scancel leaves "*** STEP ... CANCELLED ***" in some agent's log and makes srun say the
+        # step was aborted; an agent killed on its own (and the others then ended by
+        # --kill-on-bad-exit) leaves CANCELLED lines too, but no "aborted".
+        if "CANCELLED" in tail or "step aborted" in step_tail:
             message += " SLURM cancelled the step (scancel, the job's time limit, or preemption)."
         for path, text in ((log_file, tail), (step_log, step_tail)):
             if text:
@@ -177,10 +184,21 @@ class Session:
             message += f" Its log: {log_file}"
         return AgentFailedError(message, hostname=hostname, stderr_tail=tail, log_file=log_file)
 
-    def _step_cancelled(self, seen: str) -> bool:
-        # slurmstepd writes "*** STEP ... CANCELLED ***" into one node's agent log only.
-        others = (self.starter.log_file(i) for i in range(len(self.hostnames)))
-        return "CANCELLED" in seen or any("CANCELLED" in tail_file(p, 5) for p in others)
+    @staticmethod
+    def _srun_verdict(step_log: str | None, hostname: str, wait: float = 1.0) -> str | None:
+        """What srun said of the host's task ("node2: task 1: Killed"), waiting for it briefly."""
+        if not step_log or not hostname:
+            return None
+        pattern = re.compile(rf"{re.escape(hostname)}: task \d+: (.+)")
+        deadline = time.monotonic() + wait
+        while True:
+            found = pattern.findall(tail_file(step_log, 40))
+            if found:
+                said = str(found[-1]).strip()
+                return f"{hostname}: {said}" + (" (SIGKILL)" if said == "Killed" else "")
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
     def _check_processes(self, now: float) -> None:
         """Turns agent process exits into errors once their connections had time to drain."""
