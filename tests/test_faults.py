@@ -317,6 +317,7 @@ FAULTS = [
     ),
 ]
 
+
 def describe(exc: BaseException) -> str:
     """The exception as a user sees it: type, message and notes."""
     lines = [f"{type(exc).__name__}: {exc}", *getattr(exc, "__notes__", [])]
