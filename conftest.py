@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -46,3 +48,43 @@ def _alive(p: psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+TIMES_FILE = Path(__file__).parent / "tests" / ".fault_times.json"
+
+
+@pytest.fixture(scope="module")
+def fault_times(request):
+    """Collects a fault-matrix module's detection times; prints and saves them at the end.
+
+    The module names its column (``FAULT_COLUMN``) and its slack on the bounds (``SLACK``).
+    """
+    times: dict[str, dict[str, float | None]] = {}
+    yield times
+    if times:
+        _report_times(request.module.FAULT_COLUMN, request.module.SLACK, times, request.config)
+
+
+def _report_times(column, slack, times, config) -> None:
+    lines = [
+        f"fault detection times, {column} column (s; bound = stated bound, checked + {slack:g})",
+        f"{'fault':34} {'bound':>6} {'detected':>9} {'all gone':>9}",
+    ]
+    for name, t in times.items():
+        gone = "-" if t["gone"] is None else f"{t['gone']:.2f}"
+        lines.append(f"{name:34} {t['bound']:6.1f} {t['detected']:9.2f} {gone:>9}")
+    try:
+        saved = json.loads(TIMES_FILE.read_text())
+    except (OSError, ValueError):
+        saved = {}
+    saved[column] = times
+    with contextlib.suppress(OSError):
+        TIMES_FILE.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None:  # only without pytest's terminal plugin
+        return
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        reporter.write_line("")
+        for line in lines:
+            reporter.write_line(line)

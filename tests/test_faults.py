@@ -41,14 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import re
 import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +62,7 @@ SLACK = 3.0
 # How long the launch's processes may take to disappear after the exception (the launcher
 # stops them before it raises; this only absorbs the kernel's reaping).
 GONE_WITHIN = 5.0
-TIMES_FILE = Path(__file__).parent / ".fault_times.json"
+FAULT_COLUMN = "localhost"  # the root conftest's fault_times fixture reports under it
 
 # ---------------------------------------------------------------- functions run on workers
 
@@ -346,39 +345,6 @@ def wait_until_gone(within: float) -> tuple[float, list[str]]:
                     names.append(f"{p.pid}:{' '.join(p.cmdline())[:80]}")
             return now, names
         time.sleep(0.02)
-
-
-@pytest.fixture(scope="module")
-def fault_times(request: pytest.FixtureRequest) -> Iterator[dict[str, dict[str, float]]]:
-    """Collects the measured times; prints them as a table and saves them at the end."""
-    times: dict[str, dict[str, float]] = {}
-    yield times
-    if times:
-        report_times("localhost", times, request.config)
-
-
-def report_times(column: str, times: dict[str, dict[str, float]], config: pytest.Config) -> None:
-    lines = [
-        f"fault detection times, {column} column (s; bound = stated bound, checked + {SLACK:g})",
-        f"{'fault':32} {'bound':>6} {'detected':>9} {'all gone':>9}",
-    ]
-    for name, t in times.items():
-        lines.append(f"{name:32} {t['bound']:6.1f} {t['detected']:9.2f} {t['gone']:9.2f}")
-    try:
-        saved = json.loads(TIMES_FILE.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    saved[column] = times
-    with contextlib.suppress(OSError):
-        TIMES_FILE.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:  # pragma: no cover - pytest always has one unless -p no:terminal
-        return
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        reporter.write_line("")
-        for line in lines:
-            reporter.write_line(line)
 
 
 # ---------------------------------------------------------------- the test

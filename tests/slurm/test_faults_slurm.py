@@ -59,7 +59,7 @@ import pytest
 
 SLACK = 3.0  # added to every stated bound: 3 nodes' processes share 2 slow cores here
 GONE_WITHIN = 10.0  # how long node_processes() may poll for the nodes to be clean
-TIMES_FILE = Path(__file__).resolve().parents[1] / ".fault_times.json"
+FAULT_COLUMN = "slurm"  # the root conftest's fault_times fixture reports under it
 LOST_NODE = "node2"
 CLUSTER_SH = Path(__file__).resolve().parents[1] / "cluster" / "slurm-cluster.sh"
 
@@ -516,39 +516,6 @@ def lost_node_restorer(slurm_cluster: Any) -> Iterator[None]:
 
 
 # ---------------------------------------------------------------- times table
-
-
-@pytest.fixture(scope="module")
-def fault_times(request: pytest.FixtureRequest) -> Iterator[dict[str, dict[str, float]]]:
-    times: dict[str, dict[str, float]] = {}
-    yield times
-    if times:
-        report_times("slurm", times, request.config)
-
-
-def report_times(column: str, times: dict[str, dict[str, float]], config: pytest.Config) -> None:
-    lines = [
-        f"fault detection times, {column} column (s; bound = stated bound, checked + {SLACK:g})",
-        f"{'fault':32} {'bound':>6} {'detected':>9} {'nodes clean':>12}",
-    ]
-    for name, t in times.items():
-        gone = "-" if t["gone"] is None else f"{t['gone']:.2f}"
-        lines.append(f"{name:32} {t['bound']:6.1f} {t['detected']:9.2f} {gone:>12}")
-    try:
-        saved = json.loads(TIMES_FILE.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    saved[column] = times
-    with contextlib.suppress(OSError):
-        TIMES_FILE.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:  # pragma: no cover
-        return
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        reporter.write_line("")
-        for line in lines:
-            reporter.write_line(line)
 
 
 # ---------------------------------------------------------------- the test
