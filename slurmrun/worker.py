@@ -194,6 +194,12 @@ def _init_process_group(spec: WorkerSpec) -> bool:
         world_size=spec.world_size,
         timeout=timedelta(seconds=spec.timeout),
     )
+    # Joining is not a barrier: without one, a fast rank whose function needs no collective
+    # can finish and tear down its connections while a slow rank is still connecting to it.
+    if backend == "nccl":
+        dist.barrier(device_ids=[spec.local_rank])
+    else:
+        dist.barrier()
     return True
 
 
