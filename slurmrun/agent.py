@@ -30,6 +30,7 @@ from typing import Any
 
 from slurmrun import allocation
 from slurmrun.environment import ENV_FILE_VAR, HEARTBEAT_VAR, EnvFileError, source_env_file
+from slurmrun.errors import signal_name
 from slurmrun.logs import LineAssembler
 from slurmrun.srun import JOB_TASKS_VAR
 from slurmrun.transport import Connection, client_handshake
@@ -50,10 +51,7 @@ def _exit_description(exitcode: int | None) -> tuple[str, str | None]:
     if exitcode is None:
         return "did not exit", None
     if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
+        name = signal_name(-exitcode)
         return f"was killed by {name}", name
     return f"exited with code {exitcode}", None
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["AgentFailedError", "RemoteTraceback", "WorkerFailedError"]
+import signal
+
+__all__ = ["AgentFailedError", "RemoteTraceback", "WorkerFailedError", "signal_name"]
 
 
 class WorkerFailedError(RuntimeError):
@@ -69,3 +71,11 @@ class RemoteTraceback(Exception):
 
     def __str__(self) -> str:
         return f'\n"""\n{self.text.rstrip()}\n"""'
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``signal 77`` for a number that names no signal."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

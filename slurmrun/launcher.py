@@ -195,24 +195,13 @@ def _validate(cfg: Launcher, func: object, func_args: object, func_kwargs: objec
     if cfg.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
     _validate_env_and_logs(cfg)
-    for name in ("max_restarts",):
-        value = getattr(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
-    if (
-        isinstance(cfg.heartbeat_timeout, bool)
-        or not isinstance(cfg.heartbeat_timeout, int | float)
-        or cfg.heartbeat_timeout <= 0
-    ):
-        raise ValueError(
-            f"heartbeat_timeout must be a positive number of seconds, got {cfg.heartbeat_timeout!r}"
-        )
-    if (
-        isinstance(cfg.timeout, bool)
-        or not isinstance(cfg.timeout, int | float)
-        or cfg.timeout <= 0
-    ):
-        raise ValueError(f"timeout must be a positive number of seconds, got {cfg.timeout!r}")
+    restarts = cfg.max_restarts
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {restarts!r}")
+    for name in ("heartbeat_timeout", "timeout"):
+        seconds = getattr(cfg, name)
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
+            raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
 
 
 def _validate_env_and_logs(cfg: Launcher) -> None:

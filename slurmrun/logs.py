@@ -73,6 +73,16 @@ def resolve_log_dir(environ: dict[str, str] | None = None) -> LogDir:
     return LogDir(os.path.abspath(path), keep=True)
 
 
+def worker_log_path(log_dir: str, hostname: str, local_rank: int) -> str:
+    """Where a worker's output goes: ``<dir>/<host>.<local rank>.log``."""
+    return os.path.join(log_dir, f"{hostname}.{local_rank}.log")
+
+
+def agent_log_path(log_dir: str, hostname: str) -> str:
+    """Where an agent's own output goes: ``<dir>/<host>.agent.log``."""
+    return os.path.join(log_dir, f"{hostname}.agent.log")
+
+
 def log_level(environ: dict[str, str] | None = None) -> int:
     """The level from ``SLURMRUN_LOG_LEVEL`` (a name like ``DEBUG`` or a number; INFO if unset)."""
     env = os.environ if environ is None else environ
@@ -349,7 +359,7 @@ class _WorkerFiles(logging.Handler):
         key = (str(getattr(record, "hostname", "")), int(local_rank))
         handler = self._files.get(key)
         if handler is None:
-            path = os.path.join(self.log_dir, f"{key[0]}.{key[1]}.log")
+            path = worker_log_path(self.log_dir, *key)
             handler = self._files[key] = _FileHandler(path)
         handler.emit(record)
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import re
-import signal
 import socket
 import threading
 import time
@@ -20,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmrun.errors import AgentFailedError, RemoteTraceback, WorkerFailedError
-from slurmrun.logs import default_handlers, dispatch, make_record, tail_file
+from slurmrun.errors import AgentFailedError, RemoteTraceback, WorkerFailedError, signal_name
+from slurmrun.logs import default_handlers, dispatch, make_record, tail_file, worker_log_path
 from slurmrun.result import LaunchResult
 from slurmrun.starters import AgentStarter
 from slurmrun.transport import (
@@ -50,13 +48,6 @@ DONE_WAIT = 2.0
 # Once agents closed their connections, how long their processes (or srun) may take to exit.
 STOP_WAIT = 1.0
 _TICK = 0.05
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 @dataclass
@@ -100,7 +91,6 @@ class Session:
         self._agents: dict[int, _Agent] = {}
         self._by_conn: dict[int, _Agent] = {}
         self._exited_at: dict[int | None, float] = {}
-        self.rejected_peers = 0
         self._held: tuple[BaseException, float] | None = None
         self._last_result = 0.0
         self._first_result = 0.0
@@ -128,7 +118,6 @@ class Session:
         try:
             server_handshake(sock, self.secret, HANDSHAKE_TIMEOUT)
         except AuthenticationError as e:
-            self.rejected_peers += 1
             log.warning("slurmrun: rejected a connection from %s: %s", peer, e)
             sock.close()
             return
@@ -162,7 +151,7 @@ class Session:
         if code is not None:
             how = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
             if code > 128:
-                how += f" (128 + {_signal_name(code - 128)})"
+                how += f" (128 + {signal_name(code - 128)})"
             why = f"{why}; it {how}"
         log_file = self.starter.log_file(node_rank)
         tail = tail_file(log_file)
@@ -345,7 +334,7 @@ class Session:
     def _worker_log(self, agent: _Agent, local_rank: int) -> str | None:
         if not self._own_handlers or self.log_dir is None:
             return None
-        return os.path.join(self.log_dir, f"{agent.hostname}.{local_rank}.log")
+        return worker_log_path(self.log_dir, agent.hostname, local_rank)
 
     @staticmethod
     def _rank(agent: _Agent, local_rank: int) -> int:

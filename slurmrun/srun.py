@@ -8,6 +8,7 @@ import socket
 from collections.abc import Sequence
 
 from slurmrun.allocation import SlurmAllocation, scontrol_gpus
+from slurmrun.logs import agent_log_path
 from slurmrun.starters import SrunAgents, agent_command
 
 __all__ = ["address_toward", "agents_step_command", "srun_agents"]
@@ -91,6 +92,6 @@ def srun_agents(
     return SrunAgents(
         command=agents_step_command(alloc, hostnames, log_dir, export, srun),
         log_path=os.path.join(log_dir, "srun.log"),
-        node_logs={h: os.path.join(log_dir, f"{h}.agent.log") for h in hostnames},
+        node_logs={h: agent_log_path(log_dir, h) for h in hostnames},
         hostnames=list(hostnames),
     )

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
+from slurmrun.logs import agent_log_path
+
 __all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command"]
 
 
@@ -69,7 +71,7 @@ class LocalAgents:
         """See `AgentStarter`."""
         if node_rank is None:
             return None
-        return os.path.join(self.log_dir, f"{self.hostnames[node_rank]}.agent.log")
+        return agent_log_path(self.log_dir, self.hostnames[node_rank])
 
     def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
         """See `AgentStarter`."""

@@ -217,10 +217,6 @@ class Frame:
         """The message type (``header["t"]``)."""
         return str(self.header.get("t", ""))
 
-    def payload_bytes(self) -> int:
-        """Bytes of body plus buffers."""
-        return len(self.body) + sum(len(b) for b in self.buffers)
-
 
 def _encode_prefix(header: dict[str, Any], body_len: int, buffer_lens: Sequence[int]) -> bytes:
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
@@ -280,11 +276,6 @@ class Connection:
                 self.sock.sendall(body)
             for v in views:
                 self.sock.sendall(v.cast("B") if v.ndim != 1 or v.format != "B" else v)
-
-    def send_obj(self, header: dict[str, Any], obj: Any) -> None:
-        """Pickles `obj` and sends it as the frame's body."""
-        body, buffers = dumps(obj)
-        self.send(header, body, buffers)
 
     def recv(self) -> Frame | None:
         """Receives one frame; None when the peer closed the connection between frames."""
