@@ -23,6 +23,7 @@ and the tables show medians over the rounds (5; 3 with --quick) and ratios slurm
 from __future__ import annotations
 
 import argparse
+import compileall
 import datetime
 import importlib.util
 import json
@@ -990,6 +991,10 @@ def main() -> None:
         torchrunx_python=find_torchrunx_python(a.torchrunx_python),
         workdir=workdir,
     )
+    # pip compiles a wheel's modules when it installs them; a checkout that was never imported
+    # with bytecode writing on (PYTHONDONTWRITEBYTECODE=1 is set on the reference machine) would
+    # recompile slurmrun in every agent and worker. Compile it the way an install would.
+    compileall.compile_dir(os.path.join(REPO, "slurmrun"), quiet=1, legacy=False)
     report = Report()
     report.data["meta"] = meta(cfg)
     print(

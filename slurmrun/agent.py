@@ -1,8 +1,9 @@
 """The agent: one per node. It connects back to the launcher, forks workers and relays results.
 
-Run as ``python -m slurmrun.agent`` with the launcher's address, port and secret in the
-environment (``SLURMRUN_LAUNCHER_ADDR``, ``SLURMRUN_LAUNCHER_PORT``, ``SLURMRUN_SECRET``). The
-secret is removed from the environment before anything else starts, so workers never see it.
+Started by `slurmrun.agent_main` (which starts the forkserver first) with the launcher's
+address, port and secret in the environment (``SLURMRUN_LAUNCHER_ADDR``,
+``SLURMRUN_LAUNCHER_PORT``, ``SLURMRUN_SECRET``). The secret is removed from the environment
+before anything else starts, so workers never see it.
 
 The agent never unpickles anything: `func` travels from the launcher to the workers, and the
 workers' results travel back, as opaque bytes that the agent only forwards.
@@ -18,29 +19,25 @@ import os
 import select
 import signal
 import socket
-import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from multiprocessing import forkserver
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from slurmrun import allocation
-from slurmrun.environment import ENV_FILE_VAR, HEARTBEAT_VAR, EnvFileError, source_env_file
+from slurmrun.environment import FORWARDED_SIGNALS, HEARTBEAT_VAR
 from slurmrun.errors import signal_name
 from slurmrun.logs import LineAssembler
 from slurmrun.srun import JOB_TASKS_VAR
 from slurmrun.transport import Connection, client_handshake
-from slurmrun.worker import WorkerSpec, run_worker
+from slurmrun.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec, run_worker
 
 __all__ = ["main"]
 
 HANDSHAKE_TIMEOUT = 30.0
-# Signals SLURM sends ahead of a time limit (`--signal=USR1@60`) are passed on to workers.
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 DRAIN_TIMEOUT = 2.0
 OUTPUT_DRAIN_LIMIT = 1.0
 TAIL_LINES = 30
@@ -67,6 +64,7 @@ class _Worker:
     local_rank: int
     process: BaseProcess
     conn: Connection
+    streams: socket.socket  # where it gets connections of its own for large results
     readers: list[threading.Thread] = field(default_factory=list)
     outputs: list[socket.socket] = field(default_factory=list)  # its stdout and stderr
     output_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -82,6 +80,7 @@ class Agent:
 
     launcher: Connection
     hostname: str
+    connect: Callable[[], socket.socket]  # a new authenticated connection to the launcher
     stop: threading.Event = field(default_factory=threading.Event)
     workers: list[_Worker] = field(default_factory=list)
     grace: float = 3.0
@@ -104,21 +103,39 @@ class Agent:
                 self.stop.set()
 
     def _relay(self, worker: _Worker) -> None:
-        def tag(header: dict[str, Any]) -> dict[str, Any]:
-            header["local_rank"] = worker.local_rank
-            if header.get("t") in ("result", "error"):
-                self._drain_output(worker)  # what it printed first reaches the launcher first
-            return header
-
         try:
             while True:
-                header = worker.conn.relay_to(self.launcher, tag)
-                if header is None:
+                head = worker.conn.recv_head()
+                if head is None:
                     break
-                if header.get("t") in ("result", "error"):
+                if head.kind == "stream":
+                    self._grant_stream(worker)
+                    continue
+                head.header["local_rank"] = worker.local_rank
+                final = head.kind in ("result", "error")
+                if final:
+                    self._drain_output(worker)  # what it printed first reaches the launcher first
+                worker.conn.forward(head, self.launcher)
+                if final:
                     worker.delivered = True
         except (OSError, EOFError, ValueError):
             pass
+
+    def _grant_stream(self, worker: _Worker) -> None:
+        """Hands the worker a connection of its own to the launcher, for one large result.
+
+        Workers' results then travel in parallel and straight from their memory to the
+        launcher's, with no copy through this process. The connection is opened and
+        authenticated here, so the secret never reaches a worker; the worker announces the
+        result through us afterwards, behind the output it printed before.
+        """
+        try:
+            sock = self.connect()
+        except OSError:
+            worker.streams.sendall(STREAM_REFUSED)  # it sends the result through us instead
+            return
+        with sock:
+            socket.send_fds(worker.streams, [STREAM_GRANTED], [sock.fileno()])
 
     @staticmethod
     def _drain_output(worker: _Worker, limit: float = OUTPUT_DRAIN_LIMIT) -> None:
@@ -194,7 +211,7 @@ class Agent:
                 env=tuple(sorted(dict(start["env"]).items())),
                 log_level=int(start["log_level"]),
             )
-            pairs = [socket.socketpair() for _ in range(3)]  # control, stdout, stderr
+            pairs = [socket.socketpair() for _ in range(4)]  # control, stdout, stderr, streams
             process = ctx.Process(
                 target=run_worker,
                 args=(spec, *(theirs for _, theirs in pairs)),
@@ -203,9 +220,9 @@ class Agent:
             process.start()
             for _, theirs in pairs:
                 theirs.close()
-            worker = _Worker(local_rank, process, Connection(pairs[0][0]))
-            worker.outputs = [mine for mine, _ in pairs[1:]]
-            for (mine, _), stream in zip(pairs[1:], ("stdout", "stderr"), strict=True):
+            worker = _Worker(local_rank, process, Connection(pairs[0][0]), pairs[3][0])
+            worker.outputs = [mine for mine, _ in pairs[1:3]]
+            for (mine, _), stream in zip(pairs[1:3], ("stdout", "stderr"), strict=True):
                 reader = threading.Thread(
                     target=self._forward_output, args=(worker, mine, stream), daemon=True
                 )
@@ -282,6 +299,7 @@ class Agent:
                 process.join(timeout=5.0)
         for worker in self.workers:
             worker.conn.close()
+            worker.streams.close()
 
 
 def _hostname(environ: Mapping[str, str]) -> str:
@@ -302,54 +320,30 @@ def _auto_workers(environ: Mapping[str, str], hostname: str) -> int:
     return allocation.auto_workers_per_host(environ, node_index)
 
 
-def _prepare_environment() -> str | None:
-    """Sources the env file into this process's environment; returns an error message."""
-    env_file = os.environ.pop(ENV_FILE_VAR, "")
-    if not env_file:
-        return None
-    try:
-        os.environ.update(source_env_file(env_file, os.environ))
-    except EnvFileError as e:
-        return str(e)
-    return None
+def main(secret: bytes, problem: str | None) -> int:
+    """Runs the agent (its forkserver already started); returns its exit code.
 
-
-def _start_forkserver(preload: list[str]) -> None:
-    # Started before connecting so that the torch import overlaps the handshake and hand-out.
-    # The forkserver never initialises CUDA: `import torch` alone does not.
-    multiprocessing.set_forkserver_preload(preload)
-    forkserver.ensure_running()
-
-
-def main() -> int:
-    """Runs the agent; returns its exit code."""
-    secret_hex = os.environ.pop("SLURMRUN_SECRET", "")
-    if not secret_hex:
-        print(
-            "slurmrun.agent: SLURMRUN_SECRET is not set; agents are started by slurmrun.launch",
-            file=sys.stderr,
-        )
-        return 2
-    secret = bytes.fromhex(secret_hex)
-    if "SLURM_STEP_ID" in os.environ:
-        # slurmstepd signals every process of the step (`scancel --signal`, `--signal=USR1@60`):
-        # the agent must survive those, and workers get them directly. SIG_IGN is inherited by
-        # the forkserver; workers restore the default before running the user's function.
-        for signum in FORWARDED_SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
+    Args:
+        secret: the launch secret, already removed from the environment.
+        problem: why workers cannot be started here (a broken env file), for the launcher.
+    """
     addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
     port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
     heartbeat = float(os.environ.get(HEARTBEAT_VAR, "1.0"))
-    problem = _prepare_environment()  # before the forkserver, so that workers inherit it
-    if problem is None:
-        preload = [m for m in os.environ.get("SLURMRUN_PRELOAD", "torch").split(",") if m]
-        _start_forkserver([*preload, "slurmrun.worker"])
     hostname = _hostname(os.environ)
 
-    sock = socket.create_connection((addr, port), timeout=HANDSHAKE_TIMEOUT)
+    def connect() -> socket.socket:
+        sock = socket.create_connection((addr, port), timeout=HANDSHAKE_TIMEOUT)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client_handshake(sock, secret, HANDSHAKE_TIMEOUT)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    sock = connect()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    client_handshake(sock, secret, HANDSHAKE_TIMEOUT)
     launcher = Connection(sock)
     launcher.send(
         {
@@ -368,7 +362,9 @@ def main() -> int:
     start = launcher.recv()
     if start is None or start.kind != "start":
         return 0  # the launcher gave up before hand-out (another agent failed)
-    agent = Agent(launcher=launcher, hostname=hostname, grace=float(start.header["grace"]))
+    agent = Agent(
+        launcher=launcher, hostname=hostname, connect=connect, grace=float(start.header["grace"])
+    )
     if "SLURM_STEP_ID" not in os.environ:
         # Inside a SLURM step, slurmstepd signals every process of the step itself (workers
         # included); forwarding there would deliver each signal twice.
@@ -384,14 +380,3 @@ def main() -> int:
         agent.stop_workers()
         launcher.close()
     return 0
-
-
-def _on_sigterm(signum: int, frame: object) -> None:
-    # SLURM's preemption and time limit: SIGTERM, then SIGKILL after KillWait. Workers get
-    # SIGTERM from stop_workers() on the way out, and their grace period to checkpoint.
-    raise SystemExit(128 + signum)
-
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    sys.exit(main())

@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import signal
 import subprocess
 from collections.abc import Iterable, Mapping
 
-__all__ = ["DEFAULT_ENV_VARS", "EnvFileError", "matching_env", "source_env_file"]
+__all__ = [
+    "DEFAULT_ENV_VARS",
+    "FORWARDED_SIGNALS",
+    "EnvFileError",
+    "matching_env",
+    "source_env_file",
+]
+
+# Signals SLURM sends ahead of a time limit (`--signal=USR1@60`): they are for the workers.
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 DEFAULT_ENV_VARS: tuple[str, ...] = (
     "PATH",

@@ -60,6 +60,10 @@ class _Agent:
     workers: int = 0
     rank_offset: int = 0  # global rank of its local rank 0
     results: dict[int, Frame] = field(default_factory=dict)
+    # Large results come over connections of their own (the frame), announced by the agent
+    # behind the worker's earlier output (the local rank); a result counts once both arrived.
+    streamed: dict[int, Frame] = field(default_factory=dict)
+    announced: set[int] = field(default_factory=set)
     closed: bool = False
     done: bool = False  # all its workers exited and their output was forwarded
 
@@ -377,6 +381,9 @@ class Session:
             return
         frame: Frame = data
         if agent is None:
+            if frame.kind == "result":
+                self._on_streamed(conn, frame, now)
+                return
             if frame.kind != "hello":
                 conn.close()
                 raise AgentFailedError(f"an agent sent {frame.kind!r} before hello")
@@ -388,9 +395,7 @@ class Session:
             rank = None if local_rank is None else self._rank(agent, int(local_rank))
             dispatch(make_record(frame.header, agent.hostname, rank), self._handlers)
         elif frame.kind == "result":
-            agent.results[int(frame.header["local_rank"])] = frame
-            self._first_result = self._first_result or now
-            self._last_result = now
+            self._on_result(agent, frame, now)
         elif frame.kind == "done":
             agent.done = True
         elif frame.kind == "error":
@@ -401,6 +406,42 @@ class Session:
             raise self._with_held(exc)
         elif frame.kind == "died":
             raise self._with_held(self._worker_died(agent, frame.header))
+
+    def _on_result(self, agent: _Agent, frame: Frame, now: float) -> None:
+        local_rank = int(frame.header["local_rank"])
+        if not frame.header.get("streamed"):
+            self._got_result(agent, local_rank, frame, now)
+        elif local_rank in agent.streamed:
+            self._got_result(agent, local_rank, agent.streamed.pop(local_rank), now)
+        else:
+            agent.announced.add(local_rank)
+
+    def _got_result(self, agent: _Agent, local_rank: int, frame: Frame, now: float) -> None:
+        agent.results[local_rank] = frame
+        self._first_result = self._first_result or now
+        self._last_result = now
+
+    def _on_streamed(self, conn: Connection, frame: Frame, now: float) -> None:
+        """A large result that arrived over a connection of its own (see worker._send_result)."""
+        conn.close()
+        node_rank, local_rank = frame.header.get("node_rank"), frame.header.get("local_rank")
+        agent = self._agents.get(node_rank) if isinstance(node_rank, int) else None
+        if (
+            agent is None
+            or not isinstance(local_rank, int)
+            or not 0 <= local_rank < agent.workers
+            or local_rank in agent.results
+            or local_rank in agent.streamed
+        ):
+            raise AgentFailedError(
+                f"a result arrived for an unknown or finished worker (node rank {node_rank!r}, "
+                f"local rank {local_rank!r})"
+            )
+        if local_rank in agent.announced:
+            agent.announced.discard(local_rank)
+            self._got_result(agent, local_rank, frame, now)
+        else:
+            agent.streamed[local_rank] = frame
 
     def _with_held(self, exc: BaseException) -> BaseException:
         if self._held is not None and self._held[0] is not exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ __all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command"]
 
 def agent_command() -> list[str]:
     """The command that runs an agent with the launcher's interpreter."""
-    return [sys.executable, "-m", "slurmrun.agent"]
+    return [sys.executable, "-m", "slurmrun.agent_main"]
 
 
 def package_pythonpath(environ: Mapping[str, str]) -> str:
@@ -48,9 +49,29 @@ class AgentStarter(Protocol):
         """Waits up to `grace` seconds for agents to exit, then kills whatever is left."""
 
 
+def wait_exit(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """`proc.wait(timeout)` (without raising) that returns the moment the process exits.
+
+    Popen.wait polls with sleeps of up to 50 ms; a pidfd wakes us at once (Linux 5.3+).
+    """
+    timeout = max(0.0, timeout)
+    if proc.poll() is not None:
+        return
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
+        return
+    try:
+        select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    proc.poll()
+
+
 def _wait_or_kill_group(proc: subprocess.Popen[bytes], deadline: float) -> None:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    wait_exit(proc, deadline - time.monotonic())
     # The agent is the leader of its own session: this reaches its forkserver and workers too.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
@@ -173,15 +194,13 @@ class SrunAgents:
     def stop(self, grace: float) -> None:
         """See `AgentStarter`."""
         if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=grace)
+            wait_exit(self.proc, grace)
             if self.proc.poll() is None:
                 # srun forwards SIGTERM to the step's tasks and ends the step. A task on a lost
                 # node keeps srun waiting (up to KillWait and longer): then kill srun and
                 # cancel the step, which slurmctld ends even on a node it cannot reach.
                 self.proc.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.proc.wait(timeout=SRUN_TERM_WAIT)
+                wait_exit(self.proc, SRUN_TERM_WAIT)
             if self.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.proc.pid, signal.SIGKILL)

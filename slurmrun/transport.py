@@ -11,8 +11,10 @@ that, a frame is::
     buffers  bytes   the pickle's out-of-band buffers, raw
 
 Large values (tensors, numpy arrays) travel as raw out-of-band buffers: they are written from
-their own memory and received into preallocated ``bytearray`` objects that the unpickled
-objects then wrap without a copy.
+their own memory and received into preallocated buffers that the unpickled objects then wrap
+without a copy. Buffers of `LARGE_BUFFER_BYTES` or more are private anonymous mappings, which
+the kernel hands out as zero pages on first touch, so receiving one costs a single pass over
+its memory (a ``bytearray`` is zero-filled first, then written again).
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import hashlib
 import hmac
 import io
 import json
+import mmap
 import pickle
 import secrets
 import socket
 import struct
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +42,7 @@ __all__ = [
     "Connection",
     "Frame",
     "FrameError",
+    "FrameHead",
     "client_handshake",
     "dumps",
     "dumps_inband",
@@ -56,6 +60,9 @@ MAX_BUFFERS = 1 << 16
 MAX_PAYLOAD_BYTES = 1 << 40
 _PREFIX = struct.Struct("!4sIQI")
 _RELAY_CHUNK = 1 << 22
+LARGE_BUFFER_BYTES = 1 << 20
+
+Buffer = bytearray | mmap.mmap
 
 # Counts every call of `loads`: tests use it to prove that hostile peers never reach unpickling.
 unpickle_count = 0
@@ -78,8 +85,22 @@ def _mac(secret: bytes, role: bytes, nonce_server: bytes, nonce_client: bytes) -
     return hmac.new(secret, role + nonce_server + nonce_client, hashlib.sha256).digest()
 
 
+def _alloc(n: int) -> Buffer:
+    """A writable buffer of `n` bytes; large ones are mappings that skip the zero-fill pass."""
+    if n >= LARGE_BUFFER_BYTES:
+        with contextlib.suppress(OSError):  # e.g. vm.max_map_count reached: fall back
+            return mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return bytearray(n)
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
+    _recv_into(sock, memoryview(buf))
+    return buf
+
+
+def _recv_buffer(sock: socket.socket, n: int) -> Buffer:
+    buf = _alloc(n)
     _recv_into(sock, memoryview(buf))
     return buf
 
@@ -141,7 +162,7 @@ def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None
 
 
 def _rebuild_tensor(
-    data: bytearray | bytes | None, dtype: str, shape: tuple[int, ...], requires_grad: bool
+    data: Buffer | bytes | None, dtype: str, shape: tuple[int, ...], requires_grad: bool
 ) -> Any:
     import torch  # noqa: PLC0415 - only a value that holds tensors needs torch in the launcher
 
@@ -194,7 +215,7 @@ def dumps_inband(obj: Any) -> bytes:
     return out.getvalue()
 
 
-def loads(body: bytes | bytearray | memoryview, buffers: Sequence[Any] = ()) -> Any:
+def loads(body: Buffer | bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
     """Unpickles what `dumps` produced. Call only on frames from authenticated peers."""
     global unpickle_count  # noqa: PLW0603 - a process-wide counter is exactly what tests need
     unpickle_count += 1
@@ -209,13 +230,32 @@ class Frame:
     """One received message: a JSON header, and a pickled body with its raw buffers."""
 
     header: dict[str, Any]
-    body: bytearray = field(default_factory=bytearray)
-    buffers: list[bytearray] = field(default_factory=list)
+    body: Buffer = field(default_factory=bytearray)
+    buffers: list[Buffer] = field(default_factory=list)
 
     @property
     def kind(self) -> str:
         """The message type (``header["t"]``)."""
         return str(self.header.get("t", ""))
+
+
+@dataclass
+class FrameHead:
+    """A frame whose header was read and whose payload is still on the socket (for relays)."""
+
+    header: dict[str, Any]
+    body_len: int
+    buffer_lens: list[int]
+
+    @property
+    def kind(self) -> str:
+        """The message type (``header["t"]``)."""
+        return str(self.header.get("t", ""))
+
+    @property
+    def payload_bytes(self) -> int:
+        """Bytes of pickle and raw buffers that follow the header."""
+        return self.body_len + sum(self.buffer_lens)
 
 
 def _encode_prefix(header: dict[str, Any], body_len: int, buffer_lens: Sequence[int]) -> bytes:
@@ -285,27 +325,28 @@ class Connection:
         header, body_len, lens = head
         self.receiving = True
         try:
-            body = _recv_exact(self.sock, body_len)
-            buffers = [_recv_exact(self.sock, n) for n in lens]
+            body = _recv_buffer(self.sock, body_len)
+            buffers = [_recv_buffer(self.sock, n) for n in lens]
         finally:
             self.receiving = False
         return Frame(header, body, buffers)
 
-    def relay_to(
-        self, dst: Connection, edit: Callable[[dict[str, Any]], dict[str, Any]]
-    ) -> dict[str, Any] | None:
-        """Forwards one frame to `dst` without unpickling it, rewriting its header with `edit`.
+    def recv_head(self) -> FrameHead | None:
+        """Reads the next frame's header only; its payload must then go to `forward`.
 
-        The payload streams through a fixed-size buffer, so relaying costs no memory beyond it.
-        Returns the (edited) header, or None at end of stream.
+        None when the peer closed the connection between frames.
         """
         head = _read_prefix(self.sock)
-        if head is None:
-            return None
-        header, body_len, lens = head
-        header = edit(header)
-        prefix = _encode_prefix(header, body_len, lens)
-        remaining = body_len + sum(lens)
+        return None if head is None else FrameHead(*head)
+
+    def forward(self, head: FrameHead, dst: Connection) -> None:
+        """Sends `head` (its header possibly edited) and then its payload, unread, to `dst`.
+
+        The payload streams through a fixed-size buffer, so relaying costs no memory beyond it
+        and nothing is unpickled.
+        """
+        prefix = _encode_prefix(head.header, head.body_len, head.buffer_lens)
+        remaining = head.payload_bytes
         chunk = memoryview(bytearray(min(max(remaining, 1), _RELAY_CHUNK)))
         with dst._send_lock:
             dst.sock.sendall(prefix)
@@ -315,7 +356,6 @@ class Connection:
                     raise EOFError("peer closed the connection in the middle of a frame")
                 dst.sock.sendall(chunk[:k])
                 remaining -= k
-        return header
 
     def close(self) -> None:
         """Closes the socket (idempotent)."""

@@ -11,6 +11,7 @@ import ctypes
 import faulthandler
 import logging
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -22,9 +23,15 @@ from typing import Any
 
 from slurmrun.transport import Connection, dumps, loads
 
-__all__ = ["WorkerSpec", "run_worker"]
+__all__ = ["STREAM_GRANTED", "STREAM_MIN_BYTES", "STREAM_REFUSED", "WorkerSpec", "run_worker"]
 
 _PR_SET_PDEATHSIG = 1
+# Results this large go to the launcher over a connection of their own (see `_send_result`).
+STREAM_MIN_BYTES = 4 << 20
+STREAM_GRANTED = b"y"
+STREAM_REFUSED = b"n"
+# The agent answers within its connect and handshake timeouts; this only bounds a wedged one.
+STREAM_WAIT = 90.0
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,34 @@ def _send_error(conn: Connection, exc: BaseException, tb_text: str) -> None:
     conn.send(header, body, buffers)
 
 
+def _send_result(
+    conn: Connection,
+    streams: socket.socket,
+    spec: WorkerSpec,
+    body: bytes,
+    buffers: list[pickle.PickleBuffer],
+) -> None:
+    """Sends the pickled result: large ones over a connection of their own, others via `conn`.
+
+    For a large result the worker asks its agent for a connection to the launcher (opened and
+    authenticated by the agent, passed over `streams` as a file descriptor), writes the frame
+    into it straight from the result's memory, and then announces it through the agent, so
+    that the announcement arrives behind everything the worker printed before.
+    """
+    size = len(body) + sum(b.raw().nbytes for b in buffers)
+    if size >= STREAM_MIN_BYTES:
+        conn.send({"t": "stream"})
+        streams.settimeout(STREAM_WAIT)
+        _, fds, _, _ = socket.recv_fds(streams, 1, 1)
+        if fds:
+            with socket.socket(fileno=fds[0]) as sock:
+                header = {"t": "result", "node_rank": spec.node_rank, "local_rank": spec.local_rank}
+                Connection(sock).send(header, body, buffers)
+            conn.send({"t": "result", "streamed": True})
+            return
+    conn.send({"t": "result"}, body, buffers)
+
+
 def _safe_str(obj: object) -> str:
     try:
         return str(obj)
@@ -204,7 +239,11 @@ def _init_process_group(spec: WorkerSpec) -> bool:
 
 
 def run_worker(
-    spec: WorkerSpec, sock: socket.socket, stdout: socket.socket, stderr: socket.socket
+    spec: WorkerSpec,
+    sock: socket.socket,
+    stdout: socket.socket,
+    stderr: socket.socket,
+    streams: socket.socket,
 ) -> None:
     """Entry point of a worker process (the target of the agent's forkserver Process)."""
     _redirect_output(stdout, stderr)
@@ -244,7 +283,7 @@ def run_worker(
                 code = 1
             else:
                 _flush_stdio()
-                conn.send({"t": "result"}, body, buffers)
+                _send_result(conn, streams, spec, body, buffers)
                 del body, buffers, result
                 if initialised:
                     import torch.distributed as dist  # noqa: PLC0415

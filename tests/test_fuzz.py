@@ -300,6 +300,49 @@ def test_agents_connect_while_garbage_floods_the_launchers_port(
     assert counts["sent"] > 10, counts
 
 
+def sleep_then_return(seconds: float) -> int:
+    time.sleep(seconds)
+    return int(os.environ["RANK"])
+
+
+def forge_a_streamed_result(port: int, secrets: list[bytes], canary: str) -> dict[str, Any]:
+    """With the real secret, sends a result for a worker that does not exist."""
+    deadline = time.monotonic() + 30
+    while not secrets and time.monotonic() < deadline:
+        time.sleep(0.01)
+    outcome: dict[str, Any] = {}
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        transport.client_handshake(sock, secrets[0], 10)
+        body = pickle.dumps(CreatesFileWhenUnpickled(canary))
+        header = {"t": "result", "node_rank": 0, "local_rank": 7}
+        transport.Connection(sock).send(header, body, [b"x" * (5 << 20)])
+        outcome["sent"] = True
+    return outcome
+
+
+def test_a_streamed_result_for_a_worker_that_does_not_exist_fails_the_launch_unread(
+    tmp_path: Path, recorded_secrets: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even a peer that knows the secret cannot slip in a result that no worker announced."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("SLURMRUN_LAUNCHER_PORT", str(port))
+    canary = str(tmp_path / "canary")
+    outcome: dict[str, Any] = {}
+    forger = threading.Thread(
+        target=lambda: outcome.update(forge_a_streamed_result(port, recorded_secrets, canary))
+    )
+    forger.start()
+    before = transport.unpickle_count
+    forged = r"unknown or finished worker.*local rank 7"
+    with pytest.raises(slurmrun.AgentFailedError, match=forged):
+        slurmrun.launch(sleep_then_return, (20,), workers_per_host=2, backend=None)
+    forger.join(timeout=30)
+    assert outcome.get("sent")
+    assert transport.unpickle_count == before and not os.path.exists(canary)
+
+
 def test_the_canary_pickle_creates_its_file_when_unpickled(tmp_path: Path) -> None:
     """The attack's proof of unpickling works: were a frame unpickled, the file would exist."""
     path = tmp_path / "canary"

@@ -18,6 +18,8 @@ import pytest
 import slurmrun
 from slurmrun import transport
 from slurmrun.errors import RemoteTraceback
+from slurmrun.session import Session
+from slurmrun.worker import STREAM_MIN_BYTES
 
 # ---------------------------------------------------------------- functions run on workers
 
@@ -229,18 +231,51 @@ def test_auto_workers_per_host_is_the_usable_cpu_count(monkeypatch):
     assert len(result.values()) == len(os.sched_getaffinity(0))
 
 
-def test_tensors_come_back_intact_through_out_of_band_buffers():
+@pytest.fixture
+def streamed(monkeypatch):
+    """Local ranks whose results reached the launcher over connections of their own."""
+    seen: list[int] = []
+    real = Session._on_streamed
+
+    def spy(self, conn, frame, now):
+        seen.append(frame.header.get("local_rank"))
+        return real(self, conn, frame, now)
+
+    monkeypatch.setattr(Session, "_on_streamed", spy)
+    return seen
+
+
+@pytest.mark.parametrize("n_bytes", [64 << 10, 8 << 20])
+def test_tensors_come_back_intact_through_out_of_band_buffers(n_bytes, streamed):
     import torch
 
     before = transport.unpickle_count
-    result = slurmrun.launch(return_tensors, (8 << 20,), workers_per_host=2)
+    result = slurmrun.launch(return_tensors, (n_bytes,), workers_per_host=2)
     for rank in range(2):
         value = result.rank(rank)
-        assert value["big"].dtype == torch.float32 and value["big"].numel() == 2 << 20
+        assert value["big"].dtype == torch.float32 and value["big"].numel() == n_bytes // 4
         assert torch.all(value["big"] == rank)
+        value["big"] += 1  # the launcher owns writable memory
         assert torch.equal(value["bf16"], torch.arange(6, dtype=torch.bfloat16).reshape(2, 3))
         assert value["empty"].shape == (0, 5)
     assert transport.unpickle_count - before == 2  # each result unpickled exactly once
+    # Large results travel over a connection of their own per worker, small ones via the agent.
+    assert sorted(streamed) == ([0, 1] if n_bytes >= STREAM_MIN_BYTES else [])
+
+
+def test_large_numpy_results_outlive_the_launch():
+    import gc
+
+    import numpy as np
+
+    result = slurmrun.launch(
+        lambda: np.full(3 << 20, int(os.environ["RANK"]), dtype=np.int32), workers_per_host=2
+    )
+    arrays = result.values()
+    del result
+    gc.collect()
+    for rank, array in enumerate(arrays):
+        assert array.shape == (3 << 20,) and array.dtype == np.int32 and (array == rank).all()
 
 
 def test_function_from_a_module_on_a_tweaked_sys_path_unpickles_on_workers(tmp_path, monkeypatch):

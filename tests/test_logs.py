@@ -14,6 +14,7 @@ import pytest
 
 import slurmrun
 from slurmrun.logs import LINE, PROGRESS, LineAssembler
+from slurmrun.session import Session
 
 # ---------------------------------------------------------------- functions run on workers
 
@@ -123,6 +124,39 @@ def test_custom_handlers_replace_the_defaults_and_filter_by_host_and_rank(
     assert {r.levelno >= logging.WARNING for r in records["all"]} == {True}
     assert {r.local_rank for r in records["all"]} == {0, 1}
     assert "print from rank 1" in (tmp_path / "rank1.log").read_text()
+
+
+def print_lines_then_return(lines: int, n_bytes: int):
+    import torch
+
+    rank = os.environ["RANK"]
+    for i in range(lines):
+        print(f"rank {rank} line {i}")
+    return torch.zeros(n_bytes // 4)
+
+
+@pytest.mark.parametrize("n_bytes", [1024, 8 << 20], ids=["via-agent", "own-connection"])
+def test_output_printed_before_returning_is_handled_before_the_result(n_bytes, monkeypatch):
+    events: list[tuple[str, int]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            if "line" in record.getMessage():
+                events.append(("line", record.local_rank))
+
+    real = Session._got_result
+
+    def spy(self, agent, local_rank, frame, now):
+        events.append(("result", local_rank))
+        return real(self, agent, local_rank, frame, now)
+
+    monkeypatch.setattr(Session, "_got_result", spy)
+    slurmrun.launch(
+        print_lines_then_return, (300, n_bytes), workers_per_host=2, log_handlers=[Collect()]
+    )
+    for rank in (0, 1):
+        mine = [kind for kind, r in events if r == rank]
+        assert mine == ["line"] * 300 + ["result"]
 
 
 def test_progress_bar_updates_in_place_and_promptly(capfd, tmp_path):

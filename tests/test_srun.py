@@ -37,9 +37,10 @@ CASES = {
 def test_agents_step_command_matches_golden_file(name):
     alloc, hosts = CASES[name]
     cmd = srun.agents_step_command(alloc, hosts, "/logs", EXPORT, srun="srun")
-    assert cmd[-3:] == [sys.executable, "-m", "slurmrun.agent"]
+    assert cmd[-3:] == [sys.executable, "-m", "slurmrun.agent_main"]
     text = (
-        shlex.join([*cmd[:-3], "PYTHON", "-m", "slurmrun.agent"]).replace(" --", " \\\n  --") + "\n"
+        shlex.join([*cmd[:-3], "PYTHON", "-m", "slurmrun.agent_main"]).replace(" --", " \\\n  --")
+        + "\n"
     )
     golden = GOLDEN / f"srun_{name}.txt"
     if os.environ.get("UPDATE_GOLDEN"):
