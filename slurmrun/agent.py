@@ -1,6 +1,6 @@
 """The agent: one per node. It connects back to the launcher, forks workers and relays results.
 
-Started by `slurmrun.agent_main` (which starts the forkserver first) with the launcher's
+Started by `slurmrun.agent_main` (which forks the worker spawner first) with the launcher's
 address, port and secret in the environment (``SLURMRUN_LAUNCHER_ADDR``,
 ``SLURMRUN_LAUNCHER_PORT``, ``SLURMRUN_SECRET``). The secret is removed from the environment
 before anything else starts, so workers never see it.
@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing
-import multiprocessing.connection
 import os
 import select
 import signal
@@ -24,16 +22,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 from slurmrun import allocation
 from slurmrun.environment import FORWARDED_SIGNALS, HEARTBEAT_VAR
 from slurmrun.errors import signal_name
 from slurmrun.logs import LineAssembler
+from slurmrun.spawner import Spawner, WorkerProcess, wait_any
 from slurmrun.srun import JOB_TASKS_VAR
 from slurmrun.transport import Connection, client_handshake
-from slurmrun.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec, run_worker
+from slurmrun.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec
 
 __all__ = ["main"]
 
@@ -62,7 +60,7 @@ def _free_port() -> int:
 @dataclass
 class _Worker:
     local_rank: int
-    process: BaseProcess
+    process: WorkerProcess
     conn: Connection
     streams: socket.socket  # where it gets connections of its own for large results
     readers: list[threading.Thread] = field(default_factory=list)
@@ -80,6 +78,7 @@ class Agent:
 
     launcher: Connection
     hostname: str
+    spawner: Spawner
     connect: Callable[[], socket.socket]  # a new authenticated connection to the launcher
     stop: threading.Event = field(default_factory=threading.Event)
     workers: list[_Worker] = field(default_factory=list)
@@ -192,7 +191,6 @@ class Agent:
 
     def spawn(self, start: dict[str, Any], func_payload: bytes) -> None:
         """Forks one worker per local rank and hands each the pickled function."""
-        ctx = multiprocessing.get_context("forkserver")
         n = int(start["workers"])
         for local_rank in range(n):
             spec = WorkerSpec(
@@ -212,14 +210,11 @@ class Agent:
                 log_level=int(start["log_level"]),
             )
             pairs = [socket.socketpair() for _ in range(4)]  # control, stdout, stderr, streams
-            process = ctx.Process(
-                target=run_worker,
-                args=(spec, *(theirs for _, theirs in pairs)),
-                name=f"slurmrun-worker-{local_rank}",
-            )
-            process.start()
-            for _, theirs in pairs:
-                theirs.close()
+            try:
+                process = self.spawner.spawn(spec, [theirs.fileno() for _, theirs in pairs])
+            finally:
+                for _, theirs in pairs:
+                    theirs.close()
             worker = _Worker(local_rank, process, Connection(pairs[0][0]), pairs[3][0])
             worker.outputs = [mine for mine, _ in pairs[1:3]]
             for (mine, _), stream in zip(pairs[1:3], ("stdout", "stderr"), strict=True):
@@ -268,9 +263,9 @@ class Agent:
                 with contextlib.suppress(OSError):
                     self.launcher.send({"t": "done"})
                 break
-            ready = multiprocessing.connection.wait([w.process.sentinel for w in live], _POLL)
+            exited = wait_any([w.process for w in live], _POLL)
             for worker in live:
-                if worker.process.sentinel in ready and self._judge(worker):
+                if worker.process in exited and self._judge(worker):
                     failed = True
         self.stop_workers()
         # The launcher decides when we are done: it answers every report with stop or a close.
@@ -320,13 +315,23 @@ def _auto_workers(environ: Mapping[str, str], hostname: str) -> int:
     return allocation.auto_workers_per_host(environ, node_index)
 
 
-def main(secret: bytes, problem: str | None) -> int:
-    """Runs the agent (its forkserver already started); returns its exit code.
+def main(secret: bytes, spawner: Spawner | str) -> int:
+    """Runs the agent; returns its exit code.
 
     Args:
         secret: the launch secret, already removed from the environment.
-        problem: why workers cannot be started here (a broken env file), for the launcher.
+        spawner: the started worker spawner, or why workers cannot be started here (a broken
+            env file), for the launcher.
     """
+    try:
+        return _run(secret, spawner)
+    finally:
+        if isinstance(spawner, Spawner):
+            spawner.close()
+
+
+def _run(secret: bytes, spawner: Spawner | str) -> int:
+    problem = spawner if isinstance(spawner, str) else None
     addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
     port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
     heartbeat = float(os.environ.get(HEARTBEAT_VAR, "1.0"))
@@ -360,10 +365,14 @@ def main(secret: bytes, problem: str | None) -> int:
         }
     )
     start = launcher.recv()
-    if start is None or start.kind != "start":
+    if start is None or start.kind != "start" or isinstance(spawner, str):
         return 0  # the launcher gave up before hand-out (another agent failed)
     agent = Agent(
-        launcher=launcher, hostname=hostname, connect=connect, grace=float(start.header["grace"])
+        launcher=launcher,
+        hostname=hostname,
+        spawner=spawner,
+        connect=connect,
+        grace=float(start.header["grace"]),
     )
     if "SLURM_STEP_ID" not in os.environ:
         # Inside a SLURM step, slurmstepd signals every process of the step itself (workers

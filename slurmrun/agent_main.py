@@ -1,22 +1,44 @@
 """The agent process's entry point (``python -m slurmrun.agent_main``).
 
-Importing torch dominates a launch, so the agent's first act is to start the forkserver that
-imports it; the rest of the agent (`slurmrun.agent`, about 0.1 s of imports) loads while the
-forkserver works. This module therefore imports only the standard library and
-`slurmrun.environment` before the forkserver runs.
+Importing torch dominates a launch, so the agent's first act is to fork the spawner that
+imports it (`slurmrun.spawner`); the rest of the agent (`slurmrun.agent`, about 0.1 s of
+imports) loads while the spawner works. This module therefore imports only the standard
+library, `slurmrun.environment` and `slurmrun.spawner` before the fork.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
+import ctypes
 import os
 import signal
 import sys
-from multiprocessing import forkserver
 
 from slurmrun.environment import ENV_FILE_VAR, FORWARDED_SIGNALS, EnvFileError, source_env_file
+from slurmrun.spawner import Spawner
 
 __all__ = ["main"]
+
+SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
+
+
+def _scrub_exec_environment(name: str) -> None:
+    """Blanks out `name` in the environment block this process was exec'd with.
+
+    Removing a variable from `os.environ` leaves the original block untouched, and that block
+    is what /proc/<pid>/environ shows, here and in every process forked from here (the
+    spawner and the workers). Best effort: Linux only.
+    """
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (man 5 proc)
+        block = ctypes.string_at(start, end - start)
+        prefix = name.encode() + b"="
+        at = 0 if block.startswith(prefix) else block.find(b"\0" + prefix) + 1
+        if at == 0 and not block.startswith(prefix):
+            return  # not there
+        ctypes.memset(start + at, 0, block.index(b"\0", at) - at)  # name=value, all of it
 
 
 def _prepare_environment() -> str | None:
@@ -31,17 +53,10 @@ def _prepare_environment() -> str | None:
     return None
 
 
-def _start_forkserver() -> None:
-    # Started before connecting so that the torch import overlaps the handshake and hand-out.
-    # The forkserver never initialises CUDA: `import torch` alone does not.
-    preload = [m for m in os.environ.get("SLURMRUN_PRELOAD", "torch").split(",") if m]
-    multiprocessing.set_forkserver_preload([*preload, "slurmrun.worker"])
-    forkserver.ensure_running()
-
-
 def main() -> int:
-    """Starts the forkserver, then runs the agent; returns its exit code."""
-    secret_hex = os.environ.pop("SLURMRUN_SECRET", "")
+    """Starts the worker spawner, then runs the agent; returns its exit code."""
+    secret_hex = os.environ.pop(SECRET_VAR, "")
+    _scrub_exec_environment(SECRET_VAR)
     if not secret_hex:
         print(
             "slurmrun.agent: SLURMRUN_SECRET is not set; agents are started by slurmrun.launch",
@@ -51,15 +66,19 @@ def main() -> int:
     if "SLURM_STEP_ID" in os.environ:
         # slurmstepd signals every process of the step (`scancel --signal`, `--signal=USR1@60`):
         # the agent must survive those, and workers get them directly. SIG_IGN is inherited by
-        # the forkserver; workers restore the default before running the user's function.
+        # the spawner; workers restore the default before running the user's function.
         for signum in FORWARDED_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
-    problem = _prepare_environment()  # before the forkserver, so that workers inherit it
+    problem = _prepare_environment()  # before the spawner, so that workers inherit it
     if problem is None:
-        _start_forkserver()
-    from slurmrun import agent  # noqa: PLC0415 - loads while the forkserver imports torch
+        # The spawner never initialises CUDA: `import torch` alone does not.
+        preload = [m for m in os.environ.get("SLURMRUN_PRELOAD", "torch").split(",") if m]
+        spawner: Spawner | str = Spawner.start(preload)
+    else:
+        spawner = problem
+    from slurmrun import agent  # noqa: PLC0415 - loads while the spawner imports torch
 
-    return agent.main(bytes.fromhex(secret_hex), problem)
+    return agent.main(bytes.fromhex(secret_hex), spawner)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:

@@ -72,7 +72,7 @@ def wait_exit(proc: subprocess.Popen[Any], timeout: float) -> None:
 
 def _wait_or_kill_group(proc: subprocess.Popen[bytes], deadline: float) -> None:
     wait_exit(proc, deadline - time.monotonic())
-    # The agent is the leader of its own session: this reaches its forkserver and workers too.
+    # The agent is the leader of its own session: this reaches its spawner and workers too.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):

@@ -1,7 +1,9 @@
 """The worker: one process per GPU (or CPU) that joins the process group and runs `func`.
 
-Workers are forked by the agent's forkserver, which has imported torch already, so a worker
-starts in milliseconds. A worker talks only to its agent, over a private socketpair.
+Workers are forked by the agent's spawner, which has imported torch already, so a worker
+starts in milliseconds. A worker talks only to its agent, over private socketpairs; a large
+result goes into a connection to the launcher that the agent opened, authenticated and handed
+over (see `_send_result`).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class WorkerSpec:
 
 
 def _die_with_parent() -> None:
-    """Asks the kernel to SIGKILL us when our parent (the agent's forkserver) goes away."""
+    """Asks the kernel to SIGKILL us when our parent (the agent's spawner) goes away."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -214,7 +216,7 @@ def _safe_str(obj: object) -> str:
 def _init_process_group(spec: WorkerSpec) -> bool:
     if spec.backend is None:
         return False
-    import torch  # noqa: PLC0415 - preloaded by the forkserver, so this costs nothing
+    import torch  # noqa: PLC0415 - preloaded by the spawner, so this costs nothing
     import torch.distributed as dist  # noqa: PLC0415
 
     backend = spec.backend
@@ -245,7 +247,7 @@ def run_worker(
     stderr: socket.socket,
     streams: socket.socket,
 ) -> None:
-    """Entry point of a worker process (the target of the agent's forkserver Process)."""
+    """Entry point of a worker process (forked by the agent's spawner)."""
     _redirect_output(stdout, stderr)
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_DFL)  # the agent may ignore them; the user's code decides

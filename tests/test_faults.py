@@ -24,6 +24,7 @@ worker_sigkill                        2 s     0.08 - 0.22 s
 worker_sigsegv                        2 s     0.06 - 0.21 s
 worker_hangs_in_a_collective          5 s     5.19 - 5.32 s  (bound = the launch's timeout)
 agent_sigkill                         5 s     0.22 - 0.29 s
+spawner_sigkill                       2 s     (new; see the printed table)
 launcher_sigint                       5 s     0.12 - 0.17 s
 launcher_sigterm                      5 s     0.12 - 0.16 s
 unpicklable_func                      1 s     0.00 s         (refused in the call)
@@ -57,7 +58,7 @@ import pytest
 import slurmrun
 
 # Added to every stated bound: the stated bounds are what slurmrun promises on a real machine;
-# this one has 2 cores shared by the launcher, agents, forkservers and workers.
+# this one has 2 cores shared by the launcher, agents, spawners and workers.
 SLACK = 3.0
 # How long the launch's processes may take to disappear after the exception (the launcher
 # stops them before it raises; this only absorbs the kernel's reaping).
@@ -150,9 +151,20 @@ def hang_in_a_collective(path: str) -> str:
 
 
 def agent_of_this_worker() -> psutil.Process:
-    agent = psutil.Process().parent().parent()  # worker -> forkserver -> agent
+    agent = psutil.Process().parent().parent()  # worker -> spawner -> agent
     assert "slurmrun.agent" in " ".join(agent.cmdline())
     return agent
+
+
+def sigkill_spawner(path: str) -> None:
+    """Rank 0 kills the process that forked both workers: they die with it (PDEATHSIG)."""
+    synchronise()
+    if rank() == 0:
+        spawner = psutil.Process().parent()
+        assert spawner.name() == "slurmrun-spawn"
+        mark_fault(path)
+        spawner.kill()
+    time.sleep(120)
 
 
 def sigkill_agent(path: str) -> None:
@@ -266,6 +278,13 @@ FAULTS = [
         slurmrun.AgentFailedError,
         (r"agent on localhost", r"killed by signal 9|SIGKILL"),
         5,
+    ),
+    Fault(
+        "spawner_sigkill",
+        sigkill_spawner,
+        slurmrun.WorkerFailedError,
+        (r"rank \d \(host localhost, local rank \d\)", r"killed by SIGKILL"),
+        2,
     ),
     Fault(
         "launcher_sigint",

@@ -196,6 +196,29 @@ def command_lines_and_environ_of(pids: list[int]) -> tuple[list[str], list[str]]
     return lines, environs
 
 
+def assert_secret_nowhere(secret: bytes, seen: dict[str, Any], worker: dict[str, Any]) -> None:
+    """Not on any command line, in no environment of the launch, in no log file."""
+    assert "lines" in seen, "the launch's processes were never looked at"
+    assert any("slurmrun.agent" in line for line in seen["lines"])
+    assert not worker["secret_in_env"]
+    assert "SLURMRUN_SECRET" not in worker["environ"]
+    assert not any("SLURMRUN_SECRET" in env for env in seen["worker_environ"])
+    # Agents (and the spawners forked from them) got it in their environment at exec, and
+    # /proc/<pid>/environ would show that block forever: they overwrite it.
+    assert len(seen["launch_environ"]) >= 4  # agent, spawner, 2 workers
+    assert all("SLURMRUN_LAUNCHER_PORT" in env for env in seen["launch_environ"])
+    log_files = [f for f in Path(os.environ["SLURMRUN_LOG_DIR"]).rglob("*") if f.is_file()]
+    assert any(f.name.endswith(".agent.log") for f in log_files)
+    for text in (secret.hex(), secret.hex().upper()):
+        assert not any(text in line for line in seen["all_lines"]), "secret on a command line"
+        assert not any(text in env for env in seen["worker_environ"]), "secret in a worker's env"
+        assert not any(text in env for env in seen["launch_environ"]), "secret in an agent's env"
+        assert not any(text in str(v) for v in worker["environ"].values())
+        for log_file in log_files:
+            data = log_file.read_bytes()
+            assert text.encode() not in data and secret not in data, log_file
+
+
 def test_thousands_of_hostile_connections_are_refused_and_the_launch_succeeds(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, recorded_secrets: list[bytes]
 ) -> None:
@@ -210,7 +233,7 @@ def test_thousands_of_hostile_connections_are_refused_and_the_launch_succeeds(
                 return
             time.sleep(0.05)
         procs = psutil.Process().children(recursive=True)
-        seen["lines"], _ = command_lines_and_environ_of([p.pid for p in procs])
+        seen["lines"], seen["launch_environ"] = command_lines_and_environ_of([p.pid for p in procs])
         workers = [int((tmp_path / f"ready.{r}").read_text()) for r in (0, 1)]
         _, seen["worker_environ"] = command_lines_and_environ_of(workers)
         everything, _ = command_lines_and_environ_of(psutil.pids())
@@ -232,6 +255,7 @@ def test_thousands_of_hostile_connections_are_refused_and_the_launch_succeeds(
     assert sum(attacker["counts"].values()) == EXAMPLES
     assert all(attacker["counts"][kind] > 0 for kind in ATTACKS), attacker["counts"]
     assert worker["lines"] > 0
+    assert not attacker["secret_in_env"]
     # nothing an attacker sent was unpickled: only the two results were
     assert unpickled == 2
     assert not (tmp_path / "evil_was_unpickled").exists()
@@ -241,20 +265,7 @@ def test_thousands_of_hostile_connections_are_refused_and_the_launch_succeeds(
     assert len(rejected) >= EXAMPLES // 2
 
     (secret,) = recorded_secrets
-    assert "lines" in seen, "the launch's processes were never looked at"
-    assert any("slurmrun.agent" in line for line in seen["lines"])
-    assert not worker["secret_in_env"] and not attacker["secret_in_env"]
-    assert "SLURMRUN_SECRET" not in worker["environ"]
-    assert not any("SLURMRUN_SECRET" in env for env in seen["worker_environ"])
-    log_files = [f for f in Path(os.environ["SLURMRUN_LOG_DIR"]).rglob("*") if f.is_file()]
-    assert any(f.name.endswith(".agent.log") for f in log_files)
-    for text in (secret.hex(), secret.hex().upper()):
-        assert not any(text in line for line in seen["all_lines"]), "secret on a command line"
-        assert not any(text in env for env in seen["worker_environ"]), "secret in a worker's env"
-        assert not any(text in str(v) for v in worker["environ"].values())
-        for log_file in log_files:
-            data = log_file.read_bytes()
-            assert text.encode() not in data and secret not in data, log_file
+    assert_secret_nowhere(secret, seen, worker)
     assert elapsed < 60, f"the attack took {elapsed:.0f} s"
 
     # and the next launch works as usual

@@ -77,7 +77,7 @@ def exit_on_rank_1(how: str):
 
 
 def kill_own_agent():
-    # worker -> forkserver -> agent
+    # worker -> spawner -> agent
     agent = psutil.Process().parent().parent()
     assert "slurmrun.agent" in " ".join(agent.cmdline())
     if os.environ["LOCAL_RANK"] == "0":

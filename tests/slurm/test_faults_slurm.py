@@ -148,7 +148,7 @@ def hang_in_a_collective():
 
 
 def agent_of_this_worker():
-    agent = psutil.Process().parent().parent()  # worker -> forkserver -> agent
+    agent = psutil.Process().parent().parent()  # worker -> spawner -> agent
     assert "slurmrun.agent" in " ".join(agent.cmdline())
     return agent
 

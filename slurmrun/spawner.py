@@ -1,0 +1,268 @@
+"""The spawner: a fork of the agent that imports torch once and forks every worker from there.
+
+The agent forks it first thing, before any thread exists, so it costs no interpreter start of
+its own (a multiprocessing forkserver would be a fresh interpreter: site, imports and all);
+it then imports torch (never initialising CUDA) while the agent connects to the launcher.
+A worker is a fork of the spawner, so it starts in milliseconds with torch already loaded.
+
+The agent sends a request over a private socketpair: the pickled `WorkerSpec` plus the
+worker's sockets and the write end of a status pipe as file descriptors. The spawner forks,
+answers with the worker's pid, reaps it when it exits and writes its exit code (negative:
+killed by that signal) into the status pipe, whose read end the agent waits on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import os
+import pickle
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Spawner", "WorkerProcess", "wait_any"]
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+NAME = b"slurmrun-spawn"  # what ps and top show for it (its command line is the agent's)
+_PID = struct.Struct("!q")
+_CODE = struct.Struct("!i")
+MAX_REQUEST_BYTES = 1 << 20
+WORKER_FDS = 4  # control, stdout, stderr, streams (see agent.Agent.spawn)
+SPAWN_TIMEOUT = 120.0  # the spawner answers once its imports are done; this bounds a wedged one
+
+
+class SpawnError(RuntimeError):
+    """The spawner could not start a worker (it died, or never answered)."""
+
+
+def _become_spawner(agent_pid: int) -> None:
+    """Names this process and asks the kernel to SIGKILL it when the agent goes away."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the agent's socket EOF
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, NAME, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != agent_pid:  # the agent died before prctl took effect
+        os._exit(70)
+
+
+@dataclass
+class WorkerProcess:
+    """The agent's handle on one worker (a grandchild: the spawner is its parent)."""
+
+    pid: int
+    sentinel: int  # read end of the status pipe: readable once the worker was reaped
+    exitcode: int | None = None
+
+    def poll(self, timeout: float = 0.0) -> int | None:
+        """The exit code once the worker exited (waiting up to `timeout`), else None."""
+        if self.exitcode is None and select.select([self.sentinel], [], [], timeout)[0]:
+            data = os.read(self.sentinel, _CODE.size)
+            # No code: the spawner itself died, and took the worker with it (PDEATHSIG).
+            self.exitcode = _CODE.unpack(data)[0] if len(data) == _CODE.size else -signal.SIGKILL
+            os.close(self.sentinel)
+        return self.exitcode
+
+    def is_alive(self) -> bool:
+        """Whether the worker has not exited yet."""
+        return self.poll() is None
+
+    def join(self, timeout: float) -> None:
+        """Waits up to `timeout` seconds for the worker to exit."""
+        self.poll(max(0.0, timeout))
+
+    def _signal(self, signum: int) -> None:
+        if self.is_alive():  # never signal a pid that the spawner may have reaped already
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        """Sends SIGTERM."""
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """Sends SIGKILL."""
+        self._signal(signal.SIGKILL)
+
+
+def wait_any(processes: Sequence[WorkerProcess], timeout: float) -> list[WorkerProcess]:
+    """Those of `processes` that have exited, waiting up to `timeout` seconds for one to."""
+    if processes and all(p.exitcode is None for p in processes):
+        poller = select.poll()  # no FD_SETSIZE limit, unlike select()
+        for p in processes:
+            poller.register(p.sentinel, select.POLLIN)
+        poller.poll(max(0.0, timeout) * 1000)
+    return [p for p in processes if p.poll() is not None]
+
+
+@dataclass
+class Spawner:
+    """The agent's end of the spawner process."""
+
+    pid: int
+    sock: socket.socket
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, preload: Sequence[str]) -> Spawner:
+        """Forks the spawner, which then imports `preload`; call before starting any thread."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        agent_pid = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the spawner process; tests see it through workers
+            code = 0
+            try:
+                mine.close()
+                _serve(theirs, preload, agent_pid)
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                os._exit(code)
+        theirs.close()
+        return cls(pid, mine)
+
+    def spawn(self, spec: Any, fds: Sequence[int]) -> WorkerProcess:
+        """Forks one worker running `worker.run_worker(spec, *sockets)` with the given fds."""
+        status_r, status_w = os.pipe()
+        try:
+            socket.send_fds(self.sock, [pickle.dumps(spec)], [*fds, status_w])
+        except OSError as e:
+            os.close(status_r)
+            raise SpawnError(f"the worker spawner (pid {self.pid}) is gone: {e}") from e
+        finally:
+            os.close(status_w)
+        self.sock.settimeout(SPAWN_TIMEOUT)
+        try:
+            reply = self.sock.recv(_PID.size)
+        except OSError as e:
+            os.close(status_r)
+            raise SpawnError(f"the worker spawner (pid {self.pid}) did not answer: {e}") from e
+        if len(reply) != _PID.size:
+            os.close(status_r)
+            raise SpawnError(f"the worker spawner (pid {self.pid}) died; see the agent's log")
+        process = WorkerProcess(_PID.unpack(reply)[0], status_r)
+        self.workers.append(process)
+        return process
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ends the spawner and reaps it; call once every worker was stopped.
+
+        It may still be importing torch (when the launch failed early), so it is killed
+        rather than asked: a worker somehow still alive would die with it (PDEATHSIG).
+        """
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(self.pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+                time.sleep(0.001)
+
+
+# ------------------------------------------------------------------ the spawner process
+
+
+def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Workers get the dispositions a Python program starts with (Ctrl-C: KeyboardInterrupt).
+    restore = {signal.SIGINT: signal.default_int_handler, signal.SIGCHLD: signal.SIG_DFL}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
+    _become_spawner(agent_pid)
+    for module in preload:
+        with contextlib.suppress(ImportError):  # e.g. no torch on this node: backend=None works
+            importlib.import_module(module)
+    from slurmrun.worker import run_worker  # noqa: PLC0415 - after torch, like the workers
+
+    wake_r, wake_w = socket.socketpair()
+    wake_w.setblocking(False)
+    signal.set_wakeup_fd(wake_w.fileno())
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD wakes select
+    status: dict[int, int] = {}  # worker pid -> write end of its status pipe
+    agent_gone = False
+    while not agent_gone or status:
+        ready, _, _ = select.select([wake_r] if agent_gone else [sock, wake_r], [], [])
+        if wake_r in ready:
+            wake_r.recv(4096)
+            _reap(status)
+        if sock in ready:
+            try:
+                msg, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, WORKER_FDS + 1)
+            except OSError:
+                msg, fds = b"", []
+            if not msg:
+                agent_gone = True  # finish reaping; PDEATHSIG ends the workers with us anyway
+                for fd in fds:
+                    os.close(fd)
+                continue
+            spec = pickle.loads(msg)  # noqa: S301 - from the agent, our parent, over a socketpair
+            pid = os.fork()
+            if pid == 0:
+                _worker_child(
+                    run_worker,
+                    spec,
+                    fds,
+                    own=[sock, wake_r, wake_w],
+                    status=status,
+                    restore=restore,
+                )
+            for fd in fds[:WORKER_FDS]:
+                os.close(fd)
+            status[pid] = fds[WORKER_FDS]
+            try:
+                sock.send(_PID.pack(pid))
+            except OSError:
+                agent_gone = True
+
+
+def _worker_child(
+    run_worker: Any,
+    spec: Any,
+    fds: list[int],
+    *,
+    own: list[socket.socket],
+    status: dict[int, int],
+    restore: dict[signal.Signals, Any],
+) -> None:  # pragma: no cover - runs in the forked worker
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        for signum, handler in restore.items():
+            signal.signal(signum, handler)
+        for s in own:
+            s.close()
+        for fd in [*status.values(), fds[WORKER_FDS]]:
+            os.close(fd)
+        run_worker(spec, *(socket.socket(fileno=fd) for fd in fds[:WORKER_FDS]))
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _reap(status: dict[int, int]) -> None:
+    while status:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        fd = status.pop(pid, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(fd, _CODE.pack(os.waitstatus_to_exitcode(wait_status)))
+            os.close(fd)
