@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
-import re
 import socket
 import threading
 import time
@@ -18,8 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmrun.errors import AgentFailedError, RemoteTraceback, WorkerFailedError, signal_name
-from slurmrun.logs import default_handlers, dispatch, make_record, tail_file, worker_log_path
+from slurmrun.errors import AgentFailedError, WorkerFailedError
+from slurmrun.failures import WorkerPlace, agent_exit_error, worker_died, worker_error
+from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
 from slurmrun.result import LaunchResult
 from slurmrun.starters import AgentStarter
 from slurmrun.transport import (
@@ -144,54 +144,10 @@ class Session:
     def _agent_exit_error(
         self, agent: _Agent | None, node_rank: int | None, why: str
     ) -> AgentFailedError:
-        codes = self.starter.exit_codes()
-        code = codes.get(node_rank, codes.get(None))
-        hostname = (
-            agent.hostname
-            if agent
-            else (self.hostnames[node_rank] if node_rank is not None else "")
-        )
-        where = f"the agent on {hostname}" if hostname else "the agents"
-        if code is not None:
-            how = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
-            if code > 128:
-                how += f" (128 + {signal_name(code - 128)})"
-            why = f"{why}; it {how}"
-        log_file = self.starter.log_file(node_rank)
-        tail = tail_file(log_file)
-        step_log = self.starter.log_file(None)
-        verdict = self._srun_verdict(step_log, hostname) if step_log != log_file else None
-        if verdict:
-            why = f"{why}; srun: {verdict}"
-        message = f"{where} failed: {why}."
-        step_tail = tail_file(step_log) if step_log and step_log != log_file else ""
-        # scancel leaves "*** STEP ... CANCELLED ***" in some agent's log and makes srun say the
-        # step was aborted; an agent killed on its own (and the others then ended by
-        # --kill-on-bad-exit) leaves CANCELLED lines too, but no "aborted".
-        if "CANCELLED" in tail or "step aborted" in step_tail:
-            message += " SLURM cancelled the step (scancel, the job's time limit, or preemption)."
-        for path, text in ((log_file, tail), (step_log, step_tail)):
-            if text:
-                message += f"\nLast lines of {path}:\n{text}"
-        if not tail and log_file:
-            message += f" Its log: {log_file}"
-        return AgentFailedError(message, hostname=hostname, stderr_tail=tail, log_file=log_file)
-
-    @staticmethod
-    def _srun_verdict(step_log: str | None, hostname: str, wait: float = 1.0) -> str | None:
-        """What srun said of the host's task ("node2: task 1: Killed"), waiting for it briefly."""
-        if not step_log or not hostname:
-            return None
-        pattern = re.compile(rf"{re.escape(hostname)}: task \d+: (.+)")
-        deadline = time.monotonic() + wait
-        while True:
-            found = pattern.findall(tail_file(step_log, 40))
-            if found:
-                said = str(found[-1]).strip()
-                return f"{hostname}: {said}" + (" (SIGKILL)" if said == "Killed" else "")
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.05)
+        hostname = agent.hostname if agent else ""
+        if not hostname and node_rank is not None:
+            hostname = self.hostnames[node_rank]
+        return agent_exit_error(self.starter, node_rank, hostname, why)
 
     def _check_processes(self, now: float) -> None:
         """Turns agent process exits into errors once their connections had time to drain."""
@@ -307,34 +263,6 @@ class Session:
             agent.conn.send(header, self.payload)
             offset += count
 
-    def _worker_error(self, agent: _Agent, frame: Frame) -> BaseException:
-        h = frame.header
-        local_rank = int(h.get("local_rank", -1))
-        rank = self._rank(agent, local_rank)
-        where = f"rank {rank} (host {agent.hostname}, local rank {local_rank})"
-        log_file = self._worker_log(agent, local_rank)
-        exc: Any = None
-        reason = str(h.get("unpicklable", ""))
-        if frame.body:
-            try:
-                exc = loads(frame.body, frame.buffers)
-            except Exception as e:
-                reason = f"{type(e).__name__}: {e}"
-        if isinstance(exc, Exception):
-            exc.__cause__ = RemoteTraceback(str(h.get("traceback", "")))
-            note = f"slurmrun: raised on {where}"
-            if log_file:
-                note += f"; its log: {log_file}"
-            exc.add_note(note)
-            return exc
-        message = f"{where} raised {h.get('exc_type')}: {h.get('message')}"
-        if reason:
-            message += f" (it could not be rebuilt in the launcher: {reason})"
-        message += f"\nRemote traceback:\n{h.get('traceback', '')}"
-        return WorkerFailedError(
-            message, hostname=agent.hostname, local_rank=local_rank, rank=rank, log_file=log_file
-        )
-
     def _worker_log(self, agent: _Agent, local_rank: int) -> str | None:
         if not self._own_handlers or self.log_dir is None:
             return None
@@ -344,27 +272,17 @@ class Session:
     def _rank(agent: _Agent, local_rank: int) -> int:
         return agent.rank_offset + local_rank
 
-    def _worker_died(self, agent: _Agent, header: dict[str, Any]) -> WorkerFailedError:
-        local_rank = int(header.get("local_rank", -1))
-        rank = self._rank(agent, local_rank)
-        tail = str(header.get("stderr_tail", ""))
-        log_file = self._worker_log(agent, local_rank)
-        message = (
-            f"worker rank {rank} (host {agent.hostname}, local rank {local_rank}) "
-            f"{header.get('what', 'died')} before returning a result."
+    def _worker_failure(self, agent: _Agent, frame: Frame) -> BaseException:
+        local_rank = int(frame.header.get("local_rank", -1))
+        where = WorkerPlace(
+            agent.hostname,
+            local_rank,
+            self._rank(agent, local_rank),
+            self._worker_log(agent, local_rank),
         )
-        if tail:
-            message += f"\nLast lines of its output{f' ({log_file})' if log_file else ''}:\n{tail}"
-        code = header.get("exitcode")
-        return WorkerFailedError(
-            message,
-            hostname=agent.hostname,
-            local_rank=local_rank,
-            rank=rank,
-            exitcode=int(code) if code is not None else None,
-            stderr_tail=tail,
-            log_file=log_file,
-        )
+        if frame.kind == "died":
+            return worker_died(where, frame.header)
+        return worker_error(where, frame)
 
     def _handle(self, kind: str, conn: Connection, data: Any, now: float) -> None:
         agent = self._by_conn.get(id(conn))
@@ -399,13 +317,13 @@ class Session:
         elif frame.kind == "done":
             agent.done = True
         elif frame.kind == "error":
-            exc = self._worker_error(agent, frame)
+            exc = self._worker_failure(agent, frame)
             if frame.header.get("secondary") and self._held is None:
                 self._held = (exc, now)  # likely a consequence: wait briefly for the cause
                 return
             raise self._with_held(exc)
         elif frame.kind == "died":
-            raise self._with_held(self._worker_died(agent, frame.header))
+            raise self._with_held(self._worker_failure(agent, frame))
 
     def _on_result(self, agent: _Agent, frame: Frame, now: float) -> None:
         local_rank = int(frame.header["local_rank"])

@@ -1,0 +1,134 @@
+"""The exceptions the launcher raises for failed agents and workers, with their messages.
+
+A message says what failed (host, rank, local rank), how (exit code, signal, srun's verdict,
+SLURM's cancellation) and where to look (the last lines of the agent's or worker's output,
+and its log file).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from slurmrun.errors import AgentFailedError, RemoteTraceback, WorkerFailedError, signal_name
+from slurmrun.logs import tail_file
+from slurmrun.starters import AgentStarter
+from slurmrun.transport import Frame, loads
+
+__all__ = ["WorkerPlace", "agent_exit_error", "srun_verdict", "worker_died", "worker_error"]
+
+
+@dataclass(frozen=True)
+class WorkerPlace:
+    """Where a worker ran, for messages."""
+
+    hostname: str
+    local_rank: int
+    rank: int
+    log_file: str | None
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} (host {self.hostname}, local rank {self.local_rank})"
+
+
+def agent_exit_error(
+    starter: AgentStarter, node_rank: int | None, hostname: str, why: str
+) -> AgentFailedError:
+    """The error for an agent (node rank; None: the whole srun step) that ended too early."""
+    codes = starter.exit_codes()
+    code = codes.get(node_rank, codes.get(None))
+    where = f"the agent on {hostname}" if hostname else "the agents"
+    if code is not None:
+        how = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
+        if code > 128:
+            how += f" (128 + {signal_name(code - 128)})"
+        why = f"{why}; it {how}"
+    log_file = starter.log_file(node_rank)
+    tail = tail_file(log_file)
+    step_log = starter.log_file(None)
+    verdict = srun_verdict(step_log, hostname) if step_log != log_file else None
+    if verdict:
+        why = f"{why}; srun: {verdict}"
+    message = f"{where} failed: {why}."
+    step_tail = tail_file(step_log) if step_log and step_log != log_file else ""
+    # scancel leaves "*** STEP ... CANCELLED ***" in some agent's log and makes srun say the
+    # step was aborted; an agent killed on its own (and the others then ended by
+    # --kill-on-bad-exit) leaves CANCELLED lines too, but no "aborted".
+    if "CANCELLED" in tail or "step aborted" in step_tail:
+        message += " SLURM cancelled the step (scancel, the job's time limit, or preemption)."
+    for path, text in ((log_file, tail), (step_log, step_tail)):
+        if text:
+            message += f"\nLast lines of {path}:\n{text}"
+    if not tail and log_file:
+        message += f" Its log: {log_file}"
+    return AgentFailedError(message, hostname=hostname, stderr_tail=tail, log_file=log_file)
+
+
+def srun_verdict(step_log: str | None, hostname: str, wait: float = 1.0) -> str | None:
+    """What srun said of the host's task ("node2: task 1: Killed"), waiting for it briefly."""
+    if not step_log or not hostname:
+        return None
+    pattern = re.compile(rf"{re.escape(hostname)}: task \d+: (.+)")
+    deadline = time.monotonic() + wait
+    while True:
+        found = pattern.findall(tail_file(step_log, 40))
+        if found:
+            said = str(found[-1]).strip()
+            return f"{hostname}: {said}" + (" (SIGKILL)" if said == "Killed" else "")
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def worker_error(where: WorkerPlace, frame: Frame) -> BaseException:
+    """The exception a worker raised (rebuilt, with a note), or a WorkerFailedError with its text.
+
+    Call only with frames from authenticated peers: the exception is unpickled.
+    """
+    h = frame.header
+    exc: Any = None
+    reason = str(h.get("unpicklable", ""))
+    if frame.body:
+        try:
+            exc = loads(frame.body, frame.buffers)
+        except Exception as e:
+            reason = f"{type(e).__name__}: {e}"
+    if isinstance(exc, Exception):
+        exc.__cause__ = RemoteTraceback(str(h.get("traceback", "")))
+        note = f"slurmrun: raised on {where}"
+        if where.log_file:
+            note += f"; its log: {where.log_file}"
+        exc.add_note(note)
+        return exc
+    message = f"{where} raised {h.get('exc_type')}: {h.get('message')}"
+    if reason:
+        message += f" (it could not be rebuilt in the launcher: {reason})"
+    message += f"\nRemote traceback:\n{h.get('traceback', '')}"
+    return WorkerFailedError(
+        message,
+        hostname=where.hostname,
+        local_rank=where.local_rank,
+        rank=where.rank,
+        log_file=where.log_file,
+    )
+
+
+def worker_died(where: WorkerPlace, header: dict[str, Any]) -> WorkerFailedError:
+    """The error for a worker that exited or was killed before returning (its agent said so)."""
+    tail = str(header.get("stderr_tail", ""))
+    log_file = where.log_file
+    message = f"worker {where} {header.get('what', 'died')} before returning a result."
+    if tail:
+        message += f"\nLast lines of its output{f' ({log_file})' if log_file else ''}:\n{tail}"
+    code = header.get("exitcode")
+    return WorkerFailedError(
+        message,
+        hostname=where.hostname,
+        local_rank=where.local_rank,
+        rank=where.rank,
+        exitcode=int(code) if code is not None else None,
+        stderr_tail=tail,
+        log_file=log_file,
+    )
