@@ -152,6 +152,36 @@ def test_heterogeneous_workers_per_host(run_in_allocation):
     assert {v["sum"] for host in out["values"] for v in host} == {10.0}
 
 
+LARGE_RESULTS = """
+from slurmrun.session import Session
+
+streamed = []
+real = Session._on_streamed
+
+def spy(self, conn, frame, now):
+    streamed.append((frame.header["node_rank"], frame.header["local_rank"]))
+    return real(self, conn, frame, now)
+
+Session._on_streamed = spy
+
+def large(n_bytes):
+    import torch
+    return torch.full((n_bytes // 4,), float(os.environ["RANK"]))
+
+result = slurmrun.launch(large, (24 << 20,), workers_per_host=[1, 2, 1], timeout=60)
+print("RESULT " + json.dumps({
+    "ok": [bool((v == r).all()) and v.numel() == 6 << 20 for r, v in enumerate(result.values())],
+    "streamed": sorted(streamed),
+}))
+"""
+
+
+def test_large_results_come_back_from_every_node_over_their_own_connections(run_in_allocation):
+    out = results(run_in_allocation(["-N3"], script(LARGE_RESULTS), timeout=90))
+    assert out["ok"] == [True] * 4
+    assert out["streamed"] == [[0, 0], [1, 0], [1, 1], [2, 0]]
+
+
 def test_two_launches_in_one_allocation_back_to_back(run_in_allocation):
     cp = run_in_allocation(
         ["-N3"],
