@@ -26,10 +26,10 @@ import sys
 import time
 import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Spawner", "WorkerProcess", "wait_any"]
+__all__ = ["Spawner", "WorkerProcess", "wait_any", "wait_readable"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -45,14 +45,29 @@ class SpawnError(RuntimeError):
     """The spawner could not start a worker (it died, or never answered)."""
 
 
-def _become_spawner(agent_pid: int) -> None:
-    """Names this process and asks the kernel to SIGKILL it when the agent goes away."""
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: the agent's socket EOF
+def _die_with_parent(parent_pid: int, name: bytes | None = None) -> None:
+    """Asks the kernel to SIGKILL this fresh fork when its parent goes away (and names it).
+
+    Not Linux: the agent's socket closing still ends spawner and workers.
+    """
+    with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_NAME, NAME, 0, 0, 0)
+        if name is not None:
+            libc.prctl(_PR_SET_NAME, name, 0, 0, 0)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != agent_pid:  # the agent died before prctl took effect
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(70)
+
+
+def wait_readable(fds: Sequence[int], timeout: float) -> bool:
+    """Waits up to `timeout` seconds until one of `fds` is readable (or closed at the far end).
+
+    poll(), not select(): a launcher or agent with many connections may hold fds past 1024.
+    """
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout) * 1000))
 
 
 @dataclass
@@ -65,7 +80,7 @@ class WorkerProcess:
 
     def poll(self, timeout: float = 0.0) -> int | None:
         """The exit code once the worker exited (waiting up to `timeout`), else None."""
-        if self.exitcode is None and select.select([self.sentinel], [], [], timeout)[0]:
+        if self.exitcode is None and wait_readable([self.sentinel], timeout):
             data = os.read(self.sentinel, _CODE.size)
             # No code: the spawner itself died, and took the worker with it (PDEATHSIG).
             self.exitcode = _CODE.unpack(data)[0] if len(data) == _CODE.size else -signal.SIGKILL
@@ -97,10 +112,7 @@ class WorkerProcess:
 def wait_any(processes: Sequence[WorkerProcess], timeout: float) -> list[WorkerProcess]:
     """Those of `processes` that have exited, waiting up to `timeout` seconds for one to."""
     if processes and all(p.exitcode is None for p in processes):
-        poller = select.poll()  # no FD_SETSIZE limit, unlike select()
-        for p in processes:
-            poller.register(p.sentinel, select.POLLIN)
-        poller.poll(max(0.0, timeout) * 1000)
+        wait_readable([p.sentinel for p in processes], timeout)
     return [p for p in processes if p.poll() is not None]
 
 
@@ -110,7 +122,6 @@ class Spawner:
 
     pid: int
     sock: socket.socket
-    workers: list[WorkerProcess] = field(default_factory=list)
 
     @classmethod
     def start(cls, preload: Sequence[str]) -> Spawner:
@@ -131,6 +142,7 @@ class Spawner:
             finally:
                 os._exit(code)
         theirs.close()
+        mine.settimeout(SPAWN_TIMEOUT)
         return cls(pid, mine)
 
     def spawn(self, spec: Any, fds: Sequence[int]) -> WorkerProcess:
@@ -143,7 +155,6 @@ class Spawner:
             raise SpawnError(f"the worker spawner (pid {self.pid}) is gone: {e}") from e
         finally:
             os.close(status_w)
-        self.sock.settimeout(SPAWN_TIMEOUT)
         try:
             reply = self.sock.recv(_PID.size)
         except OSError as e:
@@ -152,9 +163,7 @@ class Spawner:
         if len(reply) != _PID.size:
             os.close(status_r)
             raise SpawnError(f"the worker spawner (pid {self.pid}) died; see the agent's log")
-        process = WorkerProcess(_PID.unpack(reply)[0], status_r)
-        self.workers.append(process)
-        return process
+        return WorkerProcess(_PID.unpack(reply)[0], status_r)
 
     def close(self, timeout: float = 5.0) -> None:
         """Ends the spawner and reaps it; call once every worker was stopped.
@@ -180,7 +189,7 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
     # Workers get the dispositions a Python program starts with (Ctrl-C: KeyboardInterrupt).
     restore = {signal.SIGINT: signal.default_int_handler, signal.SIGCHLD: signal.SIG_DFL}
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
-    _become_spawner(agent_pid)
+    _die_with_parent(agent_pid, NAME)
     for module in preload:
         with contextlib.suppress(ImportError):  # e.g. no torch on this node: backend=None works
             importlib.import_module(module)
@@ -191,6 +200,7 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
     signal.set_wakeup_fd(wake_w.fileno())
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD wakes select
     status: dict[int, int] = {}  # worker pid -> write end of its status pipe
+    own_pid = os.getpid()
     agent_gone = False
     while not agent_gone or status:
         ready, _, _ = select.select([wake_r] if agent_gone else [sock, wake_r], [], [])
@@ -210,6 +220,7 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
             spec = pickle.loads(msg)  # noqa: S301 - from the agent, our parent, over a socketpair
             pid = os.fork()
             if pid == 0:
+                _die_with_parent(own_pid)
                 _worker_child(
                     run_worker,
                     spec,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from slurmrun.logs import agent_log_path
+from slurmrun.spawner import wait_readable
 
 __all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command"]
 
@@ -64,7 +64,7 @@ def wait_exit(proc: subprocess.Popen[Any], timeout: float) -> None:
             proc.wait(timeout=timeout)
         return
     try:
-        select.select([pidfd], [], [], timeout)
+        wait_readable([pidfd], timeout)  # with a thousand agents connected, it is past fd 1024
     finally:
         os.close(pidfd)
     proc.poll()

@@ -9,7 +9,6 @@ over (see `_send_result`).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import logging
 import os
@@ -27,7 +26,6 @@ from slurmrun.transport import Connection, dumps, loads
 
 __all__ = ["STREAM_GRANTED", "STREAM_MIN_BYTES", "STREAM_REFUSED", "WorkerSpec", "run_worker"]
 
-_PR_SET_PDEATHSIG = 1
 # Results this large go to the launcher over a connection of their own (see `_send_result`).
 STREAM_MIN_BYTES = 4 << 20
 STREAM_GRANTED = b"y"
@@ -54,17 +52,6 @@ class WorkerSpec:
     cwd: str
     env: tuple[tuple[str, str], ...]
     log_level: int
-
-
-def _die_with_parent() -> None:
-    """Asks the kernel to SIGKILL us when our parent (the agent's spawner) goes away."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the agent-socket watchdog still covers us
-        return
-    if os.getppid() == 1:  # parent already gone before prctl took effect
-        os._exit(70)
 
 
 def _redirect_output(stdout: socket.socket, stderr: socket.socket) -> None:
@@ -252,7 +239,6 @@ def run_worker(
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_DFL)  # the agent may ignore them; the user's code decides
     faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
-    _die_with_parent()
     os.environ.update(_worker_env(spec))
     sys.path[:] = list(spec.sys_path)
     with contextlib.suppress(OSError):

@@ -528,3 +528,28 @@ def test_pickled_tensors_travel_outside_the_pickle_stream():
     restored = transport.loads(body, [bytearray(b.raw()) for b in buffers])
     assert torch.equal(restored["t"], torch.ones(1 << 20))
     assert pickle.loads(pickle.dumps(1)) == 1
+
+
+def test_waiting_for_an_agent_works_with_more_than_1024_open_files():
+    """A launcher with a thousand agents connected holds fds past select()'s limit."""
+    import resource
+
+    from slurmrun.starters import wait_exit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        proc = subprocess.Popen(["sleep", "0.2"])
+        wait_exit(proc, 10)
+        assert proc.returncode == 0
+        proc = subprocess.Popen(["sleep", "30"])
+        wait_exit(proc, 0.1)
+        assert proc.returncode is None
+        proc.kill()
+        proc.wait()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
