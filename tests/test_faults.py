@@ -536,3 +536,113 @@ def test_sigusr1_and_sigusr2_to_the_agent_reach_every_worker(tmp_path: Path) -> 
     if "error" in result:
         raise result["error"]
     assert result["values"] == ["SIGUSR1,SIGUSR2", "SIGUSR1,SIGUSR2"]
+
+
+# ---------------------------------------------------------------- leaks on error paths
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_spawner_that_died_leaves_no_socket_of_the_agent_open() -> None:
+    from slurmrun.agent import Agent
+    from slurmrun.spawner import Spawner, SpawnError
+    from slurmrun.transport import Connection
+
+    to_spawner, spawner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    spawner_end.close()  # what the agent sees once its spawner died
+    to_launcher, launcher_end = socket.socketpair()
+    agent = Agent(
+        launcher=Connection(to_launcher),
+        hostname="localhost",
+        spawner=Spawner(os.getpid(), to_spawner),  # its pid is only named in messages
+        connect=socket.socket,
+    )
+    start = {
+        "workers": 2,
+        "rank_offset": 0,
+        "world_size": 2,
+        "node_rank": 0,
+        "master_addr": "127.0.0.1",
+        "master_port": 1,
+        "backend": None,
+        "timeout": 60,
+        "sys_path": [],
+        "cwd": "/",
+        "env": {},
+        "log_level": 20,
+    }
+    before = open_fds()
+    with pytest.raises(SpawnError, match=r"spawner .* is gone") as info:
+        agent.spawn(start, b"")
+    # Measured while the traceback (and the frame that made the socketpairs) is still alive.
+    assert open_fds() == before, info.value
+    for sock in (to_spawner, to_launcher, launcher_end):
+        sock.close()
+
+
+def test_an_agent_that_exited_is_not_reaped_before_its_group_is_killed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's pid is its group's id: reaped, it could be reused by another group."""
+    from slurmrun import starters
+
+    child = tmp_path / "child"
+    # An agent that exits at once and leaves a process (its spawner, say) in its group.
+    script = f"sleep 600 & echo $! > {child}.tmp && mv {child}.tmp {child}; exit 5"
+    monkeypatch.setattr(starters, "agent_command", lambda: ["sh", "-c", script])
+    agents = starters.LocalAgents(["localhost"], str(tmp_path))
+    agents.start(dict(os.environ))
+    leader = agents.procs[0]
+    deadline = time.monotonic() + 60
+    while agents.exit_codes() != {0: 5}:
+        assert time.monotonic() < deadline, "the agent never exited"
+        time.sleep(0.02)
+    left = psutil.Process(int(child.read_text()))
+    # exit_codes() saw the exit and left a zombie, which keeps the pid (the group id) taken.
+    assert os.waitid(os.P_PID, leader.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    assert left.status() != psutil.STATUS_ZOMBIE
+    agents.stop(0.0)
+    assert leader.returncode == 5
+    left.wait(timeout=30)  # killed by killpg(); reaped by init, as it was orphaned
+
+
+def test_srun_interrupted_while_stopping_still_cancels_the_step_and_closes_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurmrun.starters import SrunAgents
+
+    cancelled = tmp_path / "cancelled"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # scancel's stand-in records what it was asked to cancel (this test needs no cluster).
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" > {cancelled}\n')
+    (bin_dir / "scancel").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # srun's stand-in: an srun whose step does not end on SIGTERM (a task on a lost node).
+    agents = SrunAgents(
+        command=["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"],
+        log_path=str(tmp_path / "srun.log"),
+        node_logs={},
+        hostnames=["node1"],
+    )
+    agents.start(dict(os.environ))
+    agents.agent_hello(0, {"slurm_job": "123", "slurm_step": "4"})
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)  # a Ctrl-C while stop() waits for srun
+        with pytest.raises(KeyboardInterrupt):
+            agents.stop(grace=60.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        assert agents.proc is not None
+        os.killpg(agents.proc.pid, signal.SIGKILL)
+        agents.proc.wait(timeout=30)
+    assert cancelled.read_text().split() == ["123.4"]
+    assert agents._log is not None and agents._log.closed
