@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -392,7 +391,9 @@ def test_worker_exception_is_reraised_at_once_while_other_ranks_wait_in_a_collec
     start = time.monotonic()
     with pytest.raises(KeyError) as info:
         slurmrun.launch(raise_on_rank_1_while_rank_0_waits, workers_per_host=2, timeout=120)
-    assert time.monotonic() - start < 20  # the collective timeout is 120 s
+    # Found by the error itself, not by the collective timeout (120 s): a bound that holds on
+    # a loaded machine; how fast it is found is measured in benchmarks/.
+    assert time.monotonic() - start < 60
     exc = info.value
     assert isinstance(exc.__cause__, RemoteTraceback)
     assert "raise_on_rank_1_while_rank_0_waits" in exc.__cause__.text
@@ -420,7 +421,7 @@ def test_worker_death_raises_worker_failed_with_cause_and_last_output(how, expec
     else:
         assert "last words before dying" in exc.stderr_tail
     assert exc.log_file and os.path.exists(exc.log_file)
-    assert elapsed < 20, f"took {elapsed:.1f} s"
+    assert elapsed < 60, f"took {elapsed:.1f} s"  # not the collective timeout (120 s)
 
 
 def test_killed_agent_raises_agent_failed():
@@ -434,7 +435,7 @@ def test_silent_agent_is_declared_dead_after_timeout():
     start = time.monotonic()
     with pytest.raises(slurmrun.AgentFailedError, match="sent nothing for 3 s"):
         slurmrun.launch(stop_own_agent, workers_per_host=1, timeout=3)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 45  # not the workers' own end (60 s)
 
 
 def test_unpicklable_return_value_names_the_problem():
@@ -544,23 +545,8 @@ def test_the_secret_is_nowhere_in_a_worker_or_its_spawner(monkeypatch, tmp_path,
         assert hexed not in line.lower()
 
 
-def test_handshake_rejects_replayed_answers():
-    secret = transport.new_secret()
-    a, b = socket.socketpair()
-    server_side = threading.Thread(target=lambda: _expect_auth_error(a, secret))
-    server_side.start()
-    b.recv(36)
-    b.sendall(os.urandom(64))  # an answer recorded from some other challenge
-    server_side.join(5)
-    assert b.recv(10) == b""
-    a.close()
-    b.close()
-
-
-def _expect_auth_error(sock, secret):
-    with pytest.raises(transport.AuthenticationError):
-        transport.server_handshake(sock, secret, timeout=5)
-    sock.close()
+# A recorded answer replayed against a new challenge: tests/test_fuzz.py
+# (test_a_recorded_handshake_answer_replayed_against_a_new_challenge_is_refused).
 
 
 # ---------------------------------------------------------------- tests: interrupts
@@ -603,7 +589,7 @@ def test_signal_to_the_launcher_stops_every_agent_and_worker(tmp_path, sig):
         assert b"KeyboardInterrupt raised" in out, err
     else:
         assert proc.returncode == 128 + signal.SIGTERM, err
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while any(
         psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
     ):
@@ -635,7 +621,6 @@ def test_pickled_tensors_travel_outside_the_pickle_stream():
     assert len(body) < 1024 and sum(b.raw().nbytes for b in buffers) == 4 << 20
     restored = transport.loads(body, [bytearray(b.raw()) for b in buffers])
     assert torch.equal(restored["t"], torch.ones(1 << 20))
-    assert pickle.loads(pickle.dumps(1)) == 1
 
 
 def test_waiting_for_an_agent_works_with_more_than_1024_open_files():
