@@ -56,9 +56,12 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'slurmrun' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    imported = importlib.import_module(module)
+    # Importing slurmrun.submit binds the module to slurmrun.submit: the function goes back.
+    for export, source in _EXPORTS.items():
+        if source == module:
+            globals()[export] = getattr(imported, export)
+    return globals()[name]
 
 
 def __dir__() -> list[str]:

@@ -209,9 +209,15 @@ class Agent:
                 env=tuple(sorted(dict(start["env"]).items())),
                 log_level=int(start["log_level"]),
             )
-            pairs = [socket.socketpair() for _ in range(4)]  # control, stdout, stderr, streams
+            pairs: list[tuple[socket.socket, socket.socket]] = []
             try:
+                for _ in range(4):  # control, stdout, stderr, streams
+                    pairs.append(socket.socketpair())
                 process = self.spawner.spawn(spec, [theirs.fileno() for _, theirs in pairs])
+            except BaseException:
+                for mine, _ in pairs:
+                    mine.close()
+                raise
             finally:
                 for _, theirs in pairs:
                     theirs.close()

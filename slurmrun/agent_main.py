@@ -8,37 +8,17 @@ library, `slurmrun.environment` and `slurmrun.spawner` before the fork.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import signal
 import sys
 
 from slurmrun.environment import ENV_FILE_VAR, FORWARDED_SIGNALS, EnvFileError, source_env_file
-from slurmrun.spawner import Spawner
+from slurmrun.spawner import Spawner, forget_variable
 
 __all__ = ["main"]
 
 SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
-
-
-def _scrub_exec_environment(name: str) -> None:
-    """Blanks out `name` in the environment block this process was exec'd with.
-
-    Removing a variable from `os.environ` leaves the original block untouched, and that block
-    is what /proc/<pid>/environ shows, here and in every process forked from here (the
-    spawner and the workers). Best effort: Linux only.
-    """
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (man 5 proc)
-        block = ctypes.string_at(start, end - start)
-        prefix = name.encode() + b"="
-        at = 0 if block.startswith(prefix) else block.find(b"\0" + prefix) + 1
-        if at == 0 and not block.startswith(prefix):
-            return  # not there
-        ctypes.memset(start + at, 0, block.index(b"\0", at) - at)  # name=value, all of it
+_SECRET_KEY = os.fsencode(SECRET_VAR)
 
 
 def _prepare_environment() -> str | None:
@@ -46,8 +26,11 @@ def _prepare_environment() -> str | None:
     env_file = os.environ.pop(ENV_FILE_VAR, "")
     if not env_file:
         return None
+    # Not dict(os.environ): that would decode the secret into a str, which the spawner and
+    # every worker would inherit.
+    environ = {name: os.environ[name] for name in os.environ if name != SECRET_VAR}
     try:
-        os.environ.update(source_env_file(env_file, os.environ))
+        os.environ.update(source_env_file(env_file, environ))
     except EnvFileError as e:
         return str(e)
     return None
@@ -55,9 +38,11 @@ def _prepare_environment() -> str | None:
 
 def main() -> int:
     """Starts the worker spawner, then runs the agent; returns its exit code."""
-    secret_hex = os.environ.pop(SECRET_VAR, "")
-    _scrub_exec_environment(SECRET_VAR)
-    if not secret_hex:
+    # The secret must never enter a Python object in this process before the spawner is
+    # forked: workers are forks of the spawner and would inherit it (a str cannot be wiped).
+    # os.environb hands out the bytes object the interpreter made at startup, not a copy; the
+    # spawner wipes that object and its environment blocks (forget_variable).
+    if not os.environb.get(_SECRET_KEY):
         print(
             "slurmrun.agent: SLURMRUN_SECRET is not set; agents are started by slurmrun.launch",
             file=sys.stderr,
@@ -73,12 +58,14 @@ def main() -> int:
     if problem is None:
         # The spawner never initialises CUDA: `import torch` alone does not.
         preload = [m for m in os.environ.get("SLURMRUN_PRELOAD", "torch").split(",") if m]
-        spawner: Spawner | str = Spawner.start(preload)
+        spawner: Spawner | str = Spawner.start(preload, forget=[SECRET_VAR])
     else:
         spawner = problem
+    secret = bytes.fromhex(os.environb[_SECRET_KEY].decode("ascii"))
+    forget_variable(SECRET_VAR)  # out of /proc/<agent>/environ too
     from slurmrun import agent  # noqa: PLC0415 - loads while the spawner imports torch
 
-    return agent.main(bytes.fromhex(secret_hex), spawner)
+    return agent.main(secret, spawner)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Spawner", "WorkerProcess", "wait_any", "wait_readable"]
+__all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any", "wait_readable"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -57,6 +57,43 @@ def _die_with_parent(parent_pid: int, name: bytes | None = None) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(70)
+
+
+def _scrub_exec_environment(name: str) -> None:
+    """Blanks out `name` in the environment block this process was exec'd with.
+
+    unsetenv() leaves the original block untouched, and that block is what /proc/<pid>/environ
+    shows, here and in every process forked from here. Best effort: Linux only.
+    """
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (man 5 proc)
+        block = ctypes.string_at(start, end - start)
+        prefix = name.encode() + b"="
+        at = 0 if block.startswith(prefix) else block.find(b"\0" + prefix) + 1
+        if at == 0 and not block.startswith(prefix):
+            return  # not there
+        ctypes.memset(start + at, 0, block.index(b"\0", at) - at)  # name=value, all of it
+
+
+def forget_variable(name: str) -> None:
+    """Removes `name` from this process's environment and wipes every copy of its value.
+
+    Its value lives in three places: the bytes object that `os.environ` and `os.environb`
+    share (made once at interpreter start; reading the variable through `os.environ` would
+    decode it into a str, which cannot be wiped), the C environment (unsetenv() drops the
+    pointer) and the block the process was exec'd with. The bytes object is zeroed in place
+    before it is dropped, or its freed memory would still hold the value.
+    """
+    key = os.fsencode(name)
+    value = os.environb.get(key)
+    if value:
+        # CPython: a bytes object's data starts at its last field (ob_sval).
+        ctypes.memset(id(value) + bytes.__basicsize__ - 1, 0, len(value))
+        del value
+        del os.environb[key]
+    _scrub_exec_environment(name)
 
 
 def wait_readable(fds: Sequence[int], timeout: float) -> bool:
@@ -124,8 +161,14 @@ class Spawner:
     sock: socket.socket
 
     @classmethod
-    def start(cls, preload: Sequence[str]) -> Spawner:
-        """Forks the spawner, which then imports `preload`; call before starting any thread."""
+    def start(cls, preload: Sequence[str], forget: Sequence[str] = ()) -> Spawner:
+        """Forks the spawner, which then imports `preload`; call before starting any thread.
+
+        Args:
+            preload: modules the spawner imports, so that workers start with them loaded.
+            forget: environment variables the spawner removes and wipes first thing (see
+                `forget_variable`), so that no worker can find their values anywhere.
+        """
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -134,6 +177,8 @@ class Spawner:
         if pid == 0:  # pragma: no cover - the spawner process; tests see it through workers
             code = 0
             try:
+                for name in forget:
+                    forget_variable(name)
                 mine.close()
                 _serve(theirs, preload, agent_pid)
             except BaseException:

@@ -49,34 +49,61 @@ class AgentStarter(Protocol):
         """Waits up to `grace` seconds for agents to exit, then kills whatever is left."""
 
 
-def wait_exit(proc: subprocess.Popen[Any], timeout: float) -> None:
-    """`proc.wait(timeout)` (without raising) that returns the moment the process exits.
+def _exited_unreaped(proc: subprocess.Popen[Any]) -> int | None:
+    """`proc`'s exit code if it has exited, else None, leaving it unreaped (a zombie)."""
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # someone reaped it behind Popen's back
+        return proc.poll()
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
-    Popen.wait polls with sleeps of up to 50 ms; a pidfd wakes us at once (Linux 5.3+).
+
+def _wait_unreaped(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """Waits up to `timeout` seconds for `proc` to exit, without reaping it.
+
+    A pidfd wakes us the moment it exits (Linux 5.3+); Popen.wait would poll with sleeps of
+    up to 50 ms, and reap.
     """
-    timeout = max(0.0, timeout)
-    if proc.poll() is not None:
+    deadline = time.monotonic() + max(0.0, timeout)
+    if _exited_unreaped(proc) is not None:
         return
     try:
         pidfd = os.pidfd_open(proc.pid)
     except (AttributeError, OSError):
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=timeout)
+        while _exited_unreaped(proc) is None and time.monotonic() < deadline:
+            time.sleep(0.005)
         return
     try:
-        wait_readable([pidfd], timeout)  # with a thousand agents connected, it is past fd 1024
+        # poll(), not select(): with a thousand agents connected, it is past fd 1024
+        wait_readable([pidfd], deadline - time.monotonic())
     finally:
         os.close(pidfd)
+
+
+def wait_exit(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """`proc.wait(timeout)` (without raising) that returns the moment the process exits."""
+    _wait_unreaped(proc, timeout)
     proc.poll()
 
 
 def _wait_or_kill_group(proc: subprocess.Popen[bytes], deadline: float) -> None:
-    wait_exit(proc, deadline - time.monotonic())
-    # The agent is the leader of its own session: this reaches its spawner and workers too.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5.0)
+    """Waits for an agent until `deadline`, then kills whatever is left of its process group.
+
+    The agent leads its own session, so its group holds its spawner and workers, which may
+    outlive it. The group id is the agent's pid, so killpg() must never run once the agent
+    was reaped: with no member left, the pid could belong to someone else by then. Nothing
+    here reaps it before the kill (`exit_codes` looks without reaping either), and an exited,
+    unreaped agent is a zombie that keeps its pid, and with it the group id, to itself.
+    """
+    _wait_unreaped(proc, deadline - time.monotonic())
+    if proc.returncode is None:  # not reaped: its pid is still its own
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    wait_exit(proc, 5.0)
 
 
 @dataclass
@@ -123,7 +150,7 @@ class LocalAgents:
         """See `AgentStarter`."""
         codes: dict[int | None, int] = {}
         for rank, proc in enumerate(self.procs):
-            code = proc.poll()
+            code = _exited_unreaped(proc)  # reaped in stop(), after its group was killed
             if code is not None:
                 codes[rank] = code
         return codes
@@ -131,10 +158,12 @@ class LocalAgents:
     def stop(self, grace: float) -> None:
         """See `AgentStarter`."""
         deadline = time.monotonic() + grace
-        for proc in self.procs:
-            _wait_or_kill_group(proc, deadline)
-        for log in self._logs:
-            log.close()
+        try:
+            for proc in self.procs:
+                _wait_or_kill_group(proc, deadline)
+        finally:
+            for log in self._logs:
+                log.close()
 
 
 SRUN_TERM_WAIT = 2.0
@@ -193,18 +222,28 @@ class SrunAgents:
 
     def stop(self, grace: float) -> None:
         """See `AgentStarter`."""
-        if self.proc is not None and self.proc.poll() is None:
-            wait_exit(self.proc, grace)
-            if self.proc.poll() is None:
-                # srun forwards SIGTERM to the step's tasks and ends the step. A task on a lost
-                # node keeps srun waiting (up to KillWait and longer): then kill srun and
-                # cancel the step, which slurmctld ends even on a node it cannot reach.
-                self.proc.send_signal(signal.SIGTERM)
-                wait_exit(self.proc, SRUN_TERM_WAIT)
-            if self.proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5.0)
-                self._cancel_step()
-        if self._log is not None:
-            self._log.close()
+        killed = True  # unless srun is seen to end by itself: then the step ended with it
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                wait_exit(self.proc, grace)
+                if self.proc.poll() is None:
+                    # srun forwards SIGTERM to the step's tasks and ends the step. A task on a
+                    # lost node keeps srun waiting (up to KillWait and longer): then kill srun
+                    # and cancel the step, which slurmctld ends even on a node it cannot reach.
+                    self.proc.send_signal(signal.SIGTERM)
+                    wait_exit(self.proc, SRUN_TERM_WAIT)
+                if self.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(self.proc.pid, signal.SIGKILL)  # not reaped: still its group
+                    wait_exit(self.proc, 5.0)
+                else:
+                    killed = False
+            else:
+                killed = False
+        finally:
+            try:
+                if killed:  # also when anything above raised (a Ctrl-C while we wait)
+                    self._cancel_step()
+            finally:
+                if self._log is not None:
+                    self._log.close()

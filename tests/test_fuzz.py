@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import slurmrun
 from slurmrun import transport
 
-EXAMPLES = 4000  # connections the attacking worker opens (the test stays well under 60 s)
+EXAMPLES = 4000  # connections the attacking worker opens
 CHALLENGE = len(transport.HANDSHAKE_MAGIC) + transport.NONCE_BYTES  # what a stranger may get
 ANSWER = transport.NONCE_BYTES + transport.MAC_BYTES
 ATTACKS = (
@@ -242,11 +242,9 @@ def test_thousands_of_hostile_connections_are_refused_and_the_launch_succeeds(
     watcher = threading.Thread(target=look_at_processes_during_the_launch)
     watcher.start()
     before = transport.unpickle_count
-    started = time.monotonic()
     result = slurmrun.launch(
         attacker_or_worker, (EXAMPLES, str(tmp_path)), workers_per_host=2, backend=None
     )
-    elapsed = time.monotonic() - started
     watcher.join(10)
     unpickled = transport.unpickle_count - before
 
@@ -259,14 +257,12 @@ def test_thousands_of_hostile_connections_are_refused_and_the_launch_succeeds(
     # nothing an attacker sent was unpickled: only the two results were
     assert unpickled == 2
     assert not (tmp_path / "evil_was_unpickled").exists()
+    # every hostile connection was refused by the handshake, and said so
     rejected = [r for r in caplog.records if "rejected a connection" in r.getMessage()]
-    dropped = [r for r in caplog.records if "unauthenticated connections" in r.getMessage()]
-    assert len(rejected) + len(dropped) == EXAMPLES
-    assert len(rejected) >= EXAMPLES // 2
+    assert len(rejected) == EXAMPLES
 
     (secret,) = recorded_secrets
     assert_secret_nowhere(secret, seen, worker)
-    assert elapsed < 60, f"the attack took {elapsed:.0f} s"
 
     # and the next launch works as usual
     assert slurmrun.launch(lambda: 7, workers_per_host=1, backend=None).values() == [7]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -164,6 +163,99 @@ def pids_then_sleep(path: str):
     time.sleep(120)
 
 
+def _holds(data, halves) -> bool:
+    """Whether `data` holds the two halves of the secret, one right after the other.
+
+    The scanning worker gets the secret in halves, which never lie side by side in its memory
+    (a pickle or an object header separates them): a match is a real copy of the secret.
+    """
+    first, second = halves
+    at = data.find(first)
+    while at >= 0:
+        if data[at + len(first) : at + len(first) + len(second)] == second:
+            return True
+        at = data.find(first, at + 1)
+    return False
+
+
+def _memory_holding(pid: int, patterns) -> list[str]:
+    """The memory regions of process `pid` that hold one of `patterns` (halves, see _holds)."""
+    found = []
+    chunk_bytes = 8 << 20
+    with open(f"/proc/{pid}/maps") as f:
+        maps = f.read().splitlines()
+    with open(f"/proc/{pid}/mem", "rb", buffering=0) as mem:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            perms, path = fields[1], fields[5].strip() if len(fields) > 5 else ""
+            if not perms.startswith("r") or path in ("[vvar]", "[vvar_vclock]", "[vsyscall]"):
+                continue
+            if "w" not in perms and path not in ("", "[stack]", "[heap]"):
+                continue  # a file's contents, as mapped: nothing the process wrote
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            tail = b""
+            for at in range(lo, hi, chunk_bytes):
+                try:
+                    mem.seek(at)
+                    chunk = tail + mem.read(min(chunk_bytes, hi - at))
+                except OSError:
+                    break
+                if any(_holds(chunk, p) for p in patterns):
+                    found.append(f"{path or 'anonymous'} {fields[0]}")
+                    break
+                tail = chunk[-64:]
+    return found
+
+
+def look_for_the_secret(raw_halves, hex_halves):
+    """Runs on a worker: every place where this worker, or its spawner, holds the secret."""
+    import gc
+
+    hex_bytes = tuple(h.encode() for h in hex_halves)
+    patterns = [raw_halves, hex_bytes]
+    # Memory first: what this scan allocates could reuse (overwrite) freed memory.
+    places = [f"worker memory: {r}" for r in _memory_holding(os.getpid(), patterns)]
+
+    def check(value, where) -> None:
+        if isinstance(value, str):
+            hit = _holds(value, hex_halves)
+        elif isinstance(value, (bytes, bytearray)):
+            hit = _holds(value, raw_halves) or _holds(value, hex_bytes)
+        else:
+            return
+        if hit:
+            places.append(where)
+
+    for obj in gc.get_objects():
+        for ref in gc.get_referents(obj):
+            check(ref, f"an object referred to by a {type(obj).__name__}")
+    for top in sys._current_frames().values():
+        frame = top
+        while frame is not None:
+            for name, value in frame.f_locals.items():
+                check(value, f"local {name} of {frame.f_code.co_name}")
+            frame = frame.f_back
+    if "SLURMRUN_SECRET" in os.environ:
+        places.append("os.environ")
+    for name, value in os.environ.items():
+        check(value, f"os.environ[{name!r}]")
+    spawner = psutil.Process().parent()
+    agent = spawner.parent()
+    assert agent is not None and "slurmrun.agent" in " ".join(agent.cmdline())
+    for who, pid in (("worker", os.getpid()), ("spawner", spawner.pid)):
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            check(f.read(), f"/proc/<{who}>/environ")
+    if os.environ["RANK"] != "0":
+        return {"places": places}
+    return {
+        "places": places + [f"spawner memory: {r}" for r in _memory_holding(spawner.pid, patterns)],
+        # The agent holds the secret (it authenticates every connection): a scan that finds it
+        # there shows that the scans above would have found it too.
+        "in_agent_memory": bool(_memory_holding(agent.pid, [raw_halves])),
+        "command_lines": [" ".join(p.cmdline()) for p in (psutil.Process(), spawner, agent)],
+    }
+
+
 # ---------------------------------------------------------------- tests: results
 
 
@@ -299,7 +391,9 @@ def test_worker_exception_is_reraised_at_once_while_other_ranks_wait_in_a_collec
     start = time.monotonic()
     with pytest.raises(KeyError) as info:
         slurmrun.launch(raise_on_rank_1_while_rank_0_waits, workers_per_host=2, timeout=120)
-    assert time.monotonic() - start < 20  # the collective timeout is 120 s
+    # Found by the error itself, not by the collective timeout (120 s): a bound that holds on
+    # a loaded machine; how fast it is found is measured in benchmarks/.
+    assert time.monotonic() - start < 60
     exc = info.value
     assert isinstance(exc.__cause__, RemoteTraceback)
     assert "raise_on_rank_1_while_rank_0_waits" in exc.__cause__.text
@@ -327,7 +421,7 @@ def test_worker_death_raises_worker_failed_with_cause_and_last_output(how, expec
     else:
         assert "last words before dying" in exc.stderr_tail
     assert exc.log_file and os.path.exists(exc.log_file)
-    assert elapsed < 20, f"took {elapsed:.1f} s"
+    assert elapsed < 60, f"took {elapsed:.1f} s"  # not the collective timeout (120 s)
 
 
 def test_killed_agent_raises_agent_failed():
@@ -341,7 +435,7 @@ def test_silent_agent_is_declared_dead_after_timeout():
     start = time.monotonic()
     with pytest.raises(slurmrun.AgentFailedError, match="sent nothing for 3 s"):
         slurmrun.launch(stop_own_agent, workers_per_host=1, timeout=3)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 45  # not the workers' own end (60 s)
 
 
 def test_unpicklable_return_value_names_the_problem():
@@ -422,37 +516,37 @@ def test_peers_without_the_secret_are_refused_and_the_launch_goes_on(caplog):
     assert sum("rejected a connection" in r.message for r in caplog.records) == 4
 
 
-def test_secret_is_not_on_any_command_line():
-    def command_lines():
-        me = psutil.Process((int(os.environ["RANK"]) and os.getpid()) or os.getpid())
-        agent = me.parent().parent()
-        return [" ".join(p.cmdline()) for p in (me, me.parent(), agent)], os.environ.get(
-            "SLURMRUN_SECRET"
-        )
+@pytest.mark.parametrize(
+    ("backend", "env_file"),
+    [("gloo", False), (None, False), ("gloo", True)],  # None: the spawner imports nothing
+)
+def test_the_secret_is_nowhere_in_a_worker_or_its_spawner(monkeypatch, tmp_path, backend, env_file):
+    """Workers run the user's code: no object, frame, environment or byte of memory there
+    (nor in the spawner they are forked from) may hold the secret that lets a peer talk to the
+    launcher. The agent must hold it, and the scan must find it there."""
+    import slurmrun.launcher as launcher_module
 
-    lines, secret_in_env = slurmrun.launch(command_lines, workers_per_host=1, backend=None).rank(0)
-    assert secret_in_env is None
-    assert any("slurmrun.agent" in line for line in lines)
-    assert not any("SECRET" in line for line in lines)
-
-
-def test_handshake_rejects_replayed_answers():
     secret = transport.new_secret()
-    a, b = socket.socketpair()
-    server_side = threading.Thread(target=lambda: _expect_auth_error(a, secret))
-    server_side.start()
-    b.recv(36)
-    b.sendall(os.urandom(64))  # an answer recorded from some other challenge
-    server_side.join(5)
-    assert b.recv(10) == b""
-    a.close()
-    b.close()
+    monkeypatch.setattr(launcher_module, "new_secret", lambda: secret)
+    hexed = secret.hex()
+    (tmp_path / "env.sh").write_text("export FROM_ENV_FILE=1\n")
+    result = slurmrun.launch(
+        look_for_the_secret,
+        ((secret[:16], secret[16:]), (hexed[:32], hexed[32:])),
+        workers_per_host=2,
+        backend=backend,
+        env_file=tmp_path / "env.sh" if env_file else None,
+    )
+    rank0, rank1 = result.values()
+    assert rank0["places"] == [] and rank1["places"] == []
+    assert rank0["in_agent_memory"], "the scan did not find the secret in the agent"
+    assert any("slurmrun.agent" in line for line in rank0["command_lines"])
+    for line in rank0["command_lines"]:
+        assert hexed not in line.lower()
 
 
-def _expect_auth_error(sock, secret):
-    with pytest.raises(transport.AuthenticationError):
-        transport.server_handshake(sock, secret, timeout=5)
-    sock.close()
+# A recorded answer replayed against a new challenge: tests/test_fuzz.py
+# (test_a_recorded_handshake_answer_replayed_against_a_new_challenge_is_refused).
 
 
 # ---------------------------------------------------------------- tests: interrupts
@@ -495,7 +589,7 @@ def test_signal_to_the_launcher_stops_every_agent_and_worker(tmp_path, sig):
         assert b"KeyboardInterrupt raised" in out, err
     else:
         assert proc.returncode == 128 + signal.SIGTERM, err
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while any(
         psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
     ):
@@ -527,7 +621,6 @@ def test_pickled_tensors_travel_outside_the_pickle_stream():
     assert len(body) < 1024 and sum(b.raw().nbytes for b in buffers) == 4 << 20
     restored = transport.loads(body, [bytearray(b.raw()) for b in buffers])
     assert torch.equal(restored["t"], torch.ones(1 << 20))
-    assert pickle.loads(pickle.dumps(1)) == 1
 
 
 def test_waiting_for_an_agent_works_with_more_than_1024_open_files():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import assert_type
 
 import slurmrun
@@ -27,3 +28,20 @@ assert_type(launcher.run(name).values(), list[str])
 
 error: type[Exception] = slurmrun.WorkerFailedError
 agent_error: type[Exception] = slurmrun.AgentFailedError
+
+allocation = slurmrun.slurm_allocation()
+assert_type(allocation, slurmrun.SlurmAllocation | None)
+if allocation is not None:
+    assert_type(allocation.hostnames, list[str])
+
+submitted = slurmrun.submit(double, (21,), nodes=2)
+assert_type(submitted, slurmrun.SubmittedLaunch[int])
+assert_type(submitted.result(timeout=60), slurmrun.LaunchResult[int])
+
+handlers = [
+    slurmrun.stream_handler(hostname="node1", local_rank=0),
+    slurmrun.file_handler("rank0.log", hostname="node1", local_rank=0),
+    slurmrun.add_filter_to_handler(logging.NullHandler(), hostname="node1"),
+]
+assert_type(handlers, list[logging.Handler])
+slurmrun.launch(double, (21,), log_handlers=handlers)
