@@ -193,8 +193,10 @@ def test_failing_to_start_agents_leaks_no_socket_and_no_temp_dir(
     kept = tmp_path / "logs"
     monkeypatch.setenv("SLURMRUN_LOG_DIR", "" if not log_dir_var else str(kept))
     before = _open_fds()
-    with pytest.raises(RuntimeError, match="srun was not found"):
+    with pytest.raises(RuntimeError, match="srun was not found") as info:
         launcher.launch(int, backend=None, timeout=5)
+    # While the error (and its traceback's frames) lives, as in a caller that keeps it:
+    assert info.value is not None
     assert _open_fds() <= before  # the server socket is closed
     assert list(temp.iterdir()) == []  # the temporary log directory is gone
 
