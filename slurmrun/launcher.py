@@ -56,7 +56,8 @@ class Launcher:
 
     hostnames: list[str] | Literal["auto", "slurm"] = "auto"
     """Hosts to run on. ``"auto"``: the SLURM job's nodes, else ``["localhost"]``.
-    ``"slurm"``: the job's nodes, and an error outside a job."""
+    ``"slurm"``: the job's nodes, and an error outside a job. Agents on the job's nodes start
+    with srun (in a one-node job too); other hosts must all be this machine."""
 
     workers_per_host: int | list[int] | Literal["auto", "slurm"] = "auto"
     """Workers on each host. ``"auto"``: one per GPU the host sees; without GPUs, the tasks per
