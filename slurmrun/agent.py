@@ -310,14 +310,16 @@ def _hostname(environ: Mapping[str, str]) -> str:
 
 
 def _auto_workers(environ: Mapping[str, str], hostname: str) -> int:
+    # The agent is a task of the agents' step, where SLURM_TASKS_PER_NODE describes that step:
+    # the job's own layout comes from the launcher. The node list is job-level; scontrol is
+    # not asked here (every agent of a large job would ask the controller at once).
     environ = dict(environ)
     job_tasks = environ.get(JOB_TASKS_VAR)
     if job_tasks:
         environ["SLURM_TASKS_PER_NODE"] = job_tasks
-    node_index: int | None = None
-    alloc = allocation.slurm_allocation(environ)
-    if alloc is not None and hostname in alloc.hostnames:
-        node_index = alloc.hostnames.index(hostname)
+    else:
+        environ.pop("SLURM_TASKS_PER_NODE", None)
+    node_index = allocation.job_node_index(environ, hostname)
     return allocation.auto_workers_per_host(environ, node_index)
 
 

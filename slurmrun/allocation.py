@@ -6,20 +6,25 @@ torch nor initialises CUDA, so it is cheap to import and safe to call before for
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import hostlist
 
 __all__ = [
+    "DriverStep",
     "SlurmAllocation",
     "auto_workers_per_host",
     "expand_counts",
+    "job_node_index",
+    "job_tasks_per_node",
     "parse_scontrol_gpus",
+    "parse_scontrol_tasks",
     "scontrol_gpus",
     "slurm_allocation",
     "usable_cpu_count",
@@ -33,6 +38,23 @@ _GRES_ITEM = re.compile(r"([^,()]+)(?:\(([^)]*)\))?")
 # Keys that belong to one per-node line of `scontrol show job -d`.
 _SCONTROL_NODE_KEYS = frozenset({"Nodes", "CPU_IDs", "Mem", "GRES", "GRES_IDX"})
 _NO_CUDA_DEVICES = frozenset({"NoDevFiles"})
+# `scontrol show job` fields that tell how many tasks the job has (see job_tasks_per_node).
+_SCONTROL_TASK_FIELDS = re.compile(r"\b(NumNodes|NumTasks|CPUs/Task|NtasksPerN:B:S:C)=(\S+)")
+
+
+@dataclass(frozen=True)
+class DriverStep:
+    """The job step this process runs in (e.g. ``srun -N1 -n1 python train.py``).
+
+    Attributes:
+        step_id: ``<job id>.<step id>``.
+        num_tasks: how many tasks the step has (``SLURM_STEP_NUM_TASKS``).
+        proc_id: this task's rank in the step (``SLURM_PROCID``).
+    """
+
+    step_id: str
+    num_tasks: int
+    proc_id: int
 
 
 @dataclass(frozen=True)
@@ -48,6 +70,8 @@ class SlurmAllocation:
         tasks_per_node: tasks the job was given on each node, or None if SLURM did not say.
         gpus_per_node: GPUs the job asked for on each node, or None if the environment does not
             tell (then each node's agent counts the GPUs it sees).
+        driver_step: the step this process runs in, or None in the job's own shell (the
+            ``salloc`` shell or the batch script).
     """
 
     job_id: str
@@ -55,6 +79,7 @@ class SlurmAllocation:
     cpus_per_node: list[int]
     tasks_per_node: list[int] | None
     gpus_per_node: list[int] | None
+    driver_step: DriverStep | None = None
 
     def node_index(self, hostname: str) -> int:
         """Return the index of ``hostname`` in the job's node list.
@@ -80,20 +105,34 @@ class SlurmAllocation:
         )
 
 
-def slurm_allocation(environ: Mapping[str, str] | None = None) -> SlurmAllocation | None:
-    """Describe the SLURM job this process runs in.
+def slurm_allocation(
+    environ: Mapping[str, str] | None = None,
+    scontrol: Callable[[str], str | None] | None = None,
+) -> SlurmAllocation | None:
+    """Describe the SLURM job this process runs in, also from inside one of its steps.
 
-    GPUs per node come from, in order: ``SLURM_GPUS_ON_NODE`` then ``SLURM_JOB_GPUS`` (single-node
-    jobs only: they describe just the node this process is on), ``SLURM_GPUS_PER_NODE``,
-    ``SLURM_TRES_PER_NODE``, ``SLURM_JOB_GRES``, and last ``SLURM_GPUS`` (a job total, used only
-    when it splits evenly across the nodes). If none applies, ``gpus_per_node`` is None.
+    The nodes and CPUs per node come from the job-level variables ``SLURM_JOB_NODELIST`` and
+    ``SLURM_JOB_CPUS_PER_NODE``, which every process of the job sees alike.
+
+    In the job's own shell (the ``salloc`` shell, the batch script), tasks per node come from
+    ``SLURM_TASKS_PER_NODE`` and GPUs per node, in order, from ``SLURM_GPUS_ON_NODE`` then
+    ``SLURM_JOB_GPUS`` (single-node jobs only: they describe just the node this process is
+    on), ``SLURM_GPUS_PER_NODE``, ``SLURM_TRES_PER_NODE``, ``SLURM_JOB_GRES``, and last
+    ``SLURM_GPUS`` (a job total, used only when it splits evenly across the nodes).
+
+    Inside a step (``SLURM_STEP_ID`` is set, e.g. ``srun -N1 -n1 python train.py``) those
+    variables describe the step, not the job, so tasks and GPUs per node come from
+    ``scontrol show job -d`` instead (see `job_tasks_per_node` and `parse_scontrol_gpus`),
+    and ``driver_step`` says which step this is.
 
     Args:
         environ: the environment to read; ``os.environ`` by default.
+        scontrol: returns the output of ``scontrol show job -d <job id>`` or None; called only
+            inside a step. Default: run scontrol (`scontrol_show_job`).
 
     Returns:
         The allocation, or None outside a SLURM job (neither ``SLURM_JOB_ID`` nor
-        ``SLURM_JOBID`` is set).
+        ``SLURM_JOBID`` is set). Counts that cannot be known are None.
 
     Raises:
         ValueError: if a SLURM variable is missing or malformed; the message names it.
@@ -106,13 +145,145 @@ def slurm_allocation(environ: Mapping[str, str] | None = None) -> SlurmAllocatio
     cpus_per_node = _per_node_counts(env, "SLURM_JOB_CPUS_PER_NODE", hostnames)
     if cpus_per_node is None:
         raise ValueError(f"SLURM_JOB_ID is set but SLURM_JOB_CPUS_PER_NODE is not (job {job_id})")
+    num_nodes = env.get("SLURM_JOB_NUM_NODES")
+    if num_nodes is not None and num_nodes.strip() != str(len(hostnames)):
+        raise ValueError(
+            f"SLURM_JOB_NUM_NODES={num_nodes!r} but SLURM_JOB_NODELIST has {len(hostnames)} "
+            f"nodes ({', '.join(hostnames)})"
+        )
+    step = _driver_step(env, job_id)
+    if step is None:
+        return SlurmAllocation(
+            job_id=job_id,
+            hostnames=hostnames,
+            cpus_per_node=cpus_per_node,
+            tasks_per_node=_per_node_counts(env, "SLURM_TASKS_PER_NODE", hostnames),
+            gpus_per_node=_gpus_per_node(env, len(hostnames)),
+        )
+    text = (scontrol or scontrol_show_job)(job_id)
+    tasks: list[int] | None = None
+    gpus: list[int] | None = None
+    if text:
+        with contextlib.suppress(ValueError):  # unreadable output: as if scontrol said nothing
+            tasks = job_tasks_per_node(text, cpus_per_node)
+            per_host = parse_scontrol_gpus(text)
+            if all(h in per_host for h in hostnames):
+                gpus = [per_host[h] for h in hostnames]
     return SlurmAllocation(
         job_id=job_id,
         hostnames=hostnames,
         cpus_per_node=cpus_per_node,
-        tasks_per_node=_per_node_counts(env, "SLURM_TASKS_PER_NODE", hostnames),
-        gpus_per_node=_gpus_per_node(env, len(hostnames)),
+        tasks_per_node=tasks,
+        gpus_per_node=gpus,
+        driver_step=step,
     )
+
+
+def job_node_index(environ: Mapping[str, str], hostname: str) -> int | None:
+    """This host's index in the job's node list (``SLURM_JOB_NODELIST``), without scontrol.
+
+    Args:
+        environ: the environment to read.
+        hostname: the host; a fully qualified name also matches its short form.
+
+    Returns:
+        The index, or None outside a job or if the host is not one of the job's nodes.
+
+    Raises:
+        ValueError: if the node list is malformed.
+    """
+    if _job_id(environ) is None:
+        return None
+    hosts = _hostnames(environ)
+    for candidate in (hostname, hostname.split(".", 1)[0]):
+        if candidate in hosts:
+            return hosts.index(candidate)
+    return None
+
+
+def parse_scontrol_tasks(text: str) -> tuple[int, int, int, int] | None:
+    """Read ``(NumNodes, NumTasks, CPUs/Task, ntasks per node)`` from ``scontrol show job``.
+
+    Args:
+        text: the output of ``scontrol show job [-d] <job id>``.
+
+    Returns:
+        The four numbers (ntasks per node 0 when not requested), or None if the text lacks
+        one of them (e.g. the job is pending and has no nodes yet).
+    """
+    fields = dict(_SCONTROL_TASK_FIELDS.findall(text))
+    values = [
+        fields.get("NumNodes", ""),
+        fields.get("NumTasks", ""),
+        fields.get("CPUs/Task", ""),
+        fields.get("NtasksPerN:B:S:C", "").split(":", 1)[0],
+    ]
+    if not all(v.isdigit() for v in values):
+        return None
+    nodes, tasks, cpus_per_task, per_node = (int(v) for v in values)
+    return nodes, tasks, cpus_per_task, per_node
+
+
+def job_tasks_per_node(text: str, cpus_per_node: Sequence[int]) -> list[int] | None:
+    """The job's tasks per node, as SLURM computes ``SLURM_TASKS_PER_NODE`` for the job's shell.
+
+    SLURM lays the job's tasks out over its nodes like a block-distributed step: each node
+    holds up to ``CPUs / CPUs per task`` tasks, filled round by round. When no task count was
+    asked for, the job has one task per ``CPUs per task`` CPUs. ``scontrol`` does not tell an
+    explicit ``--ntasks`` equal to the node count from no ``--ntasks`` at all: both count as
+    "not asked for" here (they differ only when a node has more CPUs than tasks, e.g.
+    ``-N2 -n2 --exclusive``).
+
+    Args:
+        text: the output of ``scontrol show job [-d] <job id>``.
+        cpus_per_node: the job's CPUs on each node (``SLURM_JOB_CPUS_PER_NODE``).
+
+    Returns:
+        Tasks per node, or None if scontrol's text does not say enough.
+    """
+    parsed = parse_scontrol_tasks(text)
+    if parsed is None or parsed[0] != len(cpus_per_node) or parsed[2] < 1:
+        return None
+    nodes, num_tasks, cpus_per_task, per_node = parsed
+    if per_node > 0:
+        return [per_node] * nodes
+    capacity = [cpus // cpus_per_task for cpus in cpus_per_node]
+    if num_tasks == nodes:  # the default when no task count was asked for
+        return capacity
+    tasks = [0] * nodes
+    placed, round_, oversubscribe = 0, 0, False
+    while placed < num_tasks:  # SLURM's _task_layout_block (not packing nodes)
+        room_left = False
+        for i in range(nodes):
+            if placed == num_tasks:
+                break
+            if round_ < capacity[i] or oversubscribe:
+                tasks[i] += 1
+                placed += 1
+                room_left = room_left or round_ + 1 < capacity[i]
+        oversubscribe = oversubscribe or not room_left
+        round_ += 1
+    return tasks
+
+
+def scontrol_show_job(job_id: str, timeout: float = 10) -> str | None:
+    """The output of ``scontrol show job -d <job_id>``, or None if scontrol fails or is missing.
+
+    Args:
+        job_id: the SLURM job id.
+        timeout: seconds to wait for scontrol before giving up.
+    """
+    try:
+        result = subprocess.run(
+            ["scontrol", "show", "job", "-d", job_id],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout if result.returncode == 0 else None
 
 
 def expand_counts(value: str, variable: str) -> list[int]:
@@ -186,20 +357,11 @@ def scontrol_gpus(job_id: str, timeout: float = 10) -> dict[str, int] | None:
         GPUs per hostname, or None if scontrol is missing, fails, times out, or prints nothing
         that can be read.
     """
-    try:
-        result = subprocess.run(
-            ["scontrol", "show", "job", "-d", job_id],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if result.returncode != 0:
+    text = scontrol_show_job(job_id, timeout)
+    if text is None:
         return None
     try:
-        gpus = parse_scontrol_gpus(result.stdout)
+        gpus = parse_scontrol_gpus(text)
     except ValueError:
         return None
     return gpus or None
@@ -288,6 +450,20 @@ def auto_workers_per_host(
 def _job_id(env: Mapping[str, str]) -> str | None:
     # SLURM_JOBID is the older spelling; SLURM still sets both.
     return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
+
+
+def _driver_step(env: Mapping[str, str], job_id: str) -> DriverStep | None:
+    """The step this process is a task of; None in the job's shell (no SLURM_STEP_ID there)."""
+    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
+    if not step:
+        return None
+    counts = []
+    for variable in ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"):
+        value = env.get(variable, "0" if variable == "SLURM_PROCID" else "1").strip()
+        if not value.isdigit():
+            raise ValueError(f"{variable}={value!r} is malformed: expected a number")
+        counts.append(int(value))
+    return DriverStep(step_id=f"{job_id}.{step}", num_tasks=counts[0], proc_id=counts[1])
 
 
 def _hostnames(env: Mapping[str, str]) -> list[str]:

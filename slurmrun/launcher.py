@@ -10,7 +10,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -22,10 +22,11 @@ from slurmrun.environment import (
     env_file_problem,
     matching_env,
 )
-from slurmrun.logs import log_level, resolve_log_dir
+from slurmrun.errors import AgentFailedError
+from slurmrun.logs import LogDir, log_level, resolve_log_dir
 from slurmrun.result import LaunchResult
 from slurmrun.session import Session
-from slurmrun.starters import AgentStarter, LocalAgents, package_pythonpath
+from slurmrun.starters import AgentStarter, LocalAgents, SrunAgents, package_pythonpath
 from slurmrun.transport import dumps, dumps_inband, new_secret
 
 __all__ = ["Launcher", "check_call", "launch"]
@@ -55,7 +56,8 @@ class Launcher:
 
     hostnames: list[str] | Literal["auto", "slurm"] = "auto"
     """Hosts to run on. ``"auto"``: the SLURM job's nodes, else ``["localhost"]``.
-    ``"slurm"``: the job's nodes, and an error outside a job."""
+    ``"slurm"``: the job's nodes, and an error outside a job. Agents on the job's nodes start
+    with srun (in a one-node job too); other hosts must all be this machine."""
 
     workers_per_host: int | list[int] | Literal["auto", "slurm"] = "auto"
     """Workers on each host. ``"auto"``: one per GPU the host sees; without GPUs, the tasks per
@@ -73,8 +75,9 @@ class Launcher:
     """fnmatch patterns of the launcher's environment variables that agents and workers get.
     Nothing else of the launcher's environment reaches them (SLURM adds its own SLURM_*)."""
 
-    extra_env_vars: tuple[str, ...] = ()
-    """More patterns, added to `default_env_vars`."""
+    extra_env_vars: tuple[str, ...] | Mapping[str, str] = ()
+    """More patterns, added to `default_env_vars`; or a mapping of names to values that agents
+    and workers get on top of the variables the patterns pass (e.g. ``{"NCCL_DEBUG": "INFO"}``)."""
 
     env_file: str | None = None
     """A bash file that each agent sources before it starts workers; its exports reach them."""
@@ -114,9 +117,19 @@ class Launcher:
             AgentFailedError: an agent died, went silent, or never started.
             Exception: whatever a worker raised, re-raised with its traceback as ``__cause__``.
         """
+        return self._run(func, func_args, func_kwargs)
+
+    def _run(
+        self,
+        func: Callable[..., T],
+        func_args: Sequence[Any],
+        func_kwargs: dict[str, Any] | None,
+        *,
+        designated_task: bool = False,
+    ) -> LaunchResult[T]:
         kwargs = {} if func_kwargs is None else func_kwargs
         payload = check_call(self, func, func_args, kwargs)
-        plan = _plan(self)
+        plan = _plan(self, designated_task=designated_task)
         with _sigterm_as_exit():
             for attempt in range(self.max_restarts + 1):
                 try:
@@ -136,6 +149,20 @@ class Launcher:
         raise AssertionError("unreachable")  # pragma: no cover
 
 
+def run_from_designated_task(
+    launcher: Launcher,
+    func: Callable[..., T],
+    func_args: Sequence[Any],
+    func_kwargs: dict[str, Any] | None,
+) -> LaunchResult[T]:
+    """`Launcher.run` from the one task of a several-task step that is meant to launch.
+
+    `Launcher.run` refuses to start from a step of several tasks (each would launch on every
+    node); `slurmrun.submit` runs one task per node and launches from the first only.
+    """
+    return launcher._run(func, func_args, func_kwargs, designated_task=True)
+
+
 def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept positional
     func: Callable[..., T],
     func_args: Sequence[Any] = (),
@@ -145,7 +172,7 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
     backend: Backend = "auto",
     timeout: float = 600,
     default_env_vars: tuple[str, ...] = DEFAULT_ENV_VARS,
-    extra_env_vars: tuple[str, ...] = (),
+    extra_env_vars: tuple[str, ...] | Mapping[str, str] = (),
     env_file: str | None = None,
     log_handlers: list[logging.Handler] | None = None,
     max_restarts: int = 0,
@@ -207,6 +234,9 @@ def _validate(cfg: Launcher, func: object, func_args: object, func_kwargs: objec
 def _validate_env_and_logs(cfg: Launcher) -> None:
     for name in ("default_env_vars", "extra_env_vars"):
         patterns = getattr(cfg, name)
+        if name == "extra_env_vars" and isinstance(patterns, Mapping):
+            _validate_env_mapping(patterns)
+            continue
         if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
             raise TypeError(f"{name} must be a tuple of fnmatch patterns, got {patterns!r}")
     problem = env_file_problem(cfg.env_file)
@@ -217,6 +247,18 @@ def _validate_env_and_logs(cfg: Launcher) -> None:
     ):
         raise TypeError("log_handlers must be a list of logging.Handler objects (or None)")
     log_level()  # a bad SLURMRUN_LOG_LEVEL is an error before anything starts
+
+
+def _validate_env_mapping(variables: Mapping[object, object]) -> None:
+    for name, value in variables.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(
+                "extra_env_vars as a mapping must map variable names to str values, got "
+                f"{name!r}: {value!r}"
+            )
+        # Names travel in srun's comma-separated --export list.
+        if not name or "=" in name or "," in name or "\0" in name or "\0" in value:
+            raise ValueError(f"extra_env_vars: {name!r} is not a valid environment variable name")
 
 
 def _validate_hostnames(h: object) -> None:
@@ -285,7 +327,7 @@ def _is_local(host: str) -> bool:
     return host in _LOCAL_NAMES or host == socket.gethostname()
 
 
-def _plan(cfg: Launcher) -> _Plan:
+def _plan(cfg: Launcher, *, designated_task: bool = False) -> _Plan:
     alloc = allocation.slurm_allocation()
     for name, value in (("hostnames", cfg.hostnames), ("workers_per_host", cfg.workers_per_host)):
         if value == "slurm" and alloc is None:
@@ -297,8 +339,11 @@ def _plan(cfg: Launcher) -> _Plan:
         hosts = list(alloc.hostnames) if alloc is not None else ["localhost"]
     else:
         hosts = list(cfg.hostnames)
-    local = all(_is_local(h) for h in hosts)
-    if not local:
+    # A job's nodes, one of them this machine included, get their agents from srun: the agents
+    # then live in the job (its SLURM_* variables, its GPUs and CPUs, its accounting) just
+    # as on several nodes. Local agents are for hosts that are not the job's ("localhost").
+    local = alloc is None or not all(h in alloc.hostnames for h in hosts)
+    if local and not all(_is_local(h) for h in hosts):
         if alloc is None:
             raise ValueError(
                 f"hostnames {hosts} name other machines, but slurmrun starts remote agents with "
@@ -306,15 +351,14 @@ def _plan(cfg: Launcher) -> _Plan:
                 "['localhost']."
             )
         unknown = [h for h in hosts if h not in alloc.hostnames]
-        if unknown:
-            raise ValueError(
-                f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
-                f"{alloc.hostnames}"
-            )
-        if len(set(hosts)) != len(hosts):
-            raise ValueError(
-                f"hostnames lists a node twice ({hosts}); srun starts one agent per node"
-            )
+        raise ValueError(
+            f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
+            f"{alloc.hostnames}"
+        )
+    if not local and len(set(hosts)) != len(hosts):
+        raise ValueError(f"hostnames lists a node twice ({hosts}); srun starts one agent per node")
+    if not local and alloc is not None:
+        _check_driver_step(alloc, designated_task)
     w = cfg.workers_per_host
     if isinstance(w, str):
         counts = None
@@ -328,6 +372,20 @@ def _plan(cfg: Launcher) -> _Plan:
             )
         counts = list(w)
     return _Plan(hosts, counts, alloc, local)
+
+
+def _check_driver_step(alloc: allocation.SlurmAllocation, designated_task: bool) -> None:
+    """Refuses to launch from each of several tasks of one step: they would share the nodes."""
+    step = alloc.driver_step
+    if step is None or step.num_tasks <= 1 or designated_task:
+        return
+    raise RuntimeError(
+        f"slurmrun.launch runs in SLURM step {step.step_id}, which has {step.num_tasks} tasks "
+        f"(this is task {step.proc_id}): every task would launch workers on every node of "
+        f"job {alloc.job_id}, and they would fight over its GPUs and CPUs. Start the script "
+        "that calls launch() once: `python train.py` in the batch script or the salloc "
+        "shell, or `srun -N1 -n1 python train.py`. slurmrun starts one agent per node itself."
+    )
 
 
 # ---------------------------------------------------------------------- running
@@ -360,11 +418,44 @@ def _launcher_addr(plan: _Plan) -> tuple[str, str]:
     return "0.0.0.0", srun.address_toward(plan.hostnames[0])  # noqa: S104
 
 
-def _agent_env(cfg: Launcher, control: dict[str, str]) -> dict[str, str]:
-    """What agents start with: the matching variables of ours, plus the launch's own."""
-    env = matching_env(os.environ, (*cfg.default_env_vars, *cfg.extra_env_vars))
+def _agent_env(
+    cfg: Launcher, control: dict[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """What agents start with: the matching variables of ours, the given ones, the launch's."""
+    environ = os.environ if environ is None else environ
+    extra = cfg.extra_env_vars
+    patterns = [*cfg.default_env_vars, *([] if isinstance(extra, Mapping) else extra)]
+    env = matching_env(environ, patterns)
+    if isinstance(extra, Mapping):
+        env.update(extra)
     env.update(control)
     return env
+
+
+def _starter(
+    cfg: Launcher, plan: _Plan, log_dir: LogDir, control: dict[str, str]
+) -> tuple[AgentStarter, dict[str, str]]:
+    """The agents' starter, and the environment to start them with."""
+    if plan.alloc is not None and plan.alloc.tasks_per_node is not None:
+        control[srun.JOB_TASKS_VAR] = ",".join(map(str, plan.alloc.tasks_per_node))
+    if plan.local:
+        return LocalAgents(plan.hostnames, log_dir.path), _agent_env(cfg, control)
+    assert plan.alloc is not None  # noqa: S101 - _plan guarantees an allocation here
+    # srun runs with our environment less what would reshape the agents' step (the driver's
+    # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
+    # with their values taken from srun's environment, so no value is on a command line.
+    environ = srun.srun_environment(os.environ)
+    agent_env = _agent_env(cfg, control, environ)
+    starter = srun.srun_agents(
+        plan.alloc, plan.hostnames, log_dir.path, sorted(agent_env), node_logs=log_dir.keep
+    )
+    return starter, {**environ, **agent_env}
+
+
+def _step_order(plan: _Plan) -> list[str]:
+    """The agents' step's nodes in SLURM's task order (the job's node order)."""
+    alloc = plan.alloc
+    return sorted(plan.hostnames, key=alloc.node_index) if alloc else list(plan.hostnames)
 
 
 def _listen(bind: str) -> socket.socket:
@@ -387,33 +478,37 @@ def _listen(bind: str) -> socket.socket:
 def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes, attempt: int) -> LaunchResult[Any]:
     bind, advertise = _launcher_addr(plan)
     server = _listen(bind)
-    log_dir = resolve_log_dir()
-    level = log_level()
-    port = server.getsockname()[1]
+    log_dir: LogDir | None = None
+    try:
+        log_dir = resolve_log_dir()
+        return _run_session(cfg, plan, payload, attempt, server, log_dir, advertise)
+    finally:
+        server.close()  # Session closes it too, but not when starting agents failed
+        if log_dir is not None and not log_dir.keep:
+            shutil.rmtree(log_dir.path, ignore_errors=True)
+
+
+def _run_session(  # noqa: PLR0917 - the parts of one attempt
+    cfg: Launcher,
+    plan: _Plan,
+    payload: bytes,
+    attempt: int,
+    server: socket.socket,
+    log_dir: LogDir,
+    advertise: str,
+) -> LaunchResult[Any]:
     secret = new_secret()
     control = {
         "SLURMRUN_SECRET": secret.hex(),
         "SLURMRUN_LAUNCHER_ADDR": advertise,
-        "SLURMRUN_LAUNCHER_PORT": str(port),
+        "SLURMRUN_LAUNCHER_PORT": str(server.getsockname()[1]),
         "SLURMRUN_PRELOAD": "" if cfg.backend is None else "torch",
         "PYTHONPATH": package_pythonpath(os.environ),
         HEARTBEAT_VAR: str(max(0.05, cfg.heartbeat_timeout / 5)),
     }
     if cfg.env_file:
         control[ENV_FILE_VAR] = os.path.abspath(cfg.env_file)
-    if "SLURM_TASKS_PER_NODE" in os.environ:
-        control[srun.JOB_TASKS_VAR] = os.environ["SLURM_TASKS_PER_NODE"]
-    agent_env = _agent_env(cfg, control)
-    starter: AgentStarter
-    if plan.local:
-        starter = LocalAgents(plan.hostnames, log_dir.path)
-        env = agent_env
-    else:
-        assert plan.alloc is not None  # noqa: S101 - _plan guarantees an allocation here
-        # srun itself needs all of our environment (the job's variables); the agents get only
-        # the names listed in --export, with their values taken from srun's environment.
-        starter = srun.srun_agents(plan.alloc, plan.hostnames, log_dir.path, sorted(agent_env))
-        env = {**os.environ, **control}
+    starter, env = _starter(cfg, plan, log_dir, control)
     session = Session(
         hostnames=plan.hostnames,
         workers_per_host=plan.workers_per_host,
@@ -433,10 +528,17 @@ def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes, attempt: int) -> Launc
         local_master=plan.local,
         handlers=cfg.log_handlers,
         log_dir=log_dir.path if log_dir.keep else None,
-        log_level=level,
+        log_level=log_level(),
     )
     try:
         return session.run(env)
-    finally:
-        if not log_dir.keep:
-            shutil.rmtree(log_dir.path, ignore_errors=True)
+    except AgentFailedError as e:
+        if not isinstance(starter, SrunAgents) or not log_dir.keep:
+            raise
+        failure = srun.log_open_failure(starter.log_path, _step_order(plan), log_dir.path)
+        if failure is None:
+            raise
+        host, message = failure
+        raise AgentFailedError(
+            message, hostname=host, log_file=starter.log_path, stderr_tail=e.stderr_tail
+        ) from e

@@ -3,19 +3,162 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from slurmrun.allocation import SlurmAllocation, scontrol_gpus
 from slurmrun.logs import agent_log_path
 from slurmrun.starters import SrunAgents, agent_command
 
-__all__ = ["address_toward", "agents_step_command", "srun_agents"]
+__all__ = [
+    "address_toward",
+    "agents_step_command",
+    "log_open_failure",
+    "srun_agents",
+    "srun_environment",
+]
 
 # srun rewrites SLURM_TASKS_PER_NODE with the step's layout (1 per node for the agents' step),
-# so the job's own value travels to agents under this name.
+# so the job's own layout travels to agents under this name (comma-separated counts).
 JOB_TASKS_VAR = "SLURMRUN_JOB_TASKS_PER_NODE"
+
+# srun's INPUT ENVIRONMENT VARIABLES (man srun, Slurm 22.05): each one set in the launcher's
+# environment (by salloc, sbatch, the driver's own step, or the user) would silently reshape
+# the agents' step, so srun gets none of them but those that find the job.
+SRUN_INPUT_VARS = frozenset(
+    [
+        "PMI_FANOUT",
+        "PMI_FANOUT_OFF_HOST",
+        "PMI_TIME",
+        "SLURM_ACCOUNT",
+        "SLURM_ACCTG_FREQ",
+        "SLURM_BCAST",
+        "SLURM_BCAST_EXCLUDE",
+        "SLURM_BURST_BUFFER",
+        "SLURM_CLUSTERS",
+        "SLURM_COMPRESS",
+        "SLURM_CONF",
+        "SLURM_CONSTRAINT",
+        "SLURM_CORE_SPEC",
+        "SLURM_CPU_BIND",
+        "SLURM_CPU_FREQ_REQ",
+        "SLURM_CPUS_PER_GPU",
+        "SLURM_CPUS_PER_TASK",
+        "SLURM_DEBUG",
+        "SLURM_DEBUG_FLAGS",
+        "SLURM_DELAY_BOOT",
+        "SLURM_DEPENDENCY",
+        "SLURM_DISABLE_STATUS",
+        "SLURM_DIST_PLANESIZE",
+        "SLURM_DISTRIBUTION",
+        "SLURM_EPILOG",
+        "SLURM_EXACT",
+        "SLURM_EXCLUSIVE",
+        "SLURM_EXIT_ERROR",
+        "SLURM_EXIT_IMMEDIATE",
+        "SLURM_EXPORT_ENV",
+        "SLURM_GPU_BIND",
+        "SLURM_GPU_FREQ",
+        "SLURM_GPUS",
+        "SLURM_GPUS_PER_NODE",
+        "SLURM_GPUS_PER_TASK",
+        "SLURM_GRES",
+        "SLURM_GRES_FLAGS",
+        "SLURM_HINT",
+        "SLURM_IMMEDIATE",
+        "SLURM_JOB_ID",
+        "SLURM_JOB_NAME",
+        "SLURM_JOB_NUM_NODES",
+        "SLURM_KILL_BAD_EXIT",
+        "SLURM_LABELIO",
+        "SLURM_MEM_BIND",
+        "SLURM_MEM_PER_CPU",
+        "SLURM_MEM_PER_GPU",
+        "SLURM_MEM_PER_NODE",
+        "SLURM_MPI_TYPE",
+        "SLURM_NETWORK",
+        "SLURM_NNODES",
+        "SLURM_NO_KILL",
+        "SLURM_NPROCS",
+        "SLURM_NTASKS",
+        "SLURM_NTASKS_PER_CORE",
+        "SLURM_NTASKS_PER_GPU",
+        "SLURM_NTASKS_PER_NODE",
+        "SLURM_NTASKS_PER_SOCKET",
+        "SLURM_OPEN_MODE",
+        "SLURM_OVERCOMMIT",
+        "SLURM_OVERLAP",
+        "SLURM_PARTITION",
+        "SLURM_PMI_KVS_NO_DUP_KEYS",
+        "SLURM_POWER",
+        "SLURM_PROFILE",
+        "SLURM_PROLOG",
+        "SLURM_QOS",
+        "SLURM_REMOTE_CWD",
+        "SLURM_REQ_SWITCH",
+        "SLURM_RESERVATION",
+        "SLURM_RESV_PORTS",
+        "SLURM_SEND_LIBS",
+        "SLURM_SIGNAL",
+        "SLURM_SPREAD_JOB",
+        "SLURM_SRUN_REDUCE_TASK_EXIT_MSG",
+        "SLURM_STDERRMODE",
+        "SLURM_STDINMODE",
+        "SLURM_STDOUTMODE",
+        "SLURM_STEP_GRES",
+        "SLURM_STEP_KILLED_MSG_NODE_ID",
+        "SLURM_TASK_EPILOG",
+        "SLURM_TASK_PROLOG",
+        "SLURM_TEST_EXEC",
+        "SLURM_THREAD_SPEC",
+        "SLURM_THREADS",
+        "SLURM_THREADS_PER_CORE",
+        "SLURM_TIMELIMIT",
+        "SLURM_UMASK",
+        "SLURM_UNBUFFEREDIO",
+        "SLURM_USE_MIN_NODES",
+        "SLURM_WAIT",
+        "SLURM_WCKEY",
+        "SLURM_WORKING_DIR",
+        "SLURMD_DEBUG",
+        "SRUN_CONTAINER",
+        "SRUN_CPUS_PER_TASK",
+        "SRUN_EXPORT_ENV",
+    ]
+)
+# What srun needs to find the job (and its cluster) to add a step to.
+SRUN_KEEP_VARS = frozenset({"SLURM_JOB_ID", "SLURM_JOBID", "SLURM_CONF", "SLURM_CLUSTERS"})
+# Set by SLURM in each task of a step: in a launcher that runs inside a step they describe
+# that step (its GPUs, its tasks), never the agents' step, which gets its own.
+STEP_TASK_VARS = frozenset(
+    [
+        "SLURM_PROCID",
+        "SLURM_LOCALID",
+        "SLURM_NODEID",
+        "SLURM_GTIDS",
+        "SLURM_TASK_PID",
+        "SLURM_CPUS_ON_NODE",
+        "SLURM_GPUS_ON_NODE",
+        "SLURM_TASKS_PER_NODE",
+        "SLURM_NODELIST",
+        "SLURM_LAUNCH_NODE_IPADDR",
+        "SLURM_SRUN_COMM_HOST",
+        "SLURM_SRUN_COMM_PORT",
+        "SLURM_STEPID",
+        "SLURM_TOPOLOGY_ADDR",
+        "SLURM_TOPOLOGY_ADDR_PATTERN",
+        "SLURM_UMASK",
+        "CUDA_VISIBLE_DEVICES",
+        "GPU_DEVICE_ORDINAL",
+        "ROCR_VISIBLE_DEVICES",
+        "SLURM_JOB_GPUS",
+    ]
+)
+# srun's word for a task whose stdout could not be set up on its node (e.g. --output names a
+# directory the node cannot see or write).
+_LAUNCH_FAILED = re.compile(r"task (\d+) launch failed: (.+)")
 
 
 def address_toward(host: str) -> str:
@@ -38,14 +181,50 @@ def address_toward(host: str) -> str:
         return str(s.getsockname()[0])
 
 
+def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment for the agents' srun: `environ` without what would reshape the step.
+
+    Drops srun's input variables (`SRUN_INPUT_VARS`, all ``SRUN_*``) except those that find
+    the job (`SRUN_KEEP_VARS`), and, when `environ` is that of a step's task, the variables
+    that describe that step (``SLURM_STEP_*``, `STEP_TASK_VARS`). The step's shape comes
+    from the command line alone (`agents_step_command`).
+
+    Args:
+        environ: the launcher's environment.
+
+    Returns:
+        A new dict.
+    """
+    in_step = bool(environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
+
+    def keep(name: str) -> bool:
+        if name in SRUN_KEEP_VARS:
+            return True
+        if name in SRUN_INPUT_VARS or name.startswith("SRUN_"):
+            return False
+        return not (in_step and (name in STEP_TASK_VARS or name.startswith("SLURM_STEP_")))
+
+    return {k: v for k, v in environ.items() if keep(k)}
+
+
 def agents_step_command(
     alloc: SlurmAllocation,
     hostnames: Sequence[str],
-    log_dir: str,
+    log_dir: str | None,
     export: Sequence[str],
     srun: str = "srun",
 ) -> list[str]:
-    """The srun command line of the agents' step: one task on each of `hostnames`."""
+    """The srun command line of the agents' step: one task on each of `hostnames`.
+
+    Args:
+        alloc: the job.
+        hostnames: the nodes to start agents on.
+        log_dir: where each node writes its agent's output (``<host>.agent.log``); it must be
+            on a filesystem every node shares. None: no file on the nodes (srun relays the
+            agents' output to its own, on the launcher's side).
+        export: names of the variables the agents get (values: srun's environment).
+        srun: the srun executable.
+    """
     n = len(hostnames)
     cpus = min(alloc.cpus_per_node[alloc.node_index(h)] for h in hostnames)
     cmd = [
@@ -60,11 +239,13 @@ def agents_step_command(
         "--overlap",
         "--kill-on-bad-exit=1",
         "--job-name=slurmrun-agents",
-        f"--output={os.path.join(log_dir, '%N.agent.log')}",
         # Names only: srun copies their values from its own environment, so no value (the
         # launch secret above all) ever appears on a command line.
         f"--export={','.join(export)}",
     ]
+    if log_dir is not None:
+        # "%" in the directory is srun's pattern character: "%%" is a literal "%".
+        cmd.append(f"--output={os.path.join(log_dir.replace('%', '%%'), '%N.agent.log')}")
     gpus = _step_gpus(alloc, hostnames)
     if gpus:
         # A step sees no GPU unless it asks: ask for what the job has on each node. (Where nodes
@@ -83,15 +264,63 @@ def _step_gpus(alloc: SlurmAllocation, hostnames: Sequence[str]) -> int:
 
 
 def srun_agents(
-    alloc: SlurmAllocation, hostnames: Sequence[str], log_dir: str, export: Sequence[str]
+    alloc: SlurmAllocation,
+    hostnames: Sequence[str],
+    log_dir: str,
+    export: Sequence[str],
+    node_logs: bool = True,
 ) -> SrunAgents:
-    """An `AgentStarter` that runs the agents as one srun step."""
+    """An `AgentStarter` that runs the agents as one srun step.
+
+    Args:
+        alloc: the job.
+        hostnames: the nodes to start agents on.
+        log_dir: the launcher's log directory; srun's own output goes to ``srun.log`` there.
+        export: names of the variables the agents get.
+        node_logs: whether each node writes ``<host>.agent.log`` into `log_dir` (which then
+            must be shared by the nodes); else the agents' output goes to ``srun.log``.
+    """
     srun = shutil.which("srun")
     if srun is None:
         raise RuntimeError("srun was not found on PATH, but a SLURM allocation was detected")
     return SrunAgents(
-        command=agents_step_command(alloc, hostnames, log_dir, export, srun),
+        command=agents_step_command(alloc, hostnames, log_dir if node_logs else None, export, srun),
         log_path=os.path.join(log_dir, "srun.log"),
-        node_logs={h: agent_log_path(log_dir, h) for h in hostnames},
+        node_logs={h: agent_log_path(log_dir, h) for h in hostnames} if node_logs else {},
         hostnames=list(hostnames),
+    )
+
+
+def log_open_failure(
+    srun_log: str, step_hosts: Sequence[str], log_dir: str
+) -> tuple[str, str] | None:
+    """(host, message) if srun's output says a node could not start its agent's task.
+
+    The usual cause: the node cannot open its ``--output`` file (the log directory is not on
+    a filesystem the node shares, or it cannot write there), and srun says only
+    ``task N launch failed: Slurmd could not connect IO``.
+
+    Args:
+        srun_log: srun's own output file.
+        step_hosts: the step's nodes in SLURM's task order (the job's node order).
+        log_dir: the log directory the nodes were told to write to.
+    """
+    try:
+        with open(srun_log, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return None
+    match = _LAUNCH_FAILED.search(text)
+    if match is None:
+        return None
+    task = int(match.group(1))
+    host = step_hosts[task] if task < len(step_hosts) else f"task {task}"
+    path = agent_log_path(log_dir, host)
+    return host, (
+        f"the agent on {host} could not start: srun says task {task} launch failed: "
+        f"{match.group(2).strip()}. Most likely {host} could not open its log file {path}: "
+        "agents' log files are written by each node, so SLURMRUN_LOG_DIR must be a "
+        "directory on a filesystem that every node shares and can write (the default, "
+        "./slurmrun_logs, must then be too). Set SLURMRUN_LOG_DIR to such a directory, or "
+        "SLURMRUN_LOG_DIR='' to write no log files on the nodes."
     )

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from slurmrun.launcher import Launcher, check_call
+from slurmrun.launcher import Launcher, check_call, run_from_designated_task
 from slurmrun.result import LaunchResult
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def _launch_from_first_task(
     # submitit runs one task per node; the first one launches on every node of the job.
     if os.environ.get("SLURM_PROCID", "0") != "0":
         return None
-    return launcher.run(func, func_args, func_kwargs)
+    return run_from_designated_task(launcher, func, func_args, func_kwargs)
 
 
 def submit(

@@ -551,3 +551,128 @@ def test_auto_workers_per_host_rejects_bad_tasks_per_node(tasks, node_index, mes
     env = job_env(SLURM_TASKS_PER_NODE=tasks)
     with pytest.raises(ValueError, match=message):
         auto_workers_per_host(env, node_index, dev_dir=tmp_path)
+
+
+# --- inside a job step ---------------------------------------------------------------------
+
+SCONTROL_IN_STEP = """\
+JobId=55 JobName=interactive
+   NodeList=node[1-3]
+   NumNodes=3 NumCPUs=5 NumTasks=5 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   Socks/Node=* NtasksPerN:B:S:C=0:0:*:* CoreSpec=*
+   JOB_GRES=gpu:6
+     Nodes=node1 CPU_IDs=0-2 Mem=0 GRES=gpu:2(IDX:0-1)
+     Nodes=node[2-3] CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)
+"""
+
+
+def step_env(**overrides: str) -> dict[str, str]:
+    """What `srun -N1 -n1 python train.py` inside `salloc -N3 -n5` sees (observed-env.md)."""
+    env = {
+        "SLURM_JOB_ID": "55",
+        "SLURM_JOB_NODELIST": "node[1-3]",
+        "SLURM_JOB_NUM_NODES": "3",
+        "SLURM_JOB_CPUS_PER_NODE": "3,1(x2)",
+        "SLURM_NODELIST": "node[1-3]",
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NUM_TASKS": "1",
+        "SLURM_PROCID": "0",
+        # These describe the step, not the job:
+        "SLURM_TASKS_PER_NODE": "1",
+        "SLURM_NTASKS": "1",
+        "SLURM_NNODES": "1",
+        "SLURM_GPUS_ON_NODE": "1",
+        "SLURM_GPUS_PER_NODE": "1",
+    }
+    env.update(overrides)
+    return env
+
+
+def test_slurm_allocation_inside_a_step_reads_the_job_not_the_step():
+    asked = []
+
+    def scontrol(job_id: str) -> str:
+        asked.append(job_id)
+        return SCONTROL_IN_STEP
+
+    result = slurm_allocation(step_env(), scontrol=scontrol)
+    assert asked == ["55"]
+    assert result == SlurmAllocation(
+        job_id="55",
+        hostnames=["node1", "node2", "node3"],
+        cpus_per_node=[3, 1, 1],
+        tasks_per_node=[3, 1, 1],
+        gpus_per_node=[2, 2, 2],
+        driver_step=allocation.DriverStep("55.0", num_tasks=1, proc_id=0),
+    )
+
+
+def test_slurm_allocation_in_the_job_shell_never_asks_scontrol():
+    def scontrol(job_id: str) -> str:
+        raise AssertionError("scontrol asked outside a step")
+
+    env = job_env(SLURM_TASKS_PER_NODE="2(x2)")
+    result = slurm_allocation(env, scontrol=scontrol)
+    assert result is not None
+    assert result.tasks_per_node == [2, 2]
+    assert result.driver_step is None
+
+
+@pytest.mark.parametrize("answer", [None, "", "JobId=55 JobState=PENDING\n"])
+def test_slurm_allocation_inside_a_step_without_scontrol_leaves_counts_unknown(answer):
+    result = slurm_allocation(step_env(), scontrol=lambda job_id: answer)
+    assert result is not None
+    assert result.hostnames == ["node1", "node2", "node3"]
+    assert result.tasks_per_node is None
+    assert result.gpus_per_node is None
+
+
+def test_slurm_allocation_names_the_step_and_its_tasks():
+    env = step_env(SLURM_STEP_ID="3", SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1")
+    result = slurm_allocation(env, scontrol=lambda job_id: None)
+    assert result is not None
+    assert result.driver_step == allocation.DriverStep("55.3", num_tasks=2, proc_id=1)
+
+
+def test_slurm_allocation_rejects_a_node_count_that_contradicts_the_node_list():
+    with pytest.raises(ValueError, match=r"SLURM_JOB_NUM_NODES='2'.*has 3 nodes"):
+        slurm_allocation(step_env(SLURM_JOB_NUM_NODES="2"), scontrol=lambda job_id: None)
+
+
+def scontrol_tasks(nodes: int, tasks: int, cpus_per_task: int = 1, per_node: int = 0) -> str:
+    return (
+        f"   NumNodes={nodes} NumCPUs=9 NumTasks={tasks} CPUs/Task={cpus_per_task} "
+        f"ReqB:S:C:T=0:0:*:*\n   Socks/Node=* NtasksPerN:B:S:C={per_node}:0:*:* CoreSpec=*\n"
+    )
+
+
+# The SLURM_TASKS_PER_NODE that salloc gave these jobs on the test cluster (observed-env.md).
+@pytest.mark.parametrize(
+    ("salloc", "text", "cpus", "expected"),
+    [
+        ("-N3", scontrol_tasks(3, 3), [1, 1, 1], [1, 1, 1]),
+        ("-N3 --exclusive", scontrol_tasks(3, 3), [4, 4, 4], [4, 4, 4]),
+        ("-N3 --ntasks-per-node=2", scontrol_tasks(3, 6, 1, 2), [2, 2, 2], [2, 2, 2]),
+        ("-N3 -n5", scontrol_tasks(3, 5), [3, 1, 1], [3, 1, 1]),
+        ("-N3 -n4 -c2", scontrol_tasks(3, 4, 2), [4, 2, 2], [2, 1, 1]),
+        ("-N2 -n5 (4 CPUs each)", scontrol_tasks(2, 5), [4, 4], [3, 2]),
+        ("-N2 -n3 --exclusive", scontrol_tasks(2, 3), [4, 4], [2, 1]),
+    ],
+)
+def test_job_tasks_per_node_matches_what_salloc_sets(salloc, text, cpus, expected):
+    assert allocation.job_tasks_per_node(text, cpus) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["JobId=1 JobState=PENDING", scontrol_tasks(2, 2), scontrol_tasks(3, 3, 0)]
+)
+def test_job_tasks_per_node_is_none_when_scontrol_does_not_say(text):
+    assert allocation.job_tasks_per_node(text, [4, 4, 4]) is None
+
+
+def test_job_node_index_reads_only_the_job_node_list():
+    env = step_env()
+    assert allocation.job_node_index(env, "node2") == 1
+    assert allocation.job_node_index(env, "node3.cluster.example.org") == 2
+    assert allocation.job_node_index(env, "login1") is None
+    assert allocation.job_node_index({}, "node1") is None

@@ -259,7 +259,14 @@ def test_srun_that_cannot_start_the_step_raises_agent_failed_with_srun_message(r
         ["-N3"],
         script(
             """
-            os.environ["SLURM_GRES"] = "gpu:7"  # srun reads it: a GRES request the job lacks
+            # A site's srun that asks for GRES the job lacks (srun no longer inherits
+            # SLURM_GRES from the launcher's environment, so it goes on srun's command line).
+            import shutil, tempfile
+            wrapper = os.path.join(tempfile.mkdtemp(dir=os.getcwd()), "srun")
+            with open(wrapper, "w") as f:
+                f.write(f"#!/bin/sh\\nexec {shutil.which('srun')} --gres=gpu:7 \\"$@\\"\\n")
+            os.chmod(wrapper, 0o755)
+            os.environ["PATH"] = os.path.dirname(wrapper) + os.pathsep + os.environ["PATH"]
             try:
                 slurmrun.launch(where, timeout=60)
             except slurmrun.AgentFailedError as e:
