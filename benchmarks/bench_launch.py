@@ -161,8 +161,10 @@ def _check_value(kind: str, value: Any, rank: int, nbytes: int) -> bool:
 
 def mode_returns(tool: str, workers: int, kind: str, mib: int) -> dict[str, Any]:
     """One launch whose workers each return `mib` MiB; launcher memory before and at peak."""
-    import numpy  # noqa: F401 - baseline memory includes what unpickling needs anyway
-    import torch  # noqa: F401
+    import torch  # noqa: F401 - baseline memory includes what unpickling needs anyway
+
+    if kind == "numpy":  # tensors need no numpy: a venv without it measures them too
+        import numpy  # noqa: F401
 
     import_tool(tool)
     stamp_dir = tempfile.mkdtemp(prefix="slurmrun-bench-stamps-")

@@ -18,6 +18,7 @@ import time
 T_START = time.perf_counter()
 
 import argparse  # noqa: E402 - the clock starts before any import
+import ctypes  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import socket  # noqa: E402
@@ -48,7 +49,8 @@ def child(rank: int, world_size: int, return_mib: int) -> None:
         port = int(os.environ["FLOOR_RETURN_PORT"])
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(rank.to_bytes(4, "big"))
-            s.sendall(value.view(torch.uint8).numpy().data)
+            # the tensor's own memory, without numpy (a fresh venv has none)
+            s.sendall((ctypes.c_ubyte * (return_mib * MIB)).from_address(value.data_ptr()))
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0 if ok else 1)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import signal
+import sys
 
-__all__ = ["AgentFailedError", "RemoteTraceback", "WorkerFailedError", "signal_name"]
+__all__ = ["AgentFailedError", "RemoteTraceback", "WorkerFailedError", "add_note", "signal_name"]
 
 
 class WorkerFailedError(RuntimeError):
@@ -79,3 +80,19 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """Adds `note` to ``exc.__notes__``, as ``BaseException.add_note`` does from Python 3.11.
+
+    Python 3.10 has no ``add_note``: the note is appended to ``__notes__`` all the same, but
+    3.10's tracebacks do not print notes (the remote traceback, the ``__cause__``, still prints).
+    """
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+        return
+    notes = getattr(exc, "__notes__", None)
+    if not isinstance(notes, list):
+        notes = []
+        setattr(exc, "__notes__", notes)  # noqa: B010 - 3.10's BaseException declares no __notes__
+    notes.append(note)

@@ -12,7 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slurmrun.errors import AgentFailedError, RemoteTraceback, WorkerFailedError, signal_name
+from slurmrun.errors import (
+    AgentFailedError,
+    RemoteTraceback,
+    WorkerFailedError,
+    add_note,
+    signal_name,
+)
 from slurmrun.logs import tail_file
 from slurmrun.starters import AgentStarter
 from slurmrun.transport import Frame, loads
@@ -100,7 +106,7 @@ def worker_error(where: WorkerPlace, frame: Frame) -> BaseException:
         note = f"slurmrun: raised on {where}"
         if where.log_file:
             note += f"; its log: {where.log_file}"
-        exc.add_note(note)
+        add_note(exc, note)
         return exc
     message = f"{where} raised {h.get('exc_type')}: {h.get('message')}"
     if reason:

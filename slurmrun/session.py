@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmrun.errors import AgentFailedError, WorkerFailedError
+from slurmrun.errors import AgentFailedError, WorkerFailedError, add_note
 from slurmrun.failures import WorkerPlace, agent_exit_error, worker_died, worker_error
 from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
 from slurmrun.result import LaunchResult
@@ -364,7 +364,7 @@ class Session:
     def _with_held(self, exc: BaseException) -> BaseException:
         if self._held is not None and self._held[0] is not exc:
             held = self._held[0]
-            exc.add_note(f"slurmrun: another rank then failed with {type(held).__name__}: {held}")
+            add_note(exc, f"slurmrun: another rank then failed with {type(held).__name__}: {held}")
         return exc
 
     # ------------------------------------------------------------------ main

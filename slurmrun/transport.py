@@ -15,11 +15,30 @@ their own memory and received into preallocated buffers that the unpickled objec
 without a copy. Buffers of `LARGE_BUFFER_BYTES` or more are private anonymous mappings, which
 the kernel hands out as zero pages on first touch, so receiving one costs a single pass over
 its memory (a ``bytearray`` is zero-filled first, then written again).
+
+Tensors need no numpy (torch does not depend on it): a dense tensor is sent as its storage's
+bytes, read in place through a ``ctypes`` array over the storage's address that holds a
+reference to the storage, and rebuilt with its dtype, offset, shape and strides on a storage
+that wraps the received buffer. Every dtype works (bfloat16, bool, complex, float8...), and
+so do views: tensors of one storage in one pickled object share one buffer, and arrive sharing
+one storage again. A Parameter stays a Parameter; ``requires_grad`` is kept (a non-leaf
+arrives as a leaf, as after ``detach().requires_grad_()``); a conjugate view stays one. GPU
+tensors arrive on the CPU: each storage's bytes are copied to the host once. Tensors that
+are not plain dense ones (sparse, quantized, nested, subclasses, with attributes of their own)
+are pickled as torch pickles them.
+
+Only the bytes the tensors use are sent. `torch.save` sends whole storages, so a small view of
+a huge tensor (``logits[:, -1]``) silently costs the whole; here each storage is cut to the
+range its tensors in this object span (from the lowest to the highest byte any of them
+reaches, so sharing survives). Finding that range takes a pass over the object first, so the
+pickle is made twice when the cut saves `TRIM_MIN_BYTES` or more, and when the first pass
+would have to copy (GPU storages, in-band pickles): the first pass then sends placeholders.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import hmac
 import io
@@ -161,58 +180,166 @@ def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None
 # ----------------------------------------------------------------------------- pickling
 
 
-def _rebuild_tensor(
-    data: Buffer | bytes | None, dtype: str, shape: tuple[int, ...], requires_grad: bool
+_ALIGN = 16  # the largest element size (complex128): rebased offsets stay whole numbers
+TRIM_MIN_BYTES = LARGE_BUFFER_BYTES  # unused storage bytes worth a second pickling pass
+
+_StorageKey = tuple[str, int, int]  # device, address, bytes
+
+
+class _Storage:
+    """A tensor storage (its bytes `lo:hi`), pickled once however many tensors view it."""
+
+    def __init__(self, storage: Any, lo: int, hi: int) -> None:
+        self.storage = storage
+        self.lo = lo
+        self.hi = hi
+
+    def reduce(self, torch: Any) -> tuple[Any, ...]:
+        storage, lo, n = self.storage, self.lo, self.hi - self.lo
+        if storage.device.type != "cpu":
+            # One copy of the used bytes to the CPU; every view of the storage rebuilds on it.
+            part = torch.empty((0,), dtype=torch.uint8, device=storage.device)
+            storage, lo = part.set_(storage, lo, (n,), (1,)).cpu().untyped_storage(), 0
+        raw = (ctypes.c_ubyte * n).from_address(storage.data_ptr() + lo)
+        raw._slurmrun_owner = storage  # type: ignore[attr-defined]  # the memory's owner lives on
+        return (_rebuild_storage, (pickle.PickleBuffer(raw),))
+
+
+def _rebuild_storage(data: Any) -> Any:
+    import torch  # noqa: PLC0415 - only a value that holds tensors needs torch in the launcher
+
+    if memoryview(data).nbytes == 0:
+        return torch.empty((0,), dtype=torch.uint8).untyped_storage()
+    return torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
+
+
+def _rebuild_tensor(  # noqa: PLR0917 - pickle calls it with positional arguments
+    storage: Any,
+    dtype: str,
+    offset: int,
+    shape: tuple[int, ...],
+    stride: tuple[int, ...],
+    requires_grad: bool,
+    parameter: bool,
+    conj: bool,
 ) -> Any:
     import torch  # noqa: PLC0415 - only a value that holds tensors needs torch in the launcher
 
-    torch_dtype = getattr(torch, dtype)
-    if data is None or len(data) == 0:
-        tensor = torch.empty(shape, dtype=torch_dtype)
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise TypeError(f"not a torch dtype: {dtype!r}")
+    if storage is None:
+        tensor = torch.empty_strided(shape, stride, dtype=torch_dtype)
     else:
-        tensor = torch.frombuffer(data, dtype=torch.uint8).view(torch_dtype).reshape(shape)
-    if requires_grad:
-        tensor.requires_grad_(True)
-    return tensor
+        tensor = torch.empty((0,), dtype=torch_dtype).set_(storage, offset, shape, stride)
+    if conj:
+        tensor = tensor.conj()
+    if parameter:
+        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
+    return tensor.requires_grad_() if requires_grad else tensor
 
 
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships no type hints
-    """cloudpickle, plus plain CPU/GPU tensors as raw out-of-band buffers on the CPU."""
+    """cloudpickle, plus plain CPU/GPU tensors as their storages' raw bytes, out of band.
+
+    `spans` (storage key -> byte range to send) comes from a first pass over the same object,
+    which records in `used` which bytes its tensors need. In that first pass, storages are
+    whole, and those that would cost a copy (on a GPU, or in band) are empty placeholders.
+    """
+
+    def __init__(
+        self,
+        file: io.BytesIO,
+        buffer_callback: Any = None,
+        spans: dict[_StorageKey, tuple[int, int]] | None = None,
+    ) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
+        self.spans = spans
+        self.used: dict[_StorageKey, list[int]] = {}  # key -> [lo, hi]
+        self.placeholders = False
+        self._in_band = buffer_callback is None
+        self._storages: dict[_StorageKey, _Storage] = {}
 
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
-        if torch is not None and type(obj) in (torch.Tensor, torch.nn.Parameter):
-            reduced = _reduce_tensor(torch, obj)
-            if reduced is not None:
-                return reduced
+        if torch is not None:
+            if type(obj) is _Storage:
+                if self.spans is None and (self._in_band or obj.storage.device.type != "cpu"):
+                    self.placeholders = True
+                    return (_rebuild_storage, (pickle.PickleBuffer(bytearray()),))
+                return obj.reduce(torch)
+            if type(obj) in (torch.Tensor, torch.nn.Parameter) and _plain_tensor(torch, obj):
+                return self._reduce_tensor(torch, obj)
         return super().reducer_override(obj)
 
+    def _reduce_tensor(self, torch: Any, obj: Any) -> tuple[Any, ...]:
+        t = obj.detach()
+        if t.is_neg():
+            t = t.resolve_neg()
+        conj = bool(t.is_conj())
+        if conj:
+            t = t.conj()  # the same memory without the conjugate bit; set again on arrival
+        dtype = str(t.dtype).removeprefix("torch.")
+        shape, stride = tuple(t.shape), tuple(t.stride())
+        flags = (bool(obj.requires_grad), type(obj) is torch.nn.Parameter, conj)
+        if t.numel() == 0:
+            return (_rebuild_tensor, (None, dtype, 0, shape, stride, *flags))
+        storage = t.untyped_storage()
+        key = (str(storage.device), storage.data_ptr(), storage.nbytes())
+        size = t.element_size()
+        lo = t.storage_offset() * size
+        hi = lo + size * (1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)))
+        seen = self.used.setdefault(key, [lo, hi])
+        seen[0], seen[1] = min(seen[0], lo), max(seen[1], hi)
+        ref = self._storages.get(key)
+        if ref is None:
+            # A storage new in this pass (a resolved negative view's copy) is sent whole.
+            span = (self.spans or {}).get(key, (0, storage.nbytes()))
+            ref = self._storages[key] = _Storage(storage, *span)
+        return (_rebuild_tensor, (ref, dtype, (lo - ref.lo) // size, shape, stride, *flags))
 
-def _reduce_tensor(torch: Any, obj: Any) -> tuple[Any, ...] | None:
-    if obj.layout != torch.strided or obj.is_quantized or obj.is_meta:
-        return None
-    t = obj.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.resolve_conj().resolve_neg().contiguous()
-    dtype = str(t.dtype).removeprefix("torch.")
-    data = None if t.numel() == 0 else pickle.PickleBuffer(t.reshape(-1).view(torch.uint8).numpy())
-    return (_rebuild_tensor, (data, dtype, tuple(t.shape), bool(obj.requires_grad)))
+    def trimmed_spans(self) -> dict[_StorageKey, tuple[int, int]] | None:
+        """The byte ranges to send instead of whole storages, when a second pass is worth it."""
+        spans: dict[_StorageKey, tuple[int, int]] = {}
+        unused = 0
+        for key, (lo, hi) in self.used.items():
+            spans[key] = (lo - lo % _ALIGN, hi)
+            unused += key[2] - (hi - spans[key][0])
+        return spans if self.placeholders or unused >= TRIM_MIN_BYTES else None
+
+
+def _plain_tensor(torch: Any, obj: Any) -> bool:
+    """A dense tensor with data and nothing else attached (others pickle as torch does)."""
+    return bool(
+        obj.layout == torch.strided
+        and not (obj.is_quantized or obj.is_meta or obj.is_nested)
+        and not obj.__dict__
+    )
+
+
+def _dump(obj: Any, out_of_band: bool) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    spans = None
+    for _ in range(2):
+        buffers: list[pickle.PickleBuffer] = []
+        out = io.BytesIO()
+        pickler = _Pickler(out, buffers.append if out_of_band else None, spans)
+        pickler.dump(obj)
+        if spans is not None:
+            break
+        spans = pickler.trimmed_spans()
+        if spans is None:
+            break
+    return out.getvalue(), buffers
 
 
 def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickles `obj` with cloudpickle (protocol 5), keeping large buffers out of band."""
-    buffers: list[pickle.PickleBuffer] = []
-    out = io.BytesIO()
-    _Pickler(out, protocol=5, buffer_callback=buffers.append).dump(obj)
-    return out.getvalue(), buffers
+    return _dump(obj, out_of_band=True)
 
 
 def dumps_inband(obj: Any) -> bytes:
     """Pickles `obj` like `dumps`, with every buffer inside the one returned bytes object."""
-    out = io.BytesIO()
-    _Pickler(out, protocol=5).dump(obj)
-    return out.getvalue()
+    return _dump(obj, out_of_band=False)[0]
 
 
 def loads(body: Buffer | bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:

@@ -4,14 +4,19 @@
 #   bash tests/run.sh [pytest args...]        default: the whole tests/ directory
 #
 # 1. installs the Python dependencies (torch pinned to a CPU-sized wheel) and slurmrun itself;
-# 2. brings up the 3-node SLURM test cluster (tests/cluster/slurm-cluster.sh; needs root,
+# 2. runs the fresh-venv legs (tests/fresh_venv.sh): slurmrun installed as a user installs it
+#    (`pip install torch==2.13.0 .`, declared dependencies only; and on Python 3.10 without
+#    torch), running smoke launches, so that an undeclared dependency fails here; a failure
+#    is reported at the end, after pytest, which runs all the same;
+# 3. brings up the 3-node SLURM test cluster (tests/cluster/slurm-cluster.sh; needs root,
 #    installs Debian's slurm + munge packages if missing);
-# 3. runs pytest with SLURMRUN_TEST_CLUSTER=1, takes the cluster down again whatever happens,
-#    and exits with pytest's exit code.
+# 4. runs pytest with SLURMRUN_TEST_CLUSTER=1, takes the cluster down again whatever happens,
+#    and exits non-zero if pytest or a leg failed, saying which.
 #
-# SLURMRUN_SKIP_SLURM=1 skips steps 2 and the `slurm`-marked tests (for machines where you
+# SLURMRUN_SKIP_SLURM=1 skips step 3 and the `slurm`-marked tests (for machines where you
 # are not root or cannot create network namespaces). Without it, not being able to start
 # the cluster is an error: the SLURM tests are the point of this project.
+# SLURMRUN_SKIP_FRESH_VENV=1 skips step 2 (it needs PyPI for the dependencies).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -32,9 +37,40 @@ python3 -m pip install -q --root-user-action=ignore -e '.[test]'
 
 [ $# -gt 0 ] || set -- tests
 
+# Step 2, before the cluster is up and pytest runs, so that pytest's summary closes the
+# output; prints each leg's time and its verdict.
+fresh_venv_legs() {
+  if [ "${SLURMRUN_SKIP_FRESH_VENV:-0}" = 1 ]; then
+    say "SLURMRUN_SKIP_FRESH_VENV=1: fresh-venv legs skipped"
+    return 0
+  fi
+  say "fresh-venv legs (tests/fresh_venv.sh)"
+  local start=$SECONDS
+  if bash tests/fresh_venv.sh; then
+    say "fresh-venv legs passed in $((SECONDS - start)) s"
+  else
+    say "ERROR: fresh-venv legs FAILED after $((SECONDS - start)) s (see above)"
+    return 1
+  fi
+}
+
+# The verdict of both parts, pytest's and the legs', named.
+finish() {
+  local pytest_rc="$1"
+  [ "$pytest_rc" = 0 ] || say "FAILED: pytest exited with $pytest_rc"
+  [ "$legs_rc" = 0 ] || say "FAILED: fresh-venv legs"
+  if [ "$pytest_rc" != 0 ]; then exit "$pytest_rc"; fi
+  exit "$legs_rc"
+}
+
+legs_rc=0
+fresh_venv_legs || legs_rc=$?
+
 if [ "${SLURMRUN_SKIP_SLURM:-0}" = 1 ]; then
   say "SLURMRUN_SKIP_SLURM=1: no SLURM cluster, running only the tests not marked 'slurm'"
-  exec python3 -m pytest -m "not slurm" "$@"
+  rc=0
+  python3 -m pytest -m "not slurm" "$@" || rc=$?
+  finish "$rc"
 fi
 
 cluster_down() { bash "$CLUSTER" down || say "WARNING: 'slurm-cluster.sh down' failed"; }
@@ -58,4 +94,4 @@ if [ "$rc" != 0 ]; then
   timeout 10 squeue || true
   bash "$CLUSTER" logs 60 || true
 fi
-exit "$rc"
+finish "$rc" # the EXIT trap takes the cluster down
