@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmrun.errors import AgentFailedError, WorkerFailedError
+from slurmrun.environment import HEARTBEATS_PER_TIMEOUT
+from slurmrun.errors import AgentFailedError
 from slurmrun.failures import WorkerPlace, agent_exit_error, worker_died, worker_error
 from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
 from slurmrun.result import LaunchResult
@@ -27,6 +28,7 @@ from slurmrun.transport import (
     Connection,
     Frame,
     FrameError,
+    bound_unacknowledged_sends,
     loads,
     server_handshake,
 )
@@ -56,7 +58,6 @@ class _Agent:
     hostname: str
     conn: Connection
     hello: dict[str, Any]
-    last_seen: float
     workers: int = 0
     rank_offset: int = 0  # global rank of its local rank 0
     results: dict[int, Frame] = field(default_factory=dict)
@@ -97,7 +98,9 @@ class Session:
         self._exited_at: dict[int | None, float] = {}
         self._held: tuple[BaseException, float] | None = None
         self._last_result = 0.0
-        self._first_result = 0.0
+        # When each connection's reader last got a frame: liveness is judged by what arrived,
+        # not by what the (possibly backlogged) event queue got round to.
+        self._heard: dict[int, float] = {}
         self._dead: set[int] = set()  # node ranks of agents declared dead (no heartbeat)
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
@@ -128,12 +131,14 @@ class Session:
         finally:
             self._handshakes.release()
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        bound_unacknowledged_sends(sock, self.agent_timeout)
         conn = Connection(sock)
         try:
             while True:
                 frame = conn.recv()
                 if frame is None:
                     break
+                self._heard[id(conn)] = time.monotonic()
                 self._events.put(("frame", conn, frame))
         except (OSError, EOFError, FrameError) as e:
             self._events.put(("eof", conn, str(e)))
@@ -172,7 +177,7 @@ class Session:
         for agent in self._agents.values():
             if agent.closed or agent.conn.receiving:
                 continue
-            if now - agent.last_seen > self.agent_timeout:
+            if now - self._heard[id(agent.conn)] > self.agent_timeout:
                 self._dead.add(agent.node_rank)
                 raise AgentFailedError(
                     f"the agent on {agent.hostname} sent nothing for {self.agent_timeout:g} s "
@@ -181,29 +186,6 @@ class Session:
                     hostname=agent.hostname,
                     log_file=self.starter.log_file(agent.node_rank),
                 )
-
-    def _check_stragglers(self, now: float) -> None:
-        """Some ranks returned, others not within `timeout`: they are stuck (in a collective)."""
-        if not self._last_result or now - self._first_result <= self.timeout:
-            return
-        missing = [
-            (self._rank(agent, local_rank), agent.hostname, local_rank)
-            for agent in self._agents.values()
-            for local_rank in range(agent.workers)
-            if local_rank not in agent.results
-        ]
-        if not missing:
-            return
-        listed = ", ".join(f"rank {r} ({h}, local rank {lr})" for r, h, lr in missing)
-        rank, hostname, local_rank = missing[0]
-        raise WorkerFailedError(
-            f"{listed} never reported: other ranks returned {now - self._first_result:.0f} s "
-            f"ago (timeout={self.timeout:.0f} s). They are probably stuck in a collective that "
-            "the finished ranks never joined, or in a deadlock.",
-            hostname=hostname,
-            local_rank=local_rank,
-            rank=rank,
-        )
 
     def _on_hello(self, conn: Connection, header: dict[str, Any]) -> None:
         rank = int(header.get("node_rank", -1))
@@ -219,7 +201,7 @@ class Session:
                 f"{list(self.hostnames)} (or its host connected twice)",
                 hostname=hostname,
             )
-        agent = _Agent(rank, self.hostnames[rank], conn, header, time.monotonic())
+        agent = _Agent(rank, self.hostnames[rank], conn, header)
         self.starter.agent_hello(rank, header)
         self._agents[rank] = agent
         self._by_conn[id(conn)] = agent
@@ -229,6 +211,18 @@ class Session:
                 hostname=agent.hostname,
                 log_file=self.starter.log_file(rank),
             )
+
+    def _heartbeat(self) -> None:
+        """Tells every agent that the launcher is alive (agents stop their workers otherwise).
+
+        A heartbeat never waits: a connection busy sending (the function, to a slow agent)
+        already shows the agent that the launcher is alive.
+        """
+        interval = self.agent_timeout / HEARTBEATS_PER_TIMEOUT
+        while not self._closing.wait(interval):
+            for agent in list(self._agents.values()):
+                with contextlib.suppress(OSError):
+                    agent.conn.send_nowait({"t": "hb"})
 
     def _hand_out(self) -> None:
         order = [self._agents[i] for i in range(len(self.hostnames))]
@@ -260,7 +254,14 @@ class Session:
                 grace=self.grace,
                 log_level=self.log_level,
             )
-            agent.conn.send(header, self.payload)
+            try:
+                agent.conn.send(header, self.payload)
+            except OSError as e:
+                raise AgentFailedError(
+                    f"could not send the function to the agent on {agent.hostname}: {e}",
+                    hostname=agent.hostname,
+                    log_file=self.starter.log_file(agent.node_rank),
+                ) from e
             offset += count
 
     def _worker_log(self, agent: _Agent, local_rank: int) -> str | None:
@@ -307,7 +308,6 @@ class Session:
                 raise AgentFailedError(f"an agent sent {frame.kind!r} before hello")
             self._on_hello(conn, frame.header)
             return
-        agent.last_seen = now
         if frame.kind == "log":
             local_rank = frame.header.get("local_rank")
             rank = None if local_rank is None else self._rank(agent, int(local_rank))
@@ -336,7 +336,6 @@ class Session:
 
     def _got_result(self, agent: _Agent, local_rank: int, frame: Frame, now: float) -> None:
         agent.results[local_rank] = frame
-        self._first_result = self._first_result or now
         self._last_result = now
 
     def _on_streamed(self, conn: Connection, frame: Frame, now: float) -> None:
@@ -367,22 +366,37 @@ class Session:
             exc.add_note(f"slurmrun: another rank then failed with {type(held).__name__}: {held}")
         return exc
 
+    def _without_cause(self, exc: BaseException) -> BaseException:
+        """A communication error that no other failure explains: say who had already left."""
+        returned = sorted(self._rank(a, lr) for a in self._agents.values() for lr in a.results)
+        if returned:
+            listed = ", ".join(map(str, returned[:10])) + (", ..." if len(returned) > 10 else "")
+            exc.add_note(
+                f"slurmrun: rank(s) {listed} had already returned and left the process group: "
+                "this rank was most likely waiting in a collective that they never joined."
+            )
+        return exc
+
     # ------------------------------------------------------------------ main
     def run(self, env: dict[str, str]) -> LaunchResult[Any]:
         """Starts the agents, runs the launch, and always cleans up."""
         self._handed_out = False
         acceptor = threading.Thread(target=self._accept_loop, daemon=True)
         acceptor.start()
+        heartbeat = threading.Thread(target=self._heartbeat, daemon=True)
+        heartbeat.start()
         try:
             self.starter.start(env)
             return self._drive()
         finally:
             self._shutdown()
             acceptor.join(timeout=2.0)
+            heartbeat.join(timeout=2.0)
 
     def _drive(self) -> LaunchResult[Any]:
         n = len(self.hostnames)
         connect_deadline = time.monotonic() + self.timeout
+        next_check = 0.0
         while True:
             now = time.monotonic()
             if not self._handed_out and len(self._agents) == n:
@@ -390,27 +404,32 @@ class Session:
                 self._handed_out = True
             if self._handed_out and self._finished(now):
                 break
-            if not self._handed_out and now > connect_deadline:
-                missing = [self.hostnames[i] for i in range(n) if i not in self._agents]
-                raise AgentFailedError(
-                    f"agents on {missing} did not connect within timeout={self.timeout:.0f} s. "
-                    f"Their output: {self.starter.log_file(None) or self.starter.log_file(0)}",
-                    hostname=missing[0],
-                )
+            # On a clock, not when the queue runs dry: steady output must not postpone them.
+            if now >= next_check:
+                self._check(now, connect_deadline)
+                next_check = now + _TICK
             try:
-                kind, conn, data = self._events.get(timeout=_TICK)
+                kind, conn, data = self._events.get(timeout=max(0.0, next_check - now))
             except queue.Empty:
-                pass
-            else:
-                self._handle(kind, conn, data, now)
-                continue  # drain events before judging silence or process exits
-            if self._held is not None and now - self._held[1] > ROOT_CAUSE_WAIT:
-                raise self._held[0]
-            self._check_processes(now)
-            if self._handed_out:
-                self._check_silence(now)
-                self._check_stragglers(now)
+                continue
+            self._handle(kind, conn, data, time.monotonic())
         return self._collect()
+
+    def _check(self, now: float, connect_deadline: float) -> None:
+        """Raises the failure that time alone reveals: no agent, a dead or silent one."""
+        if not self._handed_out and now > connect_deadline:
+            n = len(self.hostnames)
+            missing = [self.hostnames[i] for i in range(n) if i not in self._agents]
+            raise AgentFailedError(
+                f"agents on {missing} did not connect within timeout={self.timeout:.0f} s. "
+                f"Their output: {self.starter.log_file(None) or self.starter.log_file(0)}",
+                hostname=missing[0],
+            )
+        if self._held is not None and now - self._held[1] > ROOT_CAUSE_WAIT:
+            raise self._without_cause(self._held[0])
+        self._check_processes(now)
+        if self._handed_out:
+            self._check_silence(now)
 
     def _finished(self, now: float) -> bool:
         if not all(len(a.results) == a.workers for a in self._agents.values()):
