@@ -88,8 +88,9 @@ class Launcher:
     workers see ``SLURMRUN_RESTART_COUNT``). The error is raised after the last attempt."""
 
     heartbeat_timeout: float = 15.0
-    """Seconds without a heartbeat (agents send five per period) after which an agent counts
-    as dead: a hung node, or one the network lost."""
+    """Seconds without a heartbeat (five per period, each way) after which an agent counts as
+    dead (a hung node, or one the network lost), and after which agents stop their workers
+    when the launcher is silent (its host vanished, or it hung)."""
 
     def run(
         self,

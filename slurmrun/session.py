@@ -1,8 +1,8 @@
 """The launcher's side of one launch: accept agents, hand out work, gather results.
 
-Threads only move bytes: an accept thread authenticates connections, one reader thread per
-agent turns frames into events, and the calling thread makes every decision from a single
-event queue, so the order of events is the order of decisions.
+Threads only move bytes (`slurmrun.listener`): they turn frames into events, and the calling
+thread makes every decision from that single event queue, so the order of events is the order
+of decisions. Failures that time alone reveals are judged on a clock, whatever the traffic.
 """
 
 from __future__ import annotations
@@ -11,36 +11,21 @@ import contextlib
 import logging
 import queue
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmrun.environment import HEARTBEATS_PER_TIMEOUT
 from slurmrun.errors import AgentFailedError
 from slurmrun.failures import WorkerPlace, agent_exit_error, worker_died, worker_error
+from slurmrun.listener import Listener
 from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
 from slurmrun.result import LaunchResult
 from slurmrun.starters import AgentStarter
-from slurmrun.transport import (
-    AuthenticationError,
-    Connection,
-    Frame,
-    FrameError,
-    bound_unacknowledged_sends,
-    loads,
-    server_handshake,
-)
+from slurmrun.transport import Connection, Frame, loads
 
 __all__ = ["Session"]
 
-log = logging.getLogger("slurmrun")
-
-HANDSHAKE_TIMEOUT = 10.0
-# Handshakes in progress at once; more connections wait in the listen backlog (never dropped,
-# so that a thousand agents connecting at once all get in).
-MAX_PENDING_HANDSHAKES = 256
 # After an agent's process exits, how long its connection may take to deliver what it sent.
 DRAIN_TIMEOUT = 2.0
 # How long a communication error ("peer reset") waits for the failure that caused it.
@@ -90,60 +75,16 @@ class Session:
     log_level: int = logging.INFO
 
     def __post_init__(self) -> None:
-        self._events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
-        self._closing = threading.Event()
-        self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self._listener = Listener(self.server, self.secret, self.agent_timeout)
+        self._events = self._listener.events
         self._agents: dict[int, _Agent] = {}
         self._by_conn: dict[int, _Agent] = {}
         self._exited_at: dict[int | None, float] = {}
         self._held: tuple[BaseException, float] | None = None
         self._last_result = 0.0
-        # When each connection's reader last got a frame: liveness is judged by what arrived,
-        # not by what the (possibly backlogged) event queue got round to.
-        self._heard: dict[int, float] = {}
         self._dead: set[int] = set()  # node ranks of agents declared dead (no heartbeat)
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
-
-    # ------------------------------------------------------------------ threads
-    def _accept_loop(self) -> None:
-        self.server.settimeout(0.2)
-        while not self._closing.is_set():
-            try:
-                sock, peer = self.server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            while not self._handshakes.acquire(timeout=0.2):
-                if self._closing.is_set():
-                    sock.close()
-                    return
-            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
-
-    def _serve(self, sock: socket.socket, peer: Any) -> None:
-        try:
-            server_handshake(sock, self.secret, HANDSHAKE_TIMEOUT)
-        except AuthenticationError as e:
-            log.warning("slurmrun: rejected a connection from %s: %s", peer, e)
-            sock.close()
-            return
-        finally:
-            self._handshakes.release()
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        bound_unacknowledged_sends(sock, self.agent_timeout)
-        conn = Connection(sock)
-        try:
-            while True:
-                frame = conn.recv()
-                if frame is None:
-                    break
-                self._heard[id(conn)] = time.monotonic()
-                self._events.put(("frame", conn, frame))
-        except (OSError, EOFError, FrameError) as e:
-            self._events.put(("eof", conn, str(e)))
-            return
-        self._events.put(("eof", conn, ""))
 
     # ------------------------------------------------------------------ decisions
     def _agent_exit_error(
@@ -177,7 +118,7 @@ class Session:
         for agent in self._agents.values():
             if agent.closed or agent.conn.receiving:
                 continue
-            if now - self._heard[id(agent.conn)] > self.agent_timeout:
+            if now - self._listener.heard_at(agent.conn) > self.agent_timeout:
                 self._dead.add(agent.node_rank)
                 raise AgentFailedError(
                     f"the agent on {agent.hostname} sent nothing for {self.agent_timeout:g} s "
@@ -205,24 +146,13 @@ class Session:
         self.starter.agent_hello(rank, header)
         self._agents[rank] = agent
         self._by_conn[id(conn)] = agent
+        self._listener.add_agent(conn)
         if header.get("error"):
             raise AgentFailedError(
                 f"the agent on {agent.hostname} could not prepare its workers: {header['error']}",
                 hostname=agent.hostname,
                 log_file=self.starter.log_file(rank),
             )
-
-    def _heartbeat(self) -> None:
-        """Tells every agent that the launcher is alive (agents stop their workers otherwise).
-
-        A heartbeat never waits: a connection busy sending (the function, to a slow agent)
-        already shows the agent that the launcher is alive.
-        """
-        interval = self.agent_timeout / HEARTBEATS_PER_TIMEOUT
-        while not self._closing.wait(interval):
-            for agent in list(self._agents.values()):
-                with contextlib.suppress(OSError):
-                    agent.conn.send_nowait({"t": "hb"})
 
     def _hand_out(self) -> None:
         order = [self._agents[i] for i in range(len(self.hostnames))]
@@ -381,17 +311,13 @@ class Session:
     def run(self, env: dict[str, str]) -> LaunchResult[Any]:
         """Starts the agents, runs the launch, and always cleans up."""
         self._handed_out = False
-        acceptor = threading.Thread(target=self._accept_loop, daemon=True)
-        acceptor.start()
-        heartbeat = threading.Thread(target=self._heartbeat, daemon=True)
-        heartbeat.start()
+        self._listener.start()
         try:
             self.starter.start(env)
             return self._drive()
         finally:
             self._shutdown()
-            acceptor.join(timeout=2.0)
-            heartbeat.join(timeout=2.0)
+            self._listener.join()
 
     def _drive(self) -> LaunchResult[Any]:
         n = len(self.hostnames)
@@ -460,9 +386,7 @@ class Session:
         return LaunchResult(hostnames=[a.hostname for a in order], return_values=values)
 
     def _shutdown(self) -> None:
-        self._closing.set()
-        with contextlib.suppress(OSError):
-            self.server.shutdown(socket.SHUT_RDWR)  # wakes the accept thread at once
+        self._listener.close()
         live = [a for a in self._agents.values() if not a.closed and a.node_rank not in self._dead]
         for agent in live:
             with contextlib.suppress(OSError):
@@ -490,8 +414,6 @@ class Session:
                 break
             if id(conn) not in self._by_conn:
                 conn.close()
-        with contextlib.suppress(OSError):
-            self.server.close()
         if self._own_handlers:
             for handler in self._handlers:
                 handler.close()
