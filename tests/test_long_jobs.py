@@ -20,6 +20,7 @@ import resource
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -97,16 +98,23 @@ def test_a_silent_agent_is_found_while_other_ranks_print_flat_out(tmp_path: Path
     # its grace period) before the launcher raises. The bound holds on a loaded 2-core machine;
     # a launcher that waits for the output to stop raises only after `printing` seconds.
     assert detected < heartbeat_timeout + 25.0, f"{detected:.2f} s"
-    left = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
     deadline = time.monotonic() + 10.0
-    while left and time.monotonic() < deadline:
+    while (left := live_children()) and time.monotonic() < deadline:
         time.sleep(0.1)
-        left = [p for p in left if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not left, f"left behind: {left}"
 
 
+def live_children() -> list[int]:
+    alive = []
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p.pid)
+    return alive
+
+
 @contextlib.contextmanager
-def fds_past_1024() -> contextlib.AbstractContextManager[None]:
+def fds_past_1024() -> Iterator[None]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2048:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
