@@ -99,7 +99,8 @@ def _fake_agent(node_rank: int, spec: FakeSpec, go: threading.Event, drops: list
             "pid": os.getpid(),
         }
     )
-    start = conn.recv()
+    while (start := conn.recv()) is not None and start.kind == "hb":
+        pass  # the launcher's heartbeats, until hand-out
     if start is None or start.kind != "start":
         conn.close()
         return

@@ -14,9 +14,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import select
 import signal
 import socket
+import struct
+import sys
 import threading
 import time
 from collections import deque
@@ -25,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrun import allocation
-from slurmrun.environment import FORWARDED_SIGNALS, HEARTBEAT_VAR
+from slurmrun.environment import FORWARDED_SIGNALS, HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
 from slurmrun.errors import signal_name
 from slurmrun.logs import LineAssembler
-from slurmrun.spawner import Spawner, WorkerProcess, wait_any
+from slurmrun.spawner import Spawner, WorkerProcess, wait_any, wait_readable
 from slurmrun.srun import JOB_TASKS_VAR
-from slurmrun.transport import Connection, client_handshake
+from slurmrun.transport import Connection, Frame, bound_unacknowledged_sends, client_handshake
 from slurmrun.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec
 
 __all__ = ["main"]
@@ -83,6 +84,7 @@ class Agent:
     stop: threading.Event = field(default_factory=threading.Event)
     workers: list[_Worker] = field(default_factory=list)
     grace: float = 3.0
+    silence: float = 15.0  # a launcher silent this long is gone (see _expect_heartbeats)
 
     def _read_launcher(self) -> None:
         try:
@@ -90,6 +92,8 @@ class Agent:
                 frame = self.launcher.recv()
                 if frame is None or frame.kind == "stop":
                     break
+        except BlockingIOError:
+            _say(f"the launcher sent nothing for {self.silence:g} s: stopping the workers.")
         except OSError:
             pass
         self.stop.set()
@@ -147,11 +151,11 @@ class Agent:
         while time.monotonic() < deadline:
             with worker.output_lock:
                 # A reader closes its socket at end of stream: nothing is left there then.
-                open_socks = [sock for sock in worker.outputs if sock.fileno() >= 0]
+                fds = [sock.fileno() for sock in worker.outputs]
                 try:
-                    pending, _, _ = select.select(open_socks, [], [], 0)
+                    pending = wait_readable([fd for fd in fds if fd >= 0], 0)
                 except (OSError, ValueError):
-                    pending = open_socks  # closed under us: look again
+                    pending = True  # closed under us: look again
                 if not pending:
                     return
             time.sleep(0.001)
@@ -177,7 +181,8 @@ class Agent:
         lines = LineAssembler(emit)
         try:
             while True:
-                select.select([sock], [], [])
+                if not wait_readable([sock.fileno()], 3600.0):
+                    continue
                 with worker.output_lock:  # a read and its forwarding are one step
                     data = sock.recv(1 << 16)
                     if not data:
@@ -323,6 +328,37 @@ def _auto_workers(environ: Mapping[str, str], hostname: str) -> int:
     return allocation.auto_workers_per_host(environ, node_index)
 
 
+def _say(message: str) -> None:
+    """A line for the agent's own log (srun's output file, or the local agent's log)."""
+    print(f"slurmrun agent on {_hostname(os.environ)}: {message}", file=sys.stderr, flush=True)
+
+
+def _expect_heartbeats(sock: socket.socket, silence: float) -> None:
+    """Makes every receive on `sock` fail (BlockingIOError) after `silence` s without data.
+
+    The launcher sends heartbeats; when its host vanishes (no FIN, no RST), nothing else would
+    ever end a read, and the workers would keep their GPUs. Sends that stay unacknowledged
+    that long fail too, so no thread waits on a launcher that is gone.
+    """
+    seconds, fraction = divmod(silence, 1.0)
+    sock.setsockopt(
+        socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(seconds), int(fraction * 1e6))
+    )
+    bound_unacknowledged_sends(sock, silence)
+
+
+def _wait_for_start(launcher: Connection, silence: float) -> Frame | None:
+    """The launcher's start frame; None if it closed the connection or went silent."""
+    try:
+        while True:
+            frame = launcher.recv()
+            if frame is None or frame.kind != "hb":
+                return frame
+    except BlockingIOError:
+        _say(f"the launcher sent nothing for {silence:g} s while the agents connected: exiting.")
+        return None
+
+
 def main(secret: bytes, spawner: Spawner | str) -> int:
     """Runs the agent; returns its exit code.
 
@@ -343,6 +379,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
     port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
     heartbeat = float(os.environ.get(HEARTBEAT_VAR, "1.0"))
+    silence = heartbeat * HEARTBEATS_PER_TIMEOUT
     hostname = _hostname(os.environ)
 
     def connect() -> socket.socket:
@@ -357,6 +394,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
 
     sock = connect()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    _expect_heartbeats(sock, silence)
     launcher = Connection(sock)
     launcher.send(
         {
@@ -372,15 +410,16 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
             "error": problem,
         }
     )
-    start = launcher.recv()
+    start = _wait_for_start(launcher, silence)
     if start is None or start.kind != "start" or isinstance(spawner, str):
-        return 0  # the launcher gave up before hand-out (another agent failed)
+        return 0  # the launcher gave up before hand-out (another agent failed), or is gone
     agent = Agent(
         launcher=launcher,
         hostname=hostname,
         spawner=spawner,
         connect=connect,
         grace=float(start.header["grace"]),
+        silence=silence,
     )
     if "SLURM_STEP_ID" not in os.environ:
         # Inside a SLURM step, slurmstepd signals every process of the step itself (workers

@@ -61,6 +61,8 @@ ENV_FILE_TIMEOUT = 60.0
 # Variables the launcher sets for its agents (besides the secret and its address).
 ENV_FILE_VAR = "SLURMRUN_ENV_FILE"
 HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"
+# Heartbeats (each way) per heartbeat_timeout: the interval is the timeout divided by this.
+HEARTBEATS_PER_TIMEOUT = 5
 
 
 class EnvFileError(RuntimeError):

@@ -19,6 +19,7 @@ from slurmrun.environment import (
     DEFAULT_ENV_VARS,
     ENV_FILE_VAR,
     HEARTBEAT_VAR,
+    HEARTBEATS_PER_TIMEOUT,
     env_file_problem,
     matching_env,
 )
@@ -91,8 +92,9 @@ class Launcher:
     workers see ``SLURMRUN_RESTART_COUNT``). The error is raised after the last attempt."""
 
     heartbeat_timeout: float = 15.0
-    """Seconds without a heartbeat (agents send five per period) after which an agent counts
-    as dead: a hung node, or one the network lost."""
+    """Seconds without a heartbeat (five per period, each way) after which an agent counts as
+    dead (a hung node, or one the network lost), and after which agents stop their workers
+    when the launcher is silent (its host vanished, or it hung)."""
 
     def run(
         self,
@@ -498,13 +500,16 @@ def _run_session(  # noqa: PLR0917 - the parts of one attempt
     advertise: str,
 ) -> LaunchResult[Any]:
     secret = new_secret()
+    # An agent counts as dead after this much silence, and so does the launcher for its agents:
+    # heartbeats must come often enough for the shorter of the two timeouts.
+    silence = float(min(cfg.timeout, cfg.heartbeat_timeout))
     control = {
         "SLURMRUN_SECRET": secret.hex(),
         "SLURMRUN_LAUNCHER_ADDR": advertise,
         "SLURMRUN_LAUNCHER_PORT": str(server.getsockname()[1]),
         "SLURMRUN_PRELOAD": "" if cfg.backend is None else "torch",
         "PYTHONPATH": package_pythonpath(os.environ),
-        HEARTBEAT_VAR: str(max(0.05, cfg.heartbeat_timeout / 5)),
+        HEARTBEAT_VAR: str(max(0.05, silence / HEARTBEATS_PER_TIMEOUT)),
     }
     if cfg.env_file:
         control[ENV_FILE_VAR] = os.path.abspath(cfg.env_file)
@@ -514,7 +519,7 @@ def _run_session(  # noqa: PLR0917 - the parts of one attempt
         workers_per_host=plan.workers_per_host,
         backend=cfg.backend,
         timeout=float(cfg.timeout),
-        agent_timeout=float(min(cfg.timeout, cfg.heartbeat_timeout)),
+        agent_timeout=silence,
         grace=3.0,
         payload=payload,
         secret=secret,

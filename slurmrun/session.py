@@ -1,8 +1,8 @@
 """The launcher's side of one launch: accept agents, hand out work, gather results.
 
-Threads only move bytes: an accept thread authenticates connections, one reader thread per
-agent turns frames into events, and the calling thread makes every decision from a single
-event queue, so the order of events is the order of decisions.
+Threads only move bytes (`slurmrun.listener`): they turn frames into events, and the calling
+thread makes every decision from that single event queue, so the order of events is the order
+of decisions. Failures that time alone reveals are judged on a clock, whatever the traffic.
 """
 
 from __future__ import annotations
@@ -11,34 +11,21 @@ import contextlib
 import logging
 import queue
 import socket
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmrun.errors import AgentFailedError, WorkerFailedError, add_note
+from slurmrun.errors import AgentFailedError, add_note
 from slurmrun.failures import WorkerPlace, agent_exit_error, worker_died, worker_error
+from slurmrun.listener import Listener
 from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
 from slurmrun.result import LaunchResult
 from slurmrun.starters import AgentStarter
-from slurmrun.transport import (
-    AuthenticationError,
-    Connection,
-    Frame,
-    FrameError,
-    loads,
-    server_handshake,
-)
+from slurmrun.transport import Connection, Frame, loads
 
 __all__ = ["Session"]
 
-log = logging.getLogger("slurmrun")
-
-HANDSHAKE_TIMEOUT = 10.0
-# Handshakes in progress at once; more connections wait in the listen backlog (never dropped,
-# so that a thousand agents connecting at once all get in).
-MAX_PENDING_HANDSHAKES = 256
 # After an agent's process exits, how long its connection may take to deliver what it sent.
 DRAIN_TIMEOUT = 2.0
 # How long a communication error ("peer reset") waits for the failure that caused it.
@@ -56,7 +43,6 @@ class _Agent:
     hostname: str
     conn: Connection
     hello: dict[str, Any]
-    last_seen: float
     workers: int = 0
     rank_offset: int = 0  # global rank of its local rank 0
     results: dict[int, Frame] = field(default_factory=dict)
@@ -89,56 +75,16 @@ class Session:
     log_level: int = logging.INFO
 
     def __post_init__(self) -> None:
-        self._events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
-        self._closing = threading.Event()
-        self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
+        self._listener = Listener(self.server, self.secret, self.agent_timeout)
+        self._events = self._listener.events
         self._agents: dict[int, _Agent] = {}
         self._by_conn: dict[int, _Agent] = {}
         self._exited_at: dict[int | None, float] = {}
         self._held: tuple[BaseException, float] | None = None
         self._last_result = 0.0
-        self._first_result = 0.0
         self._dead: set[int] = set()  # node ranks of agents declared dead (no heartbeat)
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
-
-    # ------------------------------------------------------------------ threads
-    def _accept_loop(self) -> None:
-        self.server.settimeout(0.2)
-        while not self._closing.is_set():
-            try:
-                sock, peer = self.server.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                break
-            while not self._handshakes.acquire(timeout=0.2):
-                if self._closing.is_set():
-                    sock.close()
-                    return
-            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
-
-    def _serve(self, sock: socket.socket, peer: Any) -> None:
-        try:
-            server_handshake(sock, self.secret, HANDSHAKE_TIMEOUT)
-        except AuthenticationError as e:
-            log.warning("slurmrun: rejected a connection from %s: %s", peer, e)
-            sock.close()
-            return
-        finally:
-            self._handshakes.release()
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Connection(sock)
-        try:
-            while True:
-                frame = conn.recv()
-                if frame is None:
-                    break
-                self._events.put(("frame", conn, frame))
-        except (OSError, EOFError, FrameError) as e:
-            self._events.put(("eof", conn, str(e)))
-            return
-        self._events.put(("eof", conn, ""))
 
     # ------------------------------------------------------------------ decisions
     def _agent_exit_error(
@@ -172,7 +118,7 @@ class Session:
         for agent in self._agents.values():
             if agent.closed or agent.conn.receiving:
                 continue
-            if now - agent.last_seen > self.agent_timeout:
+            if now - self._listener.heard_at(agent.conn) > self.agent_timeout:
                 self._dead.add(agent.node_rank)
                 raise AgentFailedError(
                     f"the agent on {agent.hostname} sent nothing for {self.agent_timeout:g} s "
@@ -181,29 +127,6 @@ class Session:
                     hostname=agent.hostname,
                     log_file=self.starter.log_file(agent.node_rank),
                 )
-
-    def _check_stragglers(self, now: float) -> None:
-        """Some ranks returned, others not within `timeout`: they are stuck (in a collective)."""
-        if not self._last_result or now - self._first_result <= self.timeout:
-            return
-        missing = [
-            (self._rank(agent, local_rank), agent.hostname, local_rank)
-            for agent in self._agents.values()
-            for local_rank in range(agent.workers)
-            if local_rank not in agent.results
-        ]
-        if not missing:
-            return
-        listed = ", ".join(f"rank {r} ({h}, local rank {lr})" for r, h, lr in missing)
-        rank, hostname, local_rank = missing[0]
-        raise WorkerFailedError(
-            f"{listed} never reported: other ranks returned {now - self._first_result:.0f} s "
-            f"ago (timeout={self.timeout:.0f} s). They are probably stuck in a collective that "
-            "the finished ranks never joined, or in a deadlock.",
-            hostname=hostname,
-            local_rank=local_rank,
-            rank=rank,
-        )
 
     def _on_hello(self, conn: Connection, header: dict[str, Any]) -> None:
         rank = int(header.get("node_rank", -1))
@@ -219,10 +142,11 @@ class Session:
                 f"{list(self.hostnames)} (or its host connected twice)",
                 hostname=hostname,
             )
-        agent = _Agent(rank, self.hostnames[rank], conn, header, time.monotonic())
+        agent = _Agent(rank, self.hostnames[rank], conn, header)
         self.starter.agent_hello(rank, header)
         self._agents[rank] = agent
         self._by_conn[id(conn)] = agent
+        self._listener.add_agent(conn)
         if header.get("error"):
             raise AgentFailedError(
                 f"the agent on {agent.hostname} could not prepare its workers: {header['error']}",
@@ -260,7 +184,14 @@ class Session:
                 grace=self.grace,
                 log_level=self.log_level,
             )
-            agent.conn.send(header, self.payload)
+            try:
+                agent.conn.send(header, self.payload)
+            except OSError as e:
+                raise AgentFailedError(
+                    f"could not send the function to the agent on {agent.hostname}: {e}",
+                    hostname=agent.hostname,
+                    log_file=self.starter.log_file(agent.node_rank),
+                ) from e
             offset += count
 
     def _worker_log(self, agent: _Agent, local_rank: int) -> str | None:
@@ -307,7 +238,6 @@ class Session:
                 raise AgentFailedError(f"an agent sent {frame.kind!r} before hello")
             self._on_hello(conn, frame.header)
             return
-        agent.last_seen = now
         if frame.kind == "log":
             local_rank = frame.header.get("local_rank")
             rank = None if local_rank is None else self._rank(agent, int(local_rank))
@@ -336,7 +266,6 @@ class Session:
 
     def _got_result(self, agent: _Agent, local_rank: int, frame: Frame, now: float) -> None:
         agent.results[local_rank] = frame
-        self._first_result = self._first_result or now
         self._last_result = now
 
     def _on_streamed(self, conn: Connection, frame: Frame, now: float) -> None:
@@ -367,22 +296,34 @@ class Session:
             add_note(exc, f"slurmrun: another rank then failed with {type(held).__name__}: {held}")
         return exc
 
+    def _without_cause(self, exc: BaseException) -> BaseException:
+        """A communication error that no other failure explains: say who had already left."""
+        returned = sorted(self._rank(a, lr) for a in self._agents.values() for lr in a.results)
+        if returned:
+            listed = ", ".join(map(str, returned[:10])) + (", ..." if len(returned) > 10 else "")
+            add_note(
+                exc,
+                f"slurmrun: rank(s) {listed} had already returned and left the process group: "
+                "this rank was most likely waiting in a collective that they never joined.",
+            )
+        return exc
+
     # ------------------------------------------------------------------ main
     def run(self, env: dict[str, str]) -> LaunchResult[Any]:
         """Starts the agents, runs the launch, and always cleans up."""
         self._handed_out = False
-        acceptor = threading.Thread(target=self._accept_loop, daemon=True)
-        acceptor.start()
+        self._listener.start()
         try:
             self.starter.start(env)
             return self._drive()
         finally:
             self._shutdown()
-            acceptor.join(timeout=2.0)
+            self._listener.join()
 
     def _drive(self) -> LaunchResult[Any]:
         n = len(self.hostnames)
         connect_deadline = time.monotonic() + self.timeout
+        next_check = 0.0
         while True:
             now = time.monotonic()
             if not self._handed_out and len(self._agents) == n:
@@ -390,27 +331,32 @@ class Session:
                 self._handed_out = True
             if self._handed_out and self._finished(now):
                 break
-            if not self._handed_out and now > connect_deadline:
-                missing = [self.hostnames[i] for i in range(n) if i not in self._agents]
-                raise AgentFailedError(
-                    f"agents on {missing} did not connect within timeout={self.timeout:.0f} s. "
-                    f"Their output: {self.starter.log_file(None) or self.starter.log_file(0)}",
-                    hostname=missing[0],
-                )
+            # On a clock, not when the queue runs dry: steady output must not postpone them.
+            if now >= next_check:
+                self._check(now, connect_deadline)
+                next_check = now + _TICK
             try:
-                kind, conn, data = self._events.get(timeout=_TICK)
+                kind, conn, data = self._events.get(timeout=max(0.0, next_check - now))
             except queue.Empty:
-                pass
-            else:
-                self._handle(kind, conn, data, now)
-                continue  # drain events before judging silence or process exits
-            if self._held is not None and now - self._held[1] > ROOT_CAUSE_WAIT:
-                raise self._held[0]
-            self._check_processes(now)
-            if self._handed_out:
-                self._check_silence(now)
-                self._check_stragglers(now)
+                continue
+            self._handle(kind, conn, data, time.monotonic())
         return self._collect()
+
+    def _check(self, now: float, connect_deadline: float) -> None:
+        """Raises the failure that time alone reveals: no agent, a dead or silent one."""
+        if not self._handed_out and now > connect_deadline:
+            n = len(self.hostnames)
+            missing = [self.hostnames[i] for i in range(n) if i not in self._agents]
+            raise AgentFailedError(
+                f"agents on {missing} did not connect within timeout={self.timeout:.0f} s. "
+                f"Their output: {self.starter.log_file(None) or self.starter.log_file(0)}",
+                hostname=missing[0],
+            )
+        if self._held is not None and now - self._held[1] > ROOT_CAUSE_WAIT:
+            raise self._without_cause(self._held[0])
+        self._check_processes(now)
+        if self._handed_out:
+            self._check_silence(now)
 
     def _finished(self, now: float) -> bool:
         if not all(len(a.results) == a.workers for a in self._agents.values()):
@@ -441,9 +387,7 @@ class Session:
         return LaunchResult(hostnames=[a.hostname for a in order], return_values=values)
 
     def _shutdown(self) -> None:
-        self._closing.set()
-        with contextlib.suppress(OSError):
-            self.server.shutdown(socket.SHUT_RDWR)  # wakes the accept thread at once
+        self._listener.close()
         live = [a for a in self._agents.values() if not a.closed and a.node_rank not in self._dead]
         for agent in live:
             with contextlib.suppress(OSError):
@@ -471,8 +415,6 @@ class Session:
                 break
             if id(conn) not in self._by_conn:
                 conn.close()
-        with contextlib.suppress(OSError):
-            self.server.close()
         if self._own_handlers:
             for handler in self._handlers:
                 handler.close()

@@ -46,6 +46,7 @@ import json
 import mmap
 import pickle
 import secrets
+import select
 import socket
 import struct
 import sys
@@ -62,6 +63,7 @@ __all__ = [
     "Frame",
     "FrameError",
     "FrameHead",
+    "bound_unacknowledged_sends",
     "client_handshake",
     "dumps",
     "dumps_inband",
@@ -489,3 +491,33 @@ class Connection:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
+
+    def send_nowait(self, header: dict[str, Any]) -> bool:
+        """Sends a small header-only frame unless that would wait; True if it was sent.
+
+        It would wait while another thread sends on this connection, or while the socket's
+        send buffer is full (a peer that stopped reading, or vanished).
+        """
+        if not self._send_lock.acquire(blocking=False):
+            return False
+        try:
+            poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLOUT)
+            if not poller.poll(0):
+                return False
+            self.sock.sendall(_encode_prefix(header, 0, []))
+            return True
+        finally:
+            self._send_lock.release()
+
+
+def bound_unacknowledged_sends(sock: socket.socket, seconds: float) -> None:
+    """Makes the kernel drop the connection when what was sent stays unacknowledged that long.
+
+    Without it, a peer whose host vanished (no FIN, no RST) is retransmitted to for about 15
+    minutes (tcp_retries2) and a blocked send waits as long. Linux only; elsewhere a no-op.
+    """
+    option = getattr(socket, "TCP_USER_TIMEOUT", None)
+    if option is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(seconds * 1000)))

@@ -129,6 +129,7 @@ install_pkgs() {
   command -v ip >/dev/null || missing+=(iproute2)
   command -v unshare >/dev/null || missing+=(util-linux)
   command -v hostname >/dev/null || missing+=(hostname)
+  command -v nft >/dev/null || missing+=(nftables)  # tests cut a node off from the launcher
   [ ${#missing[@]} -eq 0 ] && return 0
   [ "${SLURM_CLUSTER_NO_INSTALL:-0}" = 1 ] && die "missing packages: ${missing[*]} (SLURM_CLUSTER_NO_INSTALL=1)"
   log "installing: ${missing[*]}"
