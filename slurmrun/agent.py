@@ -2,8 +2,9 @@
 
 Started by `slurmrun.agent_main` (which forks the worker spawner first) with the launcher's
 address, port and secret in the environment (``SLURMRUN_LAUNCHER_ADDR``,
-``SLURMRUN_LAUNCHER_PORT``, ``SLURMRUN_SECRET``). The secret is removed from the environment
-before anything else starts, so workers never see it.
+``SLURMRUN_LAUNCHER_PORT``, ``SLURMRUN_SECRET``). The spawner is forked before the secret is
+read into any Python object, and both processes wipe every copy of it from their environment
+(`slurmrun.spawner.forget_variable`), so no worker can find it in its memory.
 
 The agent never unpickles anything: `func` travels from the launcher to the workers, and the
 workers' results travel back, as opaque bytes that the agent only forwards.
