@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import assert_type
+import sys
+
+if sys.version_info >= (3, 11):
+    from typing import assert_type
+else:  # mypy checks as Python 3.10, the oldest supported (pyproject.toml)
+    from typing_extensions import assert_type
 
 import slurmrun
 
