@@ -11,7 +11,7 @@ import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import hostlist
@@ -39,6 +39,8 @@ _GRES_ITEM = re.compile(r"([^,()]+)(?:\(([^)]*)\))?")
 _SCONTROL_NODE_KEYS = frozenset({"Nodes", "CPU_IDs", "Mem", "GRES", "GRES_IDX"})
 _NO_CUDA_DEVICES = frozenset({"NoDevFiles"})
 # `scontrol show job` fields that tell how many tasks the job has (see job_tasks_per_node).
+# How `SlurmAllocation.sources` names figures read from scontrol.
+SCONTROL_SOURCE = "scontrol show job -d"
 _SCONTROL_TASK_FIELDS = re.compile(r"\b(NumNodes|NumTasks|CPUs/Task|NtasksPerN:B:S:C)=(\S+)")
 
 
@@ -72,6 +74,9 @@ class SlurmAllocation:
             tell (then each node's agent counts the GPUs it sees).
         driver_step: the step this process runs in, or None in the job's own shell (the
             ``salloc`` shell or the batch script).
+        sources: where each figure came from, by attribute name (``"gpus_per_node"``...):
+            the variable (``"SLURM_GPUS_PER_NODE"``) or ``"scontrol show job -d"``; figures
+            that are None have no entry. For people (``slurmrun info``), not for equality.
     """
 
     job_id: str
@@ -80,6 +85,7 @@ class SlurmAllocation:
     tasks_per_node: list[int] | None
     gpus_per_node: list[int] | None
     driver_step: DriverStep | None = None
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def node_index(self, hostname: str) -> int:
         """Return the index of ``hostname`` in the job's node list.
@@ -151,24 +157,40 @@ def slurm_allocation(
             f"SLURM_JOB_NUM_NODES={num_nodes!r} but SLURM_JOB_NODELIST has {len(hostnames)} "
             f"nodes ({', '.join(hostnames)})"
         )
+    sources = {
+        "job_id": "SLURM_JOB_ID" if env.get("SLURM_JOB_ID") else "SLURM_JOBID",
+        "hostnames": "SLURM_JOB_NODELIST" if "SLURM_JOB_NODELIST" in env else "SLURM_NODELIST",
+        "cpus_per_node": "SLURM_JOB_CPUS_PER_NODE",
+    }
     step = _driver_step(env, job_id)
     if step is None:
+        tasks = _per_node_counts(env, "SLURM_TASKS_PER_NODE", hostnames)
+        gpus, gpu_source = _gpus_per_node(env, len(hostnames))
+        if tasks is not None:
+            sources["tasks_per_node"] = "SLURM_TASKS_PER_NODE"
+        if gpu_source is not None:
+            sources["gpus_per_node"] = gpu_source
         return SlurmAllocation(
             job_id=job_id,
             hostnames=hostnames,
             cpus_per_node=cpus_per_node,
-            tasks_per_node=_per_node_counts(env, "SLURM_TASKS_PER_NODE", hostnames),
-            gpus_per_node=_gpus_per_node(env, len(hostnames)),
+            tasks_per_node=tasks,
+            gpus_per_node=gpus,
+            sources=sources,
         )
+    sources["driver_step"] = "SLURM_STEP_ID, SLURM_STEP_NUM_TASKS, SLURM_PROCID"
     text = (scontrol or scontrol_show_job)(job_id)
-    tasks: list[int] | None = None
-    gpus: list[int] | None = None
+    tasks = None
+    gpus = None
     if text:
         with contextlib.suppress(ValueError):  # unreadable output: as if scontrol said nothing
             tasks = job_tasks_per_node(text, cpus_per_node)
             per_host = parse_scontrol_gpus(text)
             if all(h in per_host for h in hostnames):
                 gpus = [per_host[h] for h in hostnames]
+    for name, value in (("tasks_per_node", tasks), ("gpus_per_node", gpus)):
+        if value is not None:
+            sources[name] = SCONTROL_SOURCE
     return SlurmAllocation(
         job_id=job_id,
         hostnames=hostnames,
@@ -176,6 +198,7 @@ def slurm_allocation(
         tasks_per_node=tasks,
         gpus_per_node=gpus,
         driver_step=step,
+        sources=sources,
     )
 
 
@@ -508,8 +531,11 @@ def _per_node_counts(
     return counts
 
 
-def _gpus_per_node(env: Mapping[str, str], num_nodes: int) -> list[int] | None:
-    """GPUs per node from SLURM's request variables, most precise first; None if none says."""
+def _gpus_per_node(env: Mapping[str, str], num_nodes: int) -> tuple[list[int] | None, str | None]:
+    """GPUs per node from SLURM's request variables, most precise first, and the variable read.
+
+    (None, None) if no variable says.
+    """
     # SLURM_GPUS_ON_NODE and SLURM_JOB_GPUS describe only the node this process runs on (the
     # batch node), so they are trusted only for single-node jobs, where that node is the job.
     if num_nodes == 1:
@@ -519,7 +545,7 @@ def _gpus_per_node(env: Mapping[str, str], num_nodes: int) -> list[int] | None:
         ):
             value = env.get(variable)
             if value:
-                return [read(value, variable)]
+                return [read(value, variable)], variable
     for variable, read_request in (
         ("SLURM_GPUS_PER_NODE", _read_typed_counts),
         ("SLURM_TRES_PER_NODE", _read_gres_gpus),
@@ -528,14 +554,14 @@ def _gpus_per_node(env: Mapping[str, str], num_nodes: int) -> list[int] | None:
         value = env.get(variable)
         count = read_request(value, variable) if value else None
         if count is not None:
-            return [count] * num_nodes
+            return [count] * num_nodes, variable
     total = env.get("SLURM_GPUS")
     if total:
         # --gpus=N is a job total SLURM may spread unevenly; only an even split is a safe guess.
         count = _read_typed_counts(total, "SLURM_GPUS")
         if count % num_nodes == 0:
-            return [count // num_nodes] * num_nodes
-    return None
+            return [count // num_nodes] * num_nodes, "SLURM_GPUS"
+    return None, None
 
 
 def _malformed_gpus(variable: str, value: str, expected: str) -> ValueError:

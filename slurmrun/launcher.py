@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from slurmrun import allocation, srun
+from slurmrun.dryrun import DryRun
 from slurmrun.environment import (
     DEFAULT_ENV_VARS,
     ENV_FILE_VAR,
@@ -27,7 +28,14 @@ from slurmrun.errors import AgentFailedError
 from slurmrun.logs import LogDir, log_level, resolve_log_dir
 from slurmrun.result import LaunchResult
 from slurmrun.session import Session
-from slurmrun.starters import AgentStarter, LocalAgents, SrunAgents, package_pythonpath
+from slurmrun.starters import (
+    AgentStarter,
+    LocalAgents,
+    SrunAgents,
+    agent_command,
+    local_agent_env,
+    package_pythonpath,
+)
 from slurmrun.transport import dumps, dumps_inband, new_secret
 
 __all__ = ["Launcher", "check_call", "launch"]
@@ -36,6 +44,7 @@ T = TypeVar("T")
 log = logging.getLogger("slurmrun")
 
 PORT_VAR = "SLURMRUN_LAUNCHER_PORT"
+SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
 RESTART_VAR = "SLURMRUN_RESTART_COUNT"
 
 Backend = Literal["nccl", "gloo", "mpi", "ucc", "auto"] | None
@@ -120,6 +129,33 @@ class Launcher:
             Exception: whatever a worker raised, re-raised with its traceback as ``__cause__``.
         """
         return self._run(func, func_args, func_kwargs)
+
+    def dry_run(
+        self,
+        func: Callable[..., Any],
+        func_args: Sequence[Any] = (),
+        func_kwargs: dict[str, Any] | None = None,
+    ) -> DryRun:
+        """What `run` would start, without starting anything (no process, socket or file).
+
+        Checks the options and the call as `run` does, and plans the launch the way `run`
+        does: where `run` would raise before starting, this raises the same error.
+
+        Args:
+            func: the function `run` would run (checked, not called).
+            func_args: positional arguments for every worker.
+            func_kwargs: keyword arguments for every worker.
+
+        Returns:
+            The plan: `str()` prints it (hosts, workers, the srun command line, the names of
+            the variables agents get); `DryRun.as_dict` and `DryRun.to_json` for scripts.
+
+        Raises:
+            ValueError, TypeError, RuntimeError: as `run`, before anything starts.
+        """
+        kwargs = {} if func_kwargs is None else func_kwargs
+        check_call(self, func, func_args, kwargs)
+        return plan_dry_run(self, _plan(self))
 
     def _run(
         self,
@@ -390,6 +426,82 @@ def _check_driver_step(alloc: allocation.SlurmAllocation, designated_task: bool)
     )
 
 
+# ---------------------------------------------------------------------- dry runs
+
+
+def plan_dry_run(cfg: Launcher, plan: _Plan, warnings: Sequence[str] = ()) -> DryRun:
+    """The `DryRun` of `plan`: built by the planning steps `_run_plan` takes, starting nothing."""
+    address = _launcher_addr(plan)
+    port = _wanted_port()
+    log_dir = resolve_log_dir(create=False)
+    control = _control(cfg, "", address.advertise, str(port or 0))
+    starter, env = _starter(cfg, plan, log_dir, control)
+    hosts = plan.hostnames
+    if isinstance(starter, SrunAgents):
+        commands = [tuple(starter.command)]
+        export = next(a for a in starter.command if a.startswith("--export="))
+        names = export.removeprefix("--export=").split(",")
+        gres = next((a for a in starter.command if a.startswith("--gres=gpu:")), "")
+        gpus = int(gres.rsplit(":", 1)[1]) if gres else 0
+    else:
+        per_agent = [local_agent_env(rank, host) for rank, host in enumerate(hosts)]
+        commands = [
+            (*(f"{k}={v}" for k, v in extra.items()), *agent_command()) for extra in per_agent
+        ]
+        names = sorted({*env, *per_agent[0]})
+        gpus = allocation.visible_gpu_count(env)  # local agents see this machine's GPUs
+    counts, reason = _expected_workers(plan, env, gpus)
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "nccl" if gpus > 0 else "gloo"
+    return DryRun(
+        job_id=plan.alloc.job_id if plan.alloc is not None else None,
+        hosts=tuple(hosts),
+        agents="local" if plan.local else "srun",
+        workers_per_host=None if plan.workers_per_host is None else tuple(plan.workers_per_host),
+        expected_workers=tuple(counts),
+        workers_reason=reason,
+        backend=cfg.backend,
+        expected_backend=backend,
+        launcher_address=address.advertise,
+        bind_address=address.bind,
+        address_reason=address.reason,
+        port=port,
+        commands=tuple(commands),
+        env_names=tuple(names),
+        log_dir=log_dir.path if log_dir.keep else None,
+        warnings=tuple(warnings),
+    )
+
+
+def _expected_workers(plan: _Plan, env: Mapping[str, str], gpus: int) -> tuple[list[int], str]:
+    """Workers per host, and why: as set, or as each agent is expected to decide on its node."""
+    if plan.workers_per_host is not None:
+        return plan.workers_per_host, "set by workers_per_host"
+    if gpus > 0:
+        where = "it sees" if plan.local else f"of its step (--gres=gpu:{gpus})"
+        return [gpus] * len(plan.hostnames), f"one per GPU {where}"
+    if plan.local:
+        from slurmrun.agent import _auto_workers  # noqa: PLC0415 - the agents' own rule
+
+        counts = [
+            _auto_workers({**env, **local_agent_env(rank, host)}, host)
+            for rank, host in enumerate(plan.hostnames)
+        ]
+        if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
+            return counts, "no GPU: one per CPU the agent may use"
+        return counts, "no GPU: the job's tasks on the node, else 1"
+    alloc = plan.alloc
+    assert alloc is not None  # noqa: S101 - srun agents run in a job
+    if alloc.tasks_per_node is None:
+        return [1] * len(plan.hostnames), "no GPU, and the job's tasks per node are unknown: 1"
+    source = alloc.sources.get("tasks_per_node", "the job")
+    return [alloc.tasks_per_node[alloc.node_index(h)] for h in plan.hostnames], (
+        f"no GPU in its step: the job's tasks on its node ({source}, passed on as "
+        f"{srun.JOB_TASKS_VAR})"
+    )
+
+
 # ---------------------------------------------------------------------- running
 
 
@@ -410,14 +522,25 @@ def _sigterm_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _launcher_addr(plan: _Plan) -> tuple[str, str]:
-    """(address to bind, address agents connect to)."""
+@dataclass(frozen=True)
+class _Address:
+    bind: str
+    advertise: str  # what agents connect to
+    reason: str  # why, for people (dry runs, `slurmrun info`)
+
+
+def _launcher_addr(plan: _Plan) -> _Address:
     if plan.local:
-        return "127.0.0.1", "127.0.0.1"
+        return _Address("127.0.0.1", "127.0.0.1", "loopback: the agents run on this machine")
     override = os.environ.get("SLURMRUN_LAUNCHER_ADDR")
     if override:
-        return "0.0.0.0", override  # noqa: S104 - agents on other nodes must reach us
-    return "0.0.0.0", srun.address_toward(plan.hostnames[0])  # noqa: S104
+        return _Address("0.0.0.0", override, "SLURMRUN_LAUNCHER_ADDR is set")  # noqa: S104
+    first = plan.hostnames[0]
+    return _Address(
+        "0.0.0.0",  # noqa: S104 - agents on other nodes must reach us
+        srun.address_toward(first),
+        f"this machine's address on the route toward {first}, the first node",
+    )
 
 
 def _agent_env(
@@ -432,6 +555,29 @@ def _agent_env(
         env.update(extra)
     env.update(control)
     return env
+
+
+def _silence(cfg: Launcher) -> float:
+    """How long an agent may be silent before it counts as dead, and the launcher for agents.
+
+    Heartbeats must come often enough for the shorter of the two timeouts.
+    """
+    return float(min(cfg.timeout, cfg.heartbeat_timeout))
+
+
+def _control(cfg: Launcher, secret: str, advertise: str, port: str) -> dict[str, str]:
+    """The variables the launcher sets for its agents (`_starter` adds the job's tasks)."""
+    control = {
+        SECRET_VAR: secret,
+        "SLURMRUN_LAUNCHER_ADDR": advertise,
+        PORT_VAR: port,
+        "SLURMRUN_PRELOAD": "" if cfg.backend is None else "torch",
+        "PYTHONPATH": package_pythonpath(os.environ),
+        HEARTBEAT_VAR: str(max(0.05, _silence(cfg) / HEARTBEATS_PER_TIMEOUT)),
+    }
+    if cfg.env_file:
+        control[ENV_FILE_VAR] = os.path.abspath(cfg.env_file)
+    return control
 
 
 def _starter(
@@ -460,14 +606,22 @@ def _step_order(plan: _Plan) -> list[str]:
     return sorted(plan.hostnames, key=alloc.node_index) if alloc else list(plan.hostnames)
 
 
-def _listen(bind: str) -> socket.socket:
+def _wanted_port() -> int | None:
+    """The port asked for in ``SLURMRUN_LAUNCHER_PORT``; None: any free one."""
     wanted = os.environ.get(PORT_VAR, "")
     if not wanted:
-        return socket.create_server((bind, 0), backlog=1024)
+        return None
     if not wanted.isdigit() or not 0 < int(wanted) < 65536:
         raise ValueError(f"{PORT_VAR}={wanted!r} is not a TCP port number (1-65535)")
+    return int(wanted)
+
+
+def _listen(bind: str) -> socket.socket:
+    wanted = _wanted_port()
+    if wanted is None:
+        return socket.create_server((bind, 0), backlog=1024)
     try:
-        return socket.create_server((bind, int(wanted)), backlog=1024)
+        return socket.create_server((bind, wanted), backlog=1024)
     except OSError as e:
         raise OSError(
             e.errno,
@@ -478,12 +632,12 @@ def _listen(bind: str) -> socket.socket:
 
 
 def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes, attempt: int) -> LaunchResult[Any]:
-    bind, advertise = _launcher_addr(plan)
-    server = _listen(bind)
+    address = _launcher_addr(plan)
+    server = _listen(address.bind)
     log_dir: LogDir | None = None
     try:
         log_dir = resolve_log_dir()
-        return _run_session(cfg, plan, payload, attempt, server, log_dir, advertise)
+        return _run_session(cfg, plan, payload, attempt, server, log_dir, address.advertise)
     finally:
         server.close()  # Session closes it too, but not when starting agents failed
         if log_dir is not None and not log_dir.keep:
@@ -500,26 +654,14 @@ def _run_session(  # noqa: PLR0917 - the parts of one attempt
     advertise: str,
 ) -> LaunchResult[Any]:
     secret = new_secret()
-    # An agent counts as dead after this much silence, and so does the launcher for its agents:
-    # heartbeats must come often enough for the shorter of the two timeouts.
-    silence = float(min(cfg.timeout, cfg.heartbeat_timeout))
-    control = {
-        "SLURMRUN_SECRET": secret.hex(),
-        "SLURMRUN_LAUNCHER_ADDR": advertise,
-        "SLURMRUN_LAUNCHER_PORT": str(server.getsockname()[1]),
-        "SLURMRUN_PRELOAD": "" if cfg.backend is None else "torch",
-        "PYTHONPATH": package_pythonpath(os.environ),
-        HEARTBEAT_VAR: str(max(0.05, silence / HEARTBEATS_PER_TIMEOUT)),
-    }
-    if cfg.env_file:
-        control[ENV_FILE_VAR] = os.path.abspath(cfg.env_file)
+    control = _control(cfg, secret.hex(), advertise, str(server.getsockname()[1]))
     starter, env = _starter(cfg, plan, log_dir, control)
     session = Session(
         hostnames=plan.hostnames,
         workers_per_host=plan.workers_per_host,
         backend=cfg.backend,
         timeout=float(cfg.timeout),
-        agent_timeout=silence,
+        agent_timeout=_silence(cfg),
         grace=3.0,
         payload=payload,
         secret=secret,

@@ -60,16 +60,23 @@ class LogDir:
     keep: bool
 
 
-def resolve_log_dir(environ: dict[str, str] | None = None) -> LogDir:
-    """Creates this launch's log directory, ``<$SLURMRUN_LOG_DIR or ./slurmrun_logs>/<time>``."""
+def resolve_log_dir(environ: dict[str, str] | None = None, *, create: bool = True) -> LogDir:
+    """Creates this launch's log directory, ``<$SLURMRUN_LOG_DIR or ./slurmrun_logs>/<time>``.
+
+    With ``create=False`` (a dry run) nothing is created: the path is the one a launch now
+    would create, and a private temporary directory is only named.
+    """
     env = os.environ if environ is None else environ
     configured = env.get(LOG_DIR_VAR)
     if configured == "":
+        if not create:
+            return LogDir(os.path.join(tempfile.gettempdir(), "slurmrun-logs-*"), keep=False)
         return LogDir(tempfile.mkdtemp(prefix="slurmrun-logs-"), keep=False)
     base = configured if configured is not None else os.path.join(os.getcwd(), "slurmrun_logs")
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
     path = os.path.join(base, stamp)  # one subdirectory per launch: launches never mix files
-    os.makedirs(path, exist_ok=True)
+    if create:
+        os.makedirs(path, exist_ok=True)
     return LogDir(os.path.abspath(path), keep=True)
 
 

@@ -15,7 +15,7 @@ from typing import IO, Any, Protocol
 from slurmrun.logs import agent_log_path
 from slurmrun.spawner import wait_readable
 
-__all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command"]
+__all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command", "local_agent_env"]
 
 
 def agent_command() -> list[str]:
@@ -28,6 +28,11 @@ def package_pythonpath(environ: Mapping[str, str]) -> str:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     rest = environ.get("PYTHONPATH", "")
     return root if not rest else f"{root}{os.pathsep}{rest}"
+
+
+def local_agent_env(rank: int, host: str) -> dict[str, str]:
+    """What a local agent gets on top of the launch's environment: which agent it is."""
+    return {"SLURMRUN_NODE_RANK": str(rank), "SLURMRUN_HOSTNAME": host}
 
 
 class AgentStarter(Protocol):
@@ -127,8 +132,7 @@ class LocalAgents:
     def start(self, env: Mapping[str, str]) -> None:
         """See `AgentStarter`."""
         for rank, host in enumerate(self.hostnames):
-            agent_env = dict(env)
-            agent_env.update(SLURMRUN_NODE_RANK=str(rank), SLURMRUN_HOSTNAME=host)
+            agent_env = {**env, **local_agent_env(rank, host)}
             log_path = self.log_file(rank)
             assert log_path is not None  # noqa: S101 - rank is not None here
             log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()

@@ -1,0 +1,157 @@
+"""What a launch would start, without starting it: `DryRun`, made by `Launcher.dry_run`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import textwrap
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["DryRun"]
+
+_WIDTH = 96
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """The plan of one launch: `str()` prints it, `as_dict()`/`to_json()` give it to scripts.
+
+    Nothing in it is a secret: the launch secret is made only when a launch starts, and the
+    environment of the agents is given by names only.
+
+    Attributes:
+        job_id: the SLURM job the agents would run in, or None outside SLURM.
+        hosts: the hosts, one agent each.
+        agents: ``"srun"`` (one srun step, one task per host) or ``"local"`` (subprocesses).
+        workers_per_host: the workers each host gets when the options fix them; None when
+            ``"auto"`` (each agent decides on its node when it starts).
+        expected_workers: per host, what `workers_per_host` is, or what each agent is
+            expected to decide.
+        workers_reason: why `expected_workers` (how an agent decides).
+        backend: the ``backend`` option (``"auto"``, a backend, or None: no process group).
+        expected_backend: the backend workers are expected to use.
+        launcher_address: the address agents would connect to.
+        bind_address: the address the launcher would listen on.
+        address_reason: why `launcher_address` was chosen.
+        port: the port from ``SLURMRUN_LAUNCHER_PORT``; None: a free one, chosen at start.
+        commands: the command lines that would start the agents (one srun line, or one per
+            local agent, with the variables that differ between local agents in front).
+        env_names: names of the variables the agents would get (values from the launcher's
+            environment, and from the launch itself for ``SLURMRUN_*``).
+        log_dir: the log directory a launch now would create; None when files are off.
+        warnings: what will go wrong, or is likely to.
+    """
+
+    job_id: str | None
+    hosts: tuple[str, ...]
+    agents: str
+    workers_per_host: tuple[int, ...] | None
+    expected_workers: tuple[int, ...]
+    workers_reason: str
+    backend: str | None
+    expected_backend: str | None
+    launcher_address: str
+    bind_address: str
+    address_reason: str
+    port: int | None
+    commands: tuple[tuple[str, ...], ...]
+    env_names: tuple[str, ...]
+    log_dir: str | None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int | None:
+        """The number of workers when the options fix it; None when agents decide it."""
+        return None if self.workers_per_host is None else sum(self.workers_per_host)
+
+    @property
+    def expected_world_size(self) -> int:
+        """The number of workers expected (`world_size` when known)."""
+        return sum(self.expected_workers)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The plan as plain data (lists, str, int, None), ``world_size`` included."""
+        data = asdict(self)
+        data["world_size"] = self.world_size
+        data["expected_world_size"] = self.expected_world_size
+        plain: dict[str, Any] = json.loads(json.dumps(data))  # tuples to lists, as JSON reads
+        return plain
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The plan as JSON (`as_dict`)."""
+        return json.dumps(self.as_dict(), indent=indent)
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def lines(self) -> list[str]:
+        """The printable plan, line by line (`str()` joins them)."""
+        n = len(self.hosts)
+        out = [
+            "slurmrun dry run (nothing was started)",
+            _row("job", self.job_id or "none (not inside a SLURM job)"),
+            _row("hosts", f"{', '.join(self.hosts)} ({n} host{'s' * (n != 1)})"),
+            _row(
+                "agents",
+                "one srun step, one task per host"
+                if self.agents == "srun"
+                else "local subprocesses of the launcher",
+            ),
+            _row("workers per host", self._workers_text()),
+            _row("world size", self._world_text()),
+            _row("backend", self._backend_text()),
+            _row(
+                "launcher address",
+                f"{self.launcher_address}:{self.port or '<free port>'} "
+                f"(listening on {self.bind_address}): {self.address_reason}",
+            ),
+            _row("log directory", self.log_dir or "none (SLURMRUN_LOG_DIR='')"),
+            f"  command{'s' * (len(self.commands) != 1)}:",
+        ]
+        out += [_command_text(cmd) for cmd in self.commands]
+        out.append(
+            f"  environment of the agents ({len(self.env_names)} variables, names only; "
+            "SLURMRUN_SECRET is made fresh by each launch):"
+        )
+        out += textwrap.wrap(
+            " ".join(self.env_names),
+            _WIDTH,
+            initial_indent="    ",
+            subsequent_indent="    ",
+            break_on_hyphens=False,
+        )
+        if self.warnings:
+            out.append("  warnings:")
+            for warning in self.warnings:
+                out += textwrap.wrap(
+                    warning, _WIDTH, initial_indent="    - ", subsequent_indent="      "
+                )
+        return out
+
+    def _workers_text(self) -> str:
+        counts = ", ".join(map(str, self.expected_workers))
+        if self.workers_per_host is not None:
+            return f"{counts} ({self.workers_reason})"
+        return f"auto: decided by each agent; expected {counts} ({self.workers_reason})"
+
+    def _world_text(self) -> str:
+        if self.world_size is not None:
+            return str(self.world_size)
+        return f"decided when the agents connect; expected {self.expected_world_size}"
+
+    def _backend_text(self) -> str:
+        if self.backend is None:
+            return "none (no process group)"
+        if self.backend == "auto":
+            return f"auto: nccl on GPU workers, else gloo; expected {self.expected_backend}"
+        return self.backend
+
+
+def _row(name: str, value: str) -> str:
+    return f"  {name + ':':<18}{value}"
+
+
+def _command_text(cmd: tuple[str, ...]) -> str:
+    """A command line, shell-quoted, one option per line."""
+    return "    " + shlex.join(cmd).replace(" --", " \\\n      --")
