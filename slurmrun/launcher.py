@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import shutil
@@ -12,7 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from slurmrun import allocation, srun
 from slurmrun.environment import (
@@ -29,6 +30,21 @@ from slurmrun.session import Session
 from slurmrun.starters import AgentStarter, LocalAgents, SrunAgents, package_pythonpath
 from slurmrun.transport import dumps, dumps_inband, new_secret
 
+if TYPE_CHECKING:
+    import tyro
+else:
+
+    class _Tyro:
+        """tyro, imported when something reads `Launcher`'s annotations (``tyro.cli``).
+
+        ``import slurmrun`` stays light: tyro is imported by the command, or a user's script.
+        """
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib.import_module("tyro"), name)
+
+    tyro = _Tyro()
+
 __all__ = ["Launcher", "check_call", "launch"]
 
 T = TypeVar("T")
@@ -36,6 +52,7 @@ log = logging.getLogger("slurmrun")
 
 PORT_VAR = "SLURMRUN_LAUNCHER_PORT"
 RESTART_VAR = "SLURMRUN_RESTART_COUNT"
+PRELOAD_VAR = "SLURMRUN_PRELOAD"
 
 Backend = Literal["nccl", "gloo", "mpi", "ucc", "auto"] | None
 BACKENDS = ("nccl", "gloo", "mpi", "ucc", "auto", None)
@@ -82,7 +99,7 @@ class Launcher:
     env_file: str | None = None
     """A bash file that each agent sources before it starts workers; its exports reach them."""
 
-    log_handlers: list[logging.Handler] | None = None
+    log_handlers: Annotated[list[logging.Handler] | None, tyro.conf.Suppress] = None
     """Handlers for agents' and workers' output records; None: rank 0 and agent 0 live in the
     terminal, and a file per worker under ``$SLURMRUN_LOG_DIR`` (see `slurmrun.logs`)."""
 
@@ -502,7 +519,9 @@ def _run_session(  # noqa: PLR0917 - the parts of one attempt
         "SLURMRUN_SECRET": secret.hex(),
         "SLURMRUN_LAUNCHER_ADDR": advertise,
         "SLURMRUN_LAUNCHER_PORT": str(server.getsockname()[1]),
-        "SLURMRUN_PRELOAD": "" if cfg.backend is None else "torch",
+        # Modules the spawner imports before forking workers; the command's script mode asks
+        # for torch although it initialises no process group.
+        PRELOAD_VAR: os.environ.get(PRELOAD_VAR) or ("" if cfg.backend is None else "torch"),
         "PYTHONPATH": package_pythonpath(os.environ),
         HEARTBEAT_VAR: str(max(0.05, cfg.heartbeat_timeout / 5)),
     }

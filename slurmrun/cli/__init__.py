@@ -1,0 +1,1 @@
+"""The ``slurmrun`` command: script mode, ``info`` and dry runs."""
