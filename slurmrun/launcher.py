@@ -71,12 +71,13 @@ class Launcher:
         '1'
     """
 
-    hostnames: list[str] | Literal["auto", "slurm"] = "auto"
+    # The literals first: tyro tries the union's members in order ("auto" is a list of one).
+    hostnames: Literal["auto", "slurm"] | list[str] = "auto"
     """Hosts to run on. ``"auto"``: the SLURM job's nodes, else ``["localhost"]``.
     ``"slurm"``: the job's nodes, and an error outside a job. Agents on the job's nodes start
     with srun (in a one-node job too); other hosts must all be this machine."""
 
-    workers_per_host: int | list[int] | Literal["auto", "slurm"] = "auto"
+    workers_per_host: Literal["auto", "slurm"] | int | list[int] = "auto"
     """Workers on each host. ``"auto"``: one per GPU the host sees; without GPUs, the tasks per
     node of the SLURM job (1 if unset), or the usable CPUs outside SLURM."""
 

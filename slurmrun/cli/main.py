@@ -232,6 +232,9 @@ def _report_failure(e: Exception) -> int:
             print(note, file=sys.stderr)
         return 1
     print(f"slurmrun: {type(e).__name__}: {e}", file=sys.stderr)
+    log_file = getattr(e, "log_file", None)  # WorkerFailedError, AgentFailedError
+    if log_file and log_file not in str(e):
+        print(f"slurmrun: its log: {log_file}", file=sys.stderr)
     if isinstance(e, WorkerFailedError) and e.exitcode:
         return 128 - e.exitcode if e.exitcode < 0 else e.exitcode
     return 1
