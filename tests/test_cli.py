@@ -133,10 +133,12 @@ def test_backend_option_initialises_the_group_before_the_script(tmp_path: Path) 
         t = torch.ones(1)
         dist.all_reduce(t)
         report(sum=t.item())
+        dist.destroy_process_group()  # then the worker must not destroy it again
         """,
     )
     cp = _slurmrun(["--backend", "gloo", "--workers-per-host", "2", "uses_group.py"], tmp_path)
     assert cp.returncode == 0, cp.stderr
+    assert "Traceback" not in cp.stdout + cp.stderr
     assert [s["sum"] for s in _reports(tmp_path, 2)] == [2.0, 2.0]
 
 
