@@ -132,7 +132,8 @@ def _check_target(cmd: Command) -> None:
     if cmd.module:
         top = cmd.target.partition(".")[0]
         # `python -m` looks in the working directory first.
-        if importlib.util.find_spec(top) is None and not os.path.exists(top + ".py"):
+        local = os.path.exists(top + ".py") or os.path.isdir(top)
+        if not local and importlib.util.find_spec(top) is None:
             raise UsageError(f"No module named {top!r} (from -m {cmd.target})")
     elif not os.path.isfile(cmd.target):
         raise UsageError(f"can't open file {os.path.abspath(cmd.target)!r}: no such file")
