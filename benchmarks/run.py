@@ -13,6 +13,8 @@ Scenarios (docs/benchmarks.md says what each number means):
   failure  a worker SIGKILLs itself (or os._exit) while its peer waits in all_reduce: time
            from its death to the exception in the launcher.
   scale    a real launcher-side Session against 1..1024 fake agents x 8 workers (simulated).
+  cli      `slurmrun train.py` vs `torchrun --standalone --nproc-per-node=2 train.py`, whole
+           command, one all_reduce (bench_cli.py).
   slurm    on the 3-node test cluster (if up): trivial launch vs `srun -N3 python -c "import
            torch"` in the same allocation.
 
@@ -46,7 +48,7 @@ GIB = 1 << 30
 TORCHRUNX_VENV_PYTHON = os.path.expanduser("~/.cache/slurmrun-bench/torchrunx-venv/bin/python")
 TORCHRUNX_MEMORY_FACTOR = 10  # torchrunx holds about 10x the returned bytes (measured, 0.4.0)
 FAIL_CAP_S = 60.0
-SCENARIOS = ("launch", "returns", "failure", "scale", "slurm")
+SCENARIOS = ("launch", "returns", "failure", "scale", "cli", "slurm")
 
 
 # ------------------------------------------------------------------ configuration
@@ -832,6 +834,31 @@ def _scale_targets(stats: dict[str, dict[str, float | None]], report: Report) ->
 # ------------------------------------------------------------------ scenario 5: slurm
 
 
+def scenario_cli(cfg: Config, report: Report) -> None:
+    """The ``slurmrun`` command against torchrun on the same script (bench_cli.py)."""
+    print("== cli: slurmrun train.py vs torchrun --standalone", flush=True)
+    out = os.path.join(cfg.workdir, "bench_cli.json")
+    argv = [cfg.python, script("bench_cli.py"), "--rounds", str(cfg.rounds), "--json", out]
+    subprocess.run(argv, check=True, timeout=600)
+    with open(out) as f:
+        d = json.load(f)
+    med_s = d["median_s"]
+    table = Table(
+        "`slurmrun train.py` vs `torchrun --standalone --nproc-per-node=2 train.py` (medians)",
+        ["command", "whole command", "ratio"],
+    )
+    table.rows += [
+        ["torchrun", fmt(med_s["torchrun"]), ""],
+        ["slurmrun", fmt(med_s["slurmrun"]), fmt_ratio(d["ratio"])],
+    ]
+    table.notes.append(f"{cfg.rounds} alternating rounds; 2 CPU workers; one all_reduce.")
+    report.tables.append(table)
+    report.targets.append(
+        Target("slurmrun command vs torchrun", f"{d['ratio']:.2f}x", "< 0.5x", d["ratio"] < 0.5)
+    )
+    report.data["cli"] = d
+
+
 def cluster_up() -> tuple[bool, str]:
     """Whether the SLURM test cluster is up and idle (no other jobs queued)."""
     cluster = os.path.join(REPO, "tests", "cluster", "slurm-cluster.sh")
@@ -1008,6 +1035,7 @@ def main() -> None:
         "returns": scenario_returns,
         "failure": scenario_failure,
         "scale": scenario_scale,
+        "cli": scenario_cli,
         "slurm": scenario_slurm,
     }
     try:

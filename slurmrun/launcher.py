@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import shutil
@@ -12,7 +13,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from slurmrun import allocation, srun
 from slurmrun.dryrun import DryRun
@@ -38,6 +39,21 @@ from slurmrun.starters import (
 )
 from slurmrun.transport import dumps, dumps_inband, new_secret
 
+if TYPE_CHECKING:
+    import tyro
+else:
+
+    class _Tyro:
+        """tyro, imported when something reads `Launcher`'s annotations (``tyro.cli``).
+
+        ``import slurmrun`` stays light: tyro is imported by the command, or a user's script.
+        """
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(importlib.import_module("tyro"), name)
+
+    tyro = _Tyro()
+
 __all__ = ["Launcher", "check_call", "launch"]
 
 T = TypeVar("T")
@@ -46,6 +62,7 @@ log = logging.getLogger("slurmrun")
 PORT_VAR = "SLURMRUN_LAUNCHER_PORT"
 SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
 RESTART_VAR = "SLURMRUN_RESTART_COUNT"
+PRELOAD_VAR = "SLURMRUN_PRELOAD"
 
 Backend = Literal["nccl", "gloo", "mpi", "ucc", "auto"] | None
 BACKENDS = ("nccl", "gloo", "mpi", "ucc", "auto", None)
@@ -64,12 +81,13 @@ class Launcher:
         '1'
     """
 
-    hostnames: list[str] | Literal["auto", "slurm"] = "auto"
+    # The literals first: tyro tries the union's members in order ("auto" is a list of one).
+    hostnames: Literal["auto", "slurm"] | list[str] = "auto"
     """Hosts to run on. ``"auto"``: the SLURM job's nodes, else ``["localhost"]``.
     ``"slurm"``: the job's nodes, and an error outside a job. Agents on the job's nodes start
     with srun (in a one-node job too); other hosts must all be this machine."""
 
-    workers_per_host: int | list[int] | Literal["auto", "slurm"] = "auto"
+    workers_per_host: Literal["auto", "slurm"] | int | list[int] = "auto"
     """Workers on each host. ``"auto"``: one per GPU the host sees; without GPUs, the tasks per
     node of the SLURM job (1 if unset), or the usable CPUs outside SLURM."""
 
@@ -92,7 +110,7 @@ class Launcher:
     env_file: str | None = None
     """A bash file that each agent sources before it starts workers; its exports reach them."""
 
-    log_handlers: list[logging.Handler] | None = None
+    log_handlers: Annotated[list[logging.Handler] | None, tyro.conf.Suppress] = None
     """Handlers for agents' and workers' output records; None: rank 0 and agent 0 live in the
     terminal, and a file per worker under ``$SLURMRUN_LOG_DIR`` (see `slurmrun.logs`)."""
 
@@ -571,7 +589,9 @@ def _control(cfg: Launcher, secret: str, advertise: str, port: str) -> dict[str,
         SECRET_VAR: secret,
         "SLURMRUN_LAUNCHER_ADDR": advertise,
         PORT_VAR: port,
-        "SLURMRUN_PRELOAD": "" if cfg.backend is None else "torch",
+        # Modules the spawner imports before forking workers; the command's script mode asks
+        # for torch although it initialises no process group.
+        PRELOAD_VAR: os.environ.get(PRELOAD_VAR) or ("" if cfg.backend is None else "torch"),
         "PYTHONPATH": package_pythonpath(os.environ),
         HEARTBEAT_VAR: str(max(0.05, _silence(cfg) / HEARTBEATS_PER_TIMEOUT)),
     }

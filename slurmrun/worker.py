@@ -276,7 +276,8 @@ def run_worker(
                 if initialised:
                     import torch.distributed as dist  # noqa: PLC0415
 
-                    dist.destroy_process_group()
+                    if dist.is_initialized():  # unless func destroyed it (a torchrun script)
+                        dist.destroy_process_group()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()

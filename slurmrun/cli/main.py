@@ -1,0 +1,238 @@
+"""``slurmrun [launcher options] SCRIPT.py [args...]``, ``slurmrun ... -m MODULE``, ``info``.
+
+The launcher options are the fields of `slurmrun.Launcher`, parsed by tyro; everything from
+the script's path (or ``-m MODULE``) on belongs to the script, as with ``python`` and
+``torchrun``. See ``docs/cli.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from slurmrun.launcher import Launcher
+
+__all__ = ["PRELOAD_VAR", "Command", "UsageError", "main", "split_command"]
+
+PRELOAD_VAR = "SLURMRUN_PRELOAD"
+
+USAGE = """\
+usage: slurmrun [-h] [--dry-run] [LAUNCHER OPTIONS] SCRIPT.py [SCRIPT ARGS...]
+       slurmrun [-h] [--dry-run] [LAUNCHER OPTIONS] -m MODULE [MODULE ARGS...]
+       slurmrun info [...]"""
+
+DESCRIPTION = """\
+Runs SCRIPT.py (or -m MODULE) as __main__ on every worker of the SLURM allocation (one per
+GPU, or per task/CPU), as a script started by torchrun: RANK, LOCAL_RANK, WORLD_SIZE,
+MASTER_ADDR and MASTER_PORT are set and the script calls dist.init_process_group() itself
+(--backend gloo/nccl/auto: slurmrun initialises the group before the script instead).
+Everything after the script's path belongs to the script; `--` may end the launcher options.
+Exit status: 0 when every rank finished; the first failing rank's sys.exit status; 1 when a
+rank raised (its traceback is printed); 128+N when a worker was killed by signal N; 130 on
+Ctrl-C; 2 for bad options. --dry-run prints what would run and starts nothing.
+`slurmrun info` shows what slurmrun detects in this allocation."""
+
+
+class UsageError(Exception):
+    """The command line names no script, or names one that does not exist."""
+
+
+@dataclass
+class Command:
+    """A command line split into the launcher's part and the script's part."""
+
+    launcher_args: list[str] = field(default_factory=list)
+    target: str = ""
+    module: bool = False
+    script_args: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+
+def _option_arity() -> dict[str, bool]:
+    """``--option`` -> whether it takes several values, from the `Launcher` fields."""
+    from slurmrun.launcher import Launcher  # noqa: PLC0415
+
+    arity = {}
+    for f in dataclasses.fields(Launcher):
+        annotation = str(f.type)  # a string: launcher.py uses `from __future__ import annotations`
+        arity["--" + f.name.replace("_", "-")] = any(
+            t in annotation for t in ("list[", "tuple[", "Mapping[")
+        )
+    return arity
+
+
+def _is_value(option: str, arg: str, taken: list[str]) -> bool:
+    """Whether `arg` is one more value of a several-valued option (the script's path is not)."""
+    if arg.startswith("-") or arg.endswith(".py"):
+        return False
+    if taken and taken[0] in ("auto", "slurm"):
+        return False  # a literal stands alone
+    if option == "--workers-per-host":
+        return arg.isdigit() or (not taken and arg in ("auto", "slurm"))
+    return True
+
+
+def split_command(argv: list[str]) -> Command:
+    """Splits ``[launcher options] SCRIPT.py [args...]`` (or ``-m MODULE [args...]``).
+
+    A one-valued option takes the next arg; a several-valued one (``--hostnames``) takes
+    tokens up to the next option or ``*.py``; the first other arg is the script.
+
+    Raises:
+        UsageError: no script or module is named.
+    """
+    arity = _option_arity()
+    cmd = Command()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if arg in ("--", "-m") or (arg.startswith("-m") and not arg.startswith("--")):
+            name = arg[2:] if arg.startswith("-m") and len(arg) > 2 else None
+            if name is None:
+                if i >= len(argv):
+                    raise UsageError(f"{arg} must be followed by the script or module")
+                name = argv[i]
+                i += 1
+            cmd.target, cmd.module, cmd.script_args = name, arg != "--", argv[i:]
+            return cmd
+        if arg == "--dry-run":
+            cmd.dry_run = True
+            continue
+        if not arg.startswith("-"):
+            cmd.target, cmd.script_args = arg, argv[i:]
+            return cmd
+        cmd.launcher_args.append(arg)
+        name = arg.split("=", 1)[0]
+        if "=" in arg or name not in arity:
+            continue  # tyro reports unknown options
+        if not arity[name]:
+            cmd.launcher_args.extend(argv[i : i + 1])
+            i += 1
+            continue
+        # The first arg is always a value, so that tyro reports a bad one (--hostnames 2).
+        taken = argv[i : i + 1] if i < len(argv) and not argv[i].startswith("-") else []
+        i += len(taken)
+        while i < len(argv) and _is_value(name, argv[i], taken):
+            taken.append(argv[i])
+            i += 1
+        cmd.launcher_args.extend(taken)
+    return cmd
+
+
+def _check_target(cmd: Command) -> None:
+    if not cmd.target:
+        raise UsageError("no script given: slurmrun [options] SCRIPT.py [args...], or -m MODULE")
+    if cmd.module:
+        top = cmd.target.partition(".")[0]
+        # `python -m` looks in the working directory first.
+        local = os.path.exists(top + ".py") or os.path.isdir(top)
+        if not local and importlib.util.find_spec(top) is None:
+            raise UsageError(f"No module named {top!r} (from -m {cmd.target})")
+    elif not os.path.isfile(cmd.target):
+        raise UsageError(f"can't open file {os.path.abspath(cmd.target)!r}: no such file")
+
+
+def _usage_error(message: str) -> int:
+    print(f"{USAGE}\nslurmrun: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``slurmrun`` command; returns its exit status.
+
+    Args:
+        argv: the arguments after the program's name (default: ``sys.argv[1:]``).
+
+    Returns:
+        0 when every rank finished; the first failing rank's ``sys.exit`` status; 1 when a rank
+        raised; 128+N for a worker killed by signal N; 130 on Ctrl-C; 2 for bad options (tyro
+        exits with 2 itself, and with 0 after ``--help``).
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["info"]:
+        info = importlib.import_module("slurmrun.cli.info")  # H6's `slurmrun info`
+        return int(info.main(argv[1:]))
+    try:
+        cmd = split_command(argv)
+    except UsageError as e:
+        return _usage_error(str(e))
+    launcher = _parse_launcher(cmd.launcher_args)
+    try:
+        _check_target(cmd)
+    except UsageError as e:
+        return _usage_error(str(e))
+    return run_command(launcher, cmd)
+
+
+def _parse_launcher(args: list[str]) -> Launcher:
+    import tyro  # noqa: PLC0415 - only the command pays for it
+
+    from slurmrun.launcher import Launcher  # noqa: PLC0415
+
+    return tyro.cli(
+        Launcher,
+        args=args,
+        prog="slurmrun",
+        description=DESCRIPTION,
+        # As torchrun: the script makes its own process group unless a backend is asked for.
+        default=Launcher(backend=None),
+    )
+
+
+def run_command(launcher: Launcher, cmd: Command) -> int:
+    """Runs (or, for ``--dry-run``, shows) the script on every worker; returns the exit status."""
+    from slurmrun.cli.script import run_script  # noqa: PLC0415
+    from slurmrun.launcher import check_call  # noqa: PLC0415
+
+    target = cmd.target if cmd.module else os.path.abspath(cmd.target)
+    func_args = (target, cmd.script_args)
+    func_kwargs = {"module": cmd.module}
+    try:
+        check_call(launcher, run_script, func_args, func_kwargs)
+    except (ValueError, TypeError) as e:
+        return _usage_error(str(e))
+    if cmd.dry_run:
+        print(launcher.dry_run(run_script, func_args, func_kwargs))
+        return 0
+    # Workers need torch (the script imports it) even without a pre-initialised group: the
+    # spawner imports it once per node, before forking them.
+    os.environ.setdefault(PRELOAD_VAR, "torch")
+    try:
+        launcher.run(run_script, func_args, func_kwargs)
+    except KeyboardInterrupt:
+        print("slurmrun: interrupted; every agent and worker was stopped", file=sys.stderr)
+        return 130
+    except Exception as e:
+        return _report_failure(e)
+    return 0
+
+
+def _report_failure(e: Exception) -> int:
+    """Prints why the launch failed (a rank's traceback, a dead worker...); returns the status."""
+    from slurmrun.cli.script import ScriptExit  # noqa: PLC0415
+    from slurmrun.errors import RemoteTraceback, WorkerFailedError  # noqa: PLC0415
+
+    notes = [str(n) for n in getattr(e, "__notes__", ())]
+    where = " ".join(n.removeprefix("slurmrun: raised on ") for n in notes)
+    if isinstance(e, ScriptExit):
+        print(f"slurmrun: exit status {e.code} on {where}", file=sys.stderr)
+        return e.code
+    if isinstance(e.__cause__, RemoteTraceback):
+        print(e.__cause__.text.rstrip(), file=sys.stderr)
+        for note in notes:
+            print(note, file=sys.stderr)
+        return 1
+    print(f"slurmrun: {type(e).__name__}: {e}", file=sys.stderr)
+    log_file = getattr(e, "log_file", None)  # WorkerFailedError, AgentFailedError
+    if log_file and log_file not in str(e):
+        print(f"slurmrun: its log: {log_file}", file=sys.stderr)
+    if isinstance(e, WorkerFailedError) and e.exitcode:
+        return 128 - e.exitcode if e.exitcode < 0 else e.exitcode
+    return 1
