@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["info"]:
-        info = importlib.import_module("slurmrun.cli.info")  # H6's `slurmrun info`
+        info = importlib.import_module("slurmrun.cli.info")  # only `info` pays for its imports
         return int(info.main(argv[1:]))
     try:
         cmd = split_command(argv)
