@@ -1,0 +1,13 @@
+#!/bin/bash
+# A batch job whose Python driver calls slurmrun.launch: `sbatch examples/sbatch_job.sh`.
+# The driver runs once, in this script (on the job's first node); launch() starts one agent
+# per node with srun and one worker per GPU, or per task on nodes without GPUs.
+#SBATCH --job-name=slurmrun-example
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --time=5
+set -euo pipefail
+
+# sbatch runs a copy of this script: SLURM_SUBMIT_DIR is where `sbatch` was called.
+cd "${SLURM_SUBMIT_DIR:-.}"
+python3 "${EXAMPLES_DIR:-examples}/quickstart.py"
