@@ -10,7 +10,7 @@ sys.path.insert(0, str(REPO))  # autodoc documents this checkout, whatever is in
 
 project = "slurmrun"
 author = "the slurmrun authors"
-copyright = "the slurmrun authors"  # noqa: A001 - the name Sphinx reads
+copyright = "the slurmrun authors"
 
 extensions = [
     "myst_parser",

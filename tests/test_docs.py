@@ -113,7 +113,11 @@ def run(argv: list[str], tmp_path: Path, timeout: float) -> subprocess.Completed
 def test_docs_build_with_warnings_as_errors_and_document_every_public_name(tmp_path):
     pytest.importorskip("sphinx", reason="pip install -r docs/requirements.txt")
     out = tmp_path / "html"
-    cp = run([sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", str(DOCS), str(out)], tmp_path, 300)
+    cp = run(
+        [sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html", str(DOCS), str(out)],
+        tmp_path,
+        300,
+    )
     assert cp.returncode == 0, cp.stdout
     import slurmrun
 
@@ -133,7 +137,11 @@ def test_every_page_is_in_the_site():
 
 # --------------------------------------------------------------------------- no rot
 def test_every_block_has_an_info_string_the_tests_handle():
-    unknown = [f"{b.id}: {b.info!r}" for b in blocks() if b.info not in KNOWN_INFO and not b.info.startswith("{")]
+    unknown = [
+        f"{b.id}: {b.info!r}"
+        for b in blocks()
+        if b.info not in KNOWN_INFO and not b.info.startswith("{")
+    ]
     assert not unknown, f"blocks without a known info string (docs/contributing.md):\n{unknown}"
 
 
