@@ -42,5 +42,3 @@ html_theme = "furo"
 html_title = "slurmrun"
 html_static_path: list[str] = []
 html_show_sourcelink = False
-pygments_style = "default"
-pygments_dark_style = "monokai"
