@@ -3,7 +3,8 @@
 #
 #   bash tests/run.sh [pytest args...]        default: the whole tests/ directory
 #
-# 1. installs the Python dependencies (torch pinned to a CPU-sized wheel) and slurmrun itself;
+# 1. installs the Python dependencies (torch pinned to a CPU-sized wheel), slurmrun itself and
+#    docs/requirements.txt, and builds the docs site with warnings as errors;
 # 2. runs the fresh-venv legs (tests/fresh_venv.sh): slurmrun installed as a user installs it
 #    (`pip install torch==2.13.0 .`, declared dependencies only; and on Python 3.10 without
 #    torch), running smoke launches, so that an undeclared dependency fails here; a failure
@@ -34,6 +35,11 @@ fi
 say "installing Python dependencies"
 python3 -m pip install -q --root-user-action=ignore torch==2.13.0
 python3 -m pip install -q --root-user-action=ignore -e '.[test]'
+python3 -m pip install -q --root-user-action=ignore -r docs/requirements.txt
+
+# The docs site, warnings as errors: a broken reference or docstring fails the run here.
+say "building the docs (python -m sphinx -W -b html docs docs/_build)"
+python3 -m sphinx -W -q -b html docs docs/_build
 
 [ $# -gt 0 ] || set -- tests
 
