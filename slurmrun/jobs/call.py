@@ -58,7 +58,6 @@ class Outcome:
         pickled: bytes | None
         try:
             pickled = dumps_inband(exc)
-            loads(pickled)  # an exception whose __init__ takes other args cannot come back
         except Exception:
             pickled = None
         return cls(
@@ -76,7 +75,7 @@ class Outcome:
         if self.error is not None:
             try:
                 exc = loads(self.error)
-            except Exception:
+            except Exception:  # e.g. its __init__ takes other arguments than its args
                 exc = None
         if not isinstance(exc, BaseException):
             exc = RuntimeError(
