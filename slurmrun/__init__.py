@@ -16,24 +16,28 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from slurmrun.allocation import SlurmAllocation, slurm_allocation
     from slurmrun.errors import AgentFailedError, WorkerFailedError
+    from slurmrun.jobs.handle import SubmittedLaunch, attach
+    from slurmrun.jobs.listing import jobs
+    from slurmrun.jobs.submit import submit
     from slurmrun.launcher import Launcher, launch
     from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
     from slurmrun.result import LaunchResult
-    from slurmrun.submit import SubmittedLaunch, submit
 
 _EXPORTS = {
     "AgentFailedError": "slurmrun.errors",
     "LaunchResult": "slurmrun.result",
     "Launcher": "slurmrun.launcher",
     "SlurmAllocation": "slurmrun.allocation",
-    "SubmittedLaunch": "slurmrun.submit",
+    "SubmittedLaunch": "slurmrun.jobs",
     "WorkerFailedError": "slurmrun.errors",
     "add_filter_to_handler": "slurmrun.logs",
     "file_handler": "slurmrun.logs",
     "launch": "slurmrun.launcher",
     "slurm_allocation": "slurmrun.allocation",
     "stream_handler": "slurmrun.logs",
-    "submit": "slurmrun.submit",
+    "attach": "slurmrun.jobs",
+    "jobs": "slurmrun.jobs",
+    "submit": "slurmrun.jobs",
 }
 
 __all__ = [
@@ -44,7 +48,9 @@ __all__ = [
     "SubmittedLaunch",
     "WorkerFailedError",
     "add_filter_to_handler",
+    "attach",
     "file_handler",
+    "jobs",
     "launch",
     "slurm_allocation",
     "stream_handler",
@@ -57,10 +63,11 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'slurmrun' has no attribute {name!r}")
     imported = importlib.import_module(module)
-    # Importing slurmrun.submit binds the module to slurmrun.submit: the function goes back.
+    if name == "jobs":  # the package itself, which is callable: slurmrun.jobs(folder=...)
+        return imported
     for export, source in _EXPORTS.items():
         if source == module:
-            globals()[export] = getattr(imported, export)
+            globals()[export] = imported if export == "jobs" else getattr(imported, export)
     return globals()[name]
 
 

@@ -236,8 +236,12 @@ def run_worker(
 ) -> None:
     """Entry point of a worker process (forked by the agent's spawner)."""
     _redirect_output(stdout, stderr)
+    # The agent ignores them; the user's code decides, unless the launch says they stay
+    # ignored (a submitted job: SLURM's --signal=USR2@90 must not kill its workers).
+    keep = os.environ.get("SLURMRUN_IGNORED_SIGNALS", "").split(",")
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(signum, signal.SIG_DFL)  # the agent may ignore them; the user's code decides
+        if signum.name not in keep:
+            signal.signal(signum, signal.SIG_DFL)
     faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
     os.environ.update(_worker_env(spec))
     sys.path[:] = list(spec.sys_path)

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
 import pytest
 
 import slurmrun
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _wait(submitted, timeout: float):
@@ -12,9 +20,7 @@ def _wait(submitted, timeout: float):
         return submitted.result(timeout=timeout, poll=0.5)
     except TimeoutError:
         submitted.cancel()
-        pytest.fail(
-            f"{submitted.job_id} did not finish within {timeout} s:\n{submitted.job.stderr()}"
-        )
+        pytest.fail(f"{submitted.job_id} did not finish within {timeout} s:\n{submitted.logs(0)}")
 
 
 def test_submit_runs_the_launch_on_every_node_of_a_new_job(slurm_cluster, tmp_path):
@@ -44,4 +50,37 @@ def test_submit_runs_the_launch_on_every_node_of_a_new_job(slurm_cluster, tmp_pa
 def test_submit_rejects_a_bad_call_before_submitting(slurm_cluster, tmp_path):
     with pytest.raises(ValueError, match="workers_per_host must be at least 1"):
         slurmrun.submit(print, launcher=slurmrun.Launcher(workers_per_host=0), folder=tmp_path)
-    assert not list(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="nodes must be a positive int, got 0"):
+        slurmrun.submit(print, nodes=0, folder=tmp_path)
+    with pytest.raises(TypeError, match="func_args could not be pickled"):
+        slurmrun.submit(print, (threading.Lock(),), folder=tmp_path)
+    (tmp_path / "a-file").touch()
+    with pytest.raises(OSError, match=r"cannot create the job folder .*a-file/jobs"):
+        slurmrun.submit(print, folder=tmp_path / "a-file" / "jobs")
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]  # nothing was submitted
+
+
+def test_a_sys_path_entry_missing_on_the_nodes_is_named(slurm_cluster, tmp_path, monkeypatch):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "vanishing_mod.py").write_text("def f():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    import vanishing_mod  # the project folder just written
+
+    job = slurmrun.submit(
+        vanishing_mod.f,
+        folder=tmp_path / "jobs",
+        time_min=3,
+        slurm_parameters={"additional_parameters": {"hold": True}},
+    )
+    try:
+        # The project is gone from where the job runs (here: gone before it starts).
+        shutil.move(project, tmp_path / "elsewhere")
+        subprocess.run(["scontrol", "release", job.job_id], check=True, timeout=30)
+        with pytest.raises(ModuleNotFoundError, match=f"sys.path has {project}, which does not"):
+            job.result(timeout=120, poll=0.5)
+    finally:
+        job.cancel()
+        sys.modules.pop("vanishing_mod", None)

@@ -42,6 +42,10 @@ if allocation is not None:
 submitted = slurmrun.submit(double, (21,), nodes=2)
 assert_type(submitted, slurmrun.SubmittedLaunch[int])
 assert_type(submitted.result(timeout=60), slurmrun.LaunchResult[int])
+assert_type(submitted.wait(timeout=60), str)
+assert_type(slurmrun.submit(double, (21,), dry_run=True).script, str)
+assert_type(slurmrun.attach("123", folder="slurmrun_jobs").state, str)
+assert_type([job.state for job in slurmrun.jobs(folder="slurmrun_jobs")], list[str])
 
 handlers = [
     slurmrun.stream_handler(hostname="node1", local_rank=0),

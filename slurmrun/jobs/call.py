@@ -1,0 +1,195 @@
+"""What a submitted job runs: the submitter's call, unpickled where the submitter's imports work.
+
+submitit pickles a `JobCall`, whose class lives here (importable in the job wherever slurmrun
+is installed). The user's call travels inside it as bytes, unpickled only after the job has
+restored the submitter's ``sys.path`` and working directory: a function from the
+submitter's project folder then imports in the job as it did on the login node.
+
+The job returns an `Outcome` rather than raising, so that submitit records a result either
+way and the handle re-raises the launch's own exception (submitit would wrap it).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from slurmrun.errors import RemoteTraceback
+from slurmrun.launcher import Launcher
+from slurmrun.logs import LOG_DIR_VAR, _FileHandler, stream_handler
+from slurmrun.transport import dumps_inband, loads
+
+__all__ = ["IGNORED_SIGNALS_VAR", "JobCall", "Outcome"]
+
+IGNORED_SIGNALS_VAR = "SLURMRUN_IGNORED_SIGNALS"
+"""Signals (names, comma-separated) that workers keep ignored, as their agent set them."""
+
+
+@dataclass
+class Outcome:
+    """What the job returns: the launch's result, or what it raised.
+
+    Attributes:
+        value: pickled `LaunchResult` (bytes), or None after an error.
+        error: the pickled exception, or None.
+        error_type: the exception's type name (for when it cannot be unpickled here).
+        error_message: its ``str()``.
+        traceback: the remote traceback: the worker's, else the job's own.
+    """
+
+    value: bytes | None = None
+    error: bytes | None = None
+    error_type: str = ""
+    error_message: str = ""
+    traceback: str = ""
+
+    @classmethod
+    def of_error(cls, exc: BaseException) -> Outcome:
+        """The outcome of a launch that raised `exc` (with a `RemoteTraceback` cause or not)."""
+        cause = exc.__cause__
+        text = cause.text if isinstance(cause, RemoteTraceback) else traceback.format_exc()
+        pickled: bytes | None
+        try:
+            pickled = dumps_inband(exc)
+        except Exception:
+            pickled = None
+        return cls(
+            error=pickled,
+            error_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+            error_message=str(exc),
+            traceback=text,
+        )
+
+    def unwrap(self) -> Any:
+        """The `LaunchResult`, or raises the exception with the remote traceback as cause."""
+        if self.error_type == "":
+            return loads(self.value or b"")
+        exc: object = None
+        if self.error is not None:
+            try:
+                exc = loads(self.error)
+            except Exception:  # e.g. its __init__ takes other arguments than its args
+                exc = None
+        if not isinstance(exc, BaseException):
+            exc = RuntimeError(
+                f"the submitted launch raised {self.error_type}: {self.error_message} (it could "
+                "not be rebuilt here)"
+            )
+        raise exc from RemoteTraceback(self.traceback)
+
+
+@dataclass
+class JobCall:
+    """The call a submitted job runs (pickled by submitit).
+
+    Attributes:
+        payload: ``(launcher, func, args, kwargs, workers_per_node)``, pickled by cloudpickle.
+        sys_path: the submitter's ``sys.path`` (``""`` resolved to its working directory).
+        cwd: the submitter's working directory.
+        folder: the folder the job was submitted into; its files are in ``<folder>/<job id>``.
+        existing: the entries of `sys_path` that existed on the submitter's machine.
+    """
+
+    payload: bytes
+    sys_path: list[str]
+    cwd: str
+    folder: str
+    existing: list[str] = field(default_factory=list)
+
+    def __call__(self) -> Outcome:
+        """Runs the launch in the job; returns its `Outcome` (never raises for the launch)."""
+        # SLURM signals USR2 ahead of the time limit (submitit's `--signal=USR2@90`): no part
+        # of the job may die of it, and workers get it only if their function asks for it.
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        os.environ[IGNORED_SIGNALS_VAR] = "SIGUSR2"
+        try:
+            job_dir = os.path.join(self.folder, _job_id())
+            self._restore()
+            launcher, func, args, kwargs, workers = self._unpickle()
+            launcher = _job_launcher(launcher, workers, job_dir)
+            os.environ.setdefault(LOG_DIR_VAR, os.path.join(job_dir, "logs"))
+            result = launcher.run(func, args, kwargs)
+        except Exception as exc:
+            return Outcome.of_error(exc)
+        return Outcome(value=dumps_inband(result))
+
+    def _restore(self) -> None:
+        if not os.path.isdir(self.cwd):
+            raise FileNotFoundError(
+                f"the submitter's working directory {self.cwd} does not exist on "
+                f"{socket.gethostname()}: submit from a directory that the compute nodes share"
+            )
+        os.chdir(self.cwd)
+        sys.path[:] = [*self.sys_path, *(p for p in sys.path if p not in self.sys_path)]
+
+    def _unpickle(self) -> tuple[Launcher, Any, tuple[Any, ...], dict[str, Any], int | None]:
+        try:
+            launcher, func, args, kwargs, workers = loads(self.payload)
+        except ImportError as e:
+            missing = [p for p in self.existing if not os.path.exists(p)]
+            if not missing:
+                raise
+            raise ModuleNotFoundError(
+                f"{e} (in the submitted job on {socket.gethostname()}). The submitter's "
+                f"sys.path has {', '.join(missing)}, which does not exist there: put the "
+                "project on a filesystem the compute nodes share"
+            ) from e
+        return launcher, func, tuple(args), dict(kwargs), workers
+
+
+def _job_id() -> str:
+    """This job's id as submitit names its folder (``%j``; ``%A_%a`` for an array task)."""
+    task = os.environ.get("SLURM_ARRAY_TASK_ID")
+    if task:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{task}"
+    return os.environ["SLURM_JOB_ID"]
+
+
+class _RankFiles(logging.Handler):
+    """Each worker's output into ``<folder>/rank<N>.log``, appended as it comes."""
+
+    def __init__(self, folder: str) -> None:
+        super().__init__()
+        self.folder = folder
+        self._files: dict[int, _FileHandler] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        rank = getattr(record, "rank", None)
+        if rank is None:
+            return
+        handler = self._files.get(rank)
+        if handler is None:
+            path = os.path.join(self.folder, f"rank{int(rank)}.log")
+            handler = self._files[rank] = _FileHandler(path)
+        handler.emit(record)
+
+    def close(self) -> None:
+        for handler in self._files.values():
+            handler.close()
+        super().close()
+
+
+def _job_launcher(launcher: Launcher, workers: int | None, folder: str) -> Launcher:
+    """`launcher` as the job runs it: its workers, rank logs, and the ignored signals."""
+    handlers = launcher.log_handlers
+    if handlers is None:  # the job's output keeps what a terminal would show: local rank 0
+        handlers = [stream_handler(None, 0)]
+    extra = launcher.extra_env_vars
+    if isinstance(extra, Mapping):
+        extra = {**extra, IGNORED_SIGNALS_VAR: os.environ[IGNORED_SIGNALS_VAR]}
+    else:
+        extra = (*extra, IGNORED_SIGNALS_VAR)
+    changes: dict[str, Any] = {
+        "log_handlers": [*handlers, _RankFiles(folder)],
+        "extra_env_vars": extra,
+    }
+    if workers is not None:
+        changes["workers_per_host"] = workers
+    return replace(launcher, **changes)

@@ -1,0 +1,202 @@
+"""`SubmittedLaunch`: a handle on a submitted job, made of its job id and its folder.
+
+The handle holds no connection and no submitit object: it asks SLURM about its job id
+(`query_states`) and reads the job's folder, so it pickles, and `attach` rebuilds it in
+another process from the job id alone.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from slurmrun.jobs.folder import JobFolder, base_folder
+from slurmrun.jobs.state import FINAL_STATES, UNKNOWN, query_states
+from slurmrun.logs import tail_file
+from slurmrun.result import LaunchResult
+
+__all__ = ["JobFailedError", "SubmittedLaunch", "attach"]
+
+T = TypeVar("T")
+# A finished job's result file may show up a moment after SLURM says COMPLETED (NFS).
+RESULT_GRACE = 10.0
+
+
+class JobFailedError(RuntimeError):
+    """The job ended without a launch result (cancelled, timed out, its node failed...).
+
+    Attributes:
+        job_id: the SLURM job id.
+        state: the state it ended in.
+        stderr_tail: the end of the job's own error output.
+    """
+
+    def __init__(self, message: str, *, job_id: str, state: str, stderr_tail: str = "") -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.state = state
+        self.stderr_tail = stderr_tail
+
+
+@dataclass(frozen=True)
+class SubmittedLaunch(Generic[T]):
+    """A launch submitted as a SLURM batch job (`slurmrun.submit`, `slurmrun.attach`).
+
+    Attributes:
+        job_id: the SLURM job id.
+        folder: the folder the job was submitted into (its files are in ``folder/job_id``).
+    """
+
+    job_id: str
+    folder: Path
+
+    @property
+    def files(self) -> JobFolder:
+        """The job's files."""
+        return JobFolder(self.folder / self.job_id, self.job_id)
+
+    @property
+    def state(self) -> str:
+        """SLURM's state of the job now (one query of SLURM).
+
+        ``PENDING``, ``RUNNING``, ``COMPLETED``, ``FAILED``, ``CANCELLED``, ``TIMEOUT``,
+        ``PREEMPTED``...; ``UNKNOWN`` when neither SLURM nor the job's folder knows.
+        """
+        return states_of([self])[self.job_id]
+
+    def done(self) -> bool:
+        """Whether the job has ended (in any final state)."""
+        return self.state in FINAL_STATES
+
+    def wait(self, timeout: float | None = None, poll: float = 1.0) -> str:
+        """Waits until the job ends; returns its final state (e.g. ``"COMPLETED"``).
+
+        Args:
+            timeout: seconds to wait at most (None: as long as the job takes).
+            poll: seconds between two queries of SLURM.
+
+        Raises:
+            TimeoutError: the job has not ended within `timeout` (it keeps running).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            state = self.state
+            if state in FINAL_STATES:
+                return state
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"job {self.job_id} is still {state} after {timeout} s (it keeps running; "
+                        "cancel() stops it)"
+                    )
+                time.sleep(min(poll, left))
+            else:
+                time.sleep(poll)
+
+    def result(self, timeout: float | None = None, poll: float = 1.0) -> LaunchResult[T]:
+        """Waits for the job and returns the launch's result, or raises what the launch raised.
+
+        A worker's exception is raised with its own type and the worker's traceback as
+        ``__cause__``, as `slurmrun.launch` raises it; so are `WorkerFailedError` and
+        `AgentFailedError`.
+
+        Args:
+            timeout: seconds to wait at most (None: as long as the job takes).
+            poll: seconds between two queries of SLURM.
+
+        Raises:
+            TimeoutError: the job has not ended within `timeout` (it keeps running).
+            JobFailedError: the job ended without a result (cancelled, timed out...).
+            Exception: what the launch raised.
+        """
+        state = self.wait(timeout, poll)
+        outcome = self._read_result(state)
+        value: LaunchResult[T] = outcome.unwrap()
+        return value
+
+    def cancel(self) -> None:
+        """Cancels the job (``scancel``); returns at once (`wait` sees it ``CANCELLED``)."""
+        subprocess.run(
+            ["scancel", self.job_id],
+            check=True,
+            capture_output=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def logs(self, rank: int = 0) -> str:
+        """The output of worker `rank` so far (also while the job runs); ``""`` before any."""
+        try:
+            return self.files.rank_log(rank).read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def _read_result(self, state: str) -> Any:
+        path = self.files.result_pickle
+        deadline = time.monotonic() + (RESULT_GRACE if state == "COMPLETED" else 0.0)
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        try:
+            with path.open("rb") as f:
+                status, value = pickle.load(f)  # noqa: S301 - written by our own job
+        except FileNotFoundError:
+            tail = tail_file(str(self.files.stderr))
+            raise JobFailedError(
+                f"job {self.job_id} ended {state} without a result; the end of its output "
+                f"({self.files.stderr}):\n{tail}",
+                job_id=self.job_id,
+                state=state,
+                stderr_tail=tail,
+            ) from None
+        if status != "success":  # submitit itself failed (e.g. slurmrun not importable)
+            raise JobFailedError(
+                f"job {self.job_id} failed before the launch started:\n{value}",
+                job_id=self.job_id,
+                state=state,
+                stderr_tail=str(value),
+            )
+        return value
+
+
+def states_of(handles: list[SubmittedLaunch[Any]]) -> dict[str, str]:
+    """The states of several jobs, from one query of SLURM for all of them."""
+    found = query_states(h.job_id for h in handles)
+    states: dict[str, str] = {}
+    for handle in handles:
+        files = handle.files
+        state = found.get(handle.job_id)
+        if state is None:  # SLURM has forgotten it: what the folder says
+            state = files.cached_state() or (
+                "COMPLETED" if files.result_pickle.exists() else UNKNOWN
+            )
+        elif state in FINAL_STATES and files.cached_state() != state:
+            files.cache_state(state)
+        states[handle.job_id] = state
+    return states
+
+
+def attach(
+    job_id: str | int, folder: str | os.PathLike[str] = "slurmrun_jobs"
+) -> SubmittedLaunch[Any]:
+    """The handle of a job submitted into `folder`, from any process (e.g. another terminal).
+
+    Args:
+        job_id: the SLURM job id that `submit` gave.
+        folder: the folder it was submitted into.
+
+    Raises:
+        FileNotFoundError: no job `job_id` was submitted into `folder`.
+    """
+    handle: SubmittedLaunch[Any] = SubmittedLaunch(str(job_id), base_folder(folder))
+    if not handle.files.submitted_pickle.exists():
+        raise FileNotFoundError(
+            f"no job {job_id} was submitted into {handle.folder} "
+            f"(there is no {handle.files.submitted_pickle})"
+        )
+    return handle

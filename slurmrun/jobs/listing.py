@@ -1,0 +1,58 @@
+"""`slurmrun.jobs(folder)`: the jobs submitted into a folder, with their states."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurmrun.jobs.folder import base_folder, submitted_jobs
+from slurmrun.jobs.handle import SubmittedLaunch, states_of
+
+__all__ = ["JobInfo", "jobs"]
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job submitted into a folder.
+
+    Attributes:
+        job_id: the SLURM job id.
+        state: its state now (SLURM's name, ``UNKNOWN`` if no record is left).
+        function: the submitted function (``module.qualname``), if recorded.
+        submitted: when it was submitted (seconds since the epoch), if recorded.
+        handle: its `SubmittedLaunch`.
+    """
+
+    job_id: str
+    state: str
+    function: str
+    submitted: float | None
+    handle: SubmittedLaunch[Any]
+
+
+def jobs(folder: str | os.PathLike[str] = "slurmrun_jobs") -> list[JobInfo]:
+    """The jobs submitted into `folder`, oldest first, with their states (one query for all).
+
+    Args:
+        folder: the folder given to `slurmrun.submit`.
+    """
+    base: Path = base_folder(folder)
+    found = submitted_jobs(base)
+    handles: list[SubmittedLaunch[Any]] = [SubmittedLaunch(f.job_id, base) for f in found]
+    states = states_of(handles)
+    infos = []
+    for files, handle in zip(found, handles, strict=True):
+        meta = files.meta()
+        submitted = meta.get("submitted")
+        infos.append(
+            JobInfo(
+                job_id=handle.job_id,
+                state=states[handle.job_id],
+                function=str(meta.get("function", "")),
+                submitted=float(submitted) if isinstance(submitted, int | float) else None,
+                handle=handle,
+            )
+        )
+    return infos

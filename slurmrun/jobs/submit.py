@@ -1,0 +1,186 @@
+"""Submitting a launch from a login node as a SLURM batch job, through submitit."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar, overload
+
+from slurmrun.jobs.call import JobCall
+from slurmrun.jobs.folder import base_folder
+from slurmrun.jobs.handle import SubmittedLaunch
+from slurmrun.launcher import Launcher, check_call
+from slurmrun.transport import dumps_inband
+
+__all__ = ["SubmitDryRun", "submit"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SubmitDryRun:
+    """What `submit` would submit (``dry_run=True``); ``str()`` is the sbatch script.
+
+    Attributes:
+        script: the batch script.
+        parameters: the submitit ``SlurmExecutor`` parameters it was made from.
+        folder: the folder the job would be submitted into.
+    """
+
+    script: str
+    parameters: dict[str, Any]
+    folder: Path
+
+    def __str__(self) -> str:
+        return self.script
+
+
+@overload
+def submit(
+    func: Callable[..., T],
+    func_args: Sequence[Any] = ...,
+    func_kwargs: dict[str, Any] | None = ...,
+    *,
+    launcher: Launcher | None = ...,
+    folder: str | os.PathLike[str] = ...,
+    nodes: int = ...,
+    gpus_per_node: int | None = ...,
+    workers_per_node: int | None = ...,
+    cpus_per_worker: int = ...,
+    time_min: int = ...,
+    slurm_parameters: dict[str, Any] | None = ...,
+    dry_run: Literal[False] = ...,
+) -> SubmittedLaunch[T]: ...
+
+
+@overload
+def submit(
+    func: Callable[..., T],
+    func_args: Sequence[Any] = ...,
+    func_kwargs: dict[str, Any] | None = ...,
+    *,
+    launcher: Launcher | None = ...,
+    folder: str | os.PathLike[str] = ...,
+    nodes: int = ...,
+    gpus_per_node: int | None = ...,
+    workers_per_node: int | None = ...,
+    cpus_per_worker: int = ...,
+    time_min: int = ...,
+    slurm_parameters: dict[str, Any] | None = ...,
+    dry_run: Literal[True],
+) -> SubmitDryRun: ...
+
+
+def submit(
+    func: Callable[..., T],
+    func_args: Sequence[Any] = (),
+    func_kwargs: dict[str, Any] | None = None,
+    *,
+    launcher: Launcher | None = None,
+    folder: str | os.PathLike[str] = "slurmrun_jobs",
+    nodes: int = 1,
+    gpus_per_node: int | None = None,
+    workers_per_node: int | None = None,
+    cpus_per_worker: int = 1,
+    time_min: int = 60,
+    slurm_parameters: dict[str, Any] | None = None,
+    dry_run: bool = False,
+) -> SubmittedLaunch[T] | SubmitDryRun:
+    """Submits a batch job that runs `launcher.run(func, ...)` on its nodes; returns at once.
+
+    The job asks for `nodes` nodes with `workers_per_node` tasks of `cpus_per_worker` CPUs
+    each (and `gpus_per_node` GPUs); its batch script runs the launch, which starts one
+    agent per node with srun and one worker per task (per GPU in a GPU job), so the workers
+    use the whole allocation on any number of nodes. The function may live in a module of
+    the submitter's ``sys.path`` (a project folder): the job restores that ``sys.path`` and
+    the working directory before it loads the function.
+
+    Args:
+        func: the function to run on every worker.
+        func_args: its positional arguments.
+        func_kwargs: its keyword arguments.
+        launcher: the launch options (default: ``Launcher()``).
+        folder: the folder to submit into; the job's files go to ``folder/<job id>/``
+            (a trailing ``/%j`` is accepted). It must be on a filesystem the nodes share.
+        nodes: number of nodes.
+        gpus_per_node: GPUs on each node (None: none).
+        workers_per_node: workers on each node (default: `gpus_per_node`, else 1).
+        cpus_per_worker: CPUs for each worker.
+        time_min: the job's time limit in minutes.
+        slurm_parameters: more ``submitit.SlurmExecutor`` parameters (``partition``,
+            ``account``, ``mem``, ``job_name``, ``additional_parameters``...).
+        dry_run: return the batch script that would be submitted; submit nothing.
+
+    Returns:
+        The job's handle (`SubmittedLaunch`), or with `dry_run` a `SubmitDryRun`.
+
+    Raises:
+        TypeError, ValueError: bad options or an unpicklable call, before submitting.
+        OSError: `folder` cannot be created.
+    """
+    import submitit  # noqa: PLC0415 - only submitting needs it (import slurmrun stays light)
+
+    launcher = Launcher() if launcher is None else launcher
+    kwargs = {} if func_kwargs is None else func_kwargs
+    check_call(launcher, func, tuple(func_args), kwargs)
+    for name, value in (
+        ("nodes", nodes),
+        ("workers_per_node", 1 if workers_per_node is None else workers_per_node),
+        ("cpus_per_worker", cpus_per_worker),
+        ("time_min", time_min),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if workers_per_node is not None and launcher.workers_per_host != "auto":
+        raise ValueError(
+            "pass workers_per_node or launcher.workers_per_host, not both "
+            f"(got {workers_per_node} and {launcher.workers_per_host!r})"
+        )
+    base = base_folder(folder)
+    tasks = workers_per_node or gpus_per_node or 1
+    params: dict[str, Any] = {
+        "nodes": nodes,
+        "ntasks_per_node": tasks,
+        "cpus_per_task": cpus_per_worker,
+        "time": time_min,
+        # The launch runs in the batch step: one process, which starts the agents' step.
+        "use_srun": False,
+        "job_name": "slurmrun",
+    }
+    if gpus_per_node:
+        params["gpus_per_node"] = gpus_per_node
+    params.update(slurm_parameters or {})
+    executor = submitit.SlurmExecutor(folder=os.fspath(base / "%j"))
+    executor.update_parameters(**params)
+    if dry_run:
+        script = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
+        return SubmitDryRun(script, params, base)
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"cannot create the job folder {base}: {e.strerror}") from e
+    sys_path = [p or os.getcwd() for p in sys.path]
+    call = JobCall(
+        payload=dumps_inband((launcher, func, tuple(func_args), kwargs, workers_per_node)),
+        sys_path=sys_path,
+        cwd=os.getcwd(),
+        folder=str(base),
+        existing=[p for p in sys_path if os.path.exists(p)],
+    )
+    job = executor.submit(call)
+    handle: SubmittedLaunch[T] = SubmittedLaunch(str(job.job_id), base)
+    handle.files.write_meta(
+        {
+            "job_id": handle.job_id,
+            "function": f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}",
+            "nodes": nodes,
+            "workers_per_node": tasks,
+            "submitted": time.time(),
+            "cwd": call.cwd,
+        }
+    )
+    return handle
