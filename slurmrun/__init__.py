@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slurmrun.allocation import SlurmAllocation, slurm_allocation
+    from slurmrun.batch.handle import SubmittedLaunch, attach
+    from slurmrun.batch.listing import jobs
+    from slurmrun.batch.submit import submit
     from slurmrun.errors import AgentFailedError, WorkerFailedError
-    from slurmrun.jobs.handle import SubmittedLaunch, attach
-    from slurmrun.jobs.listing import jobs
-    from slurmrun.jobs.submit import submit
     from slurmrun.launcher import Launcher, launch
     from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
     from slurmrun.result import LaunchResult
@@ -28,16 +28,16 @@ _EXPORTS = {
     "LaunchResult": "slurmrun.result",
     "Launcher": "slurmrun.launcher",
     "SlurmAllocation": "slurmrun.allocation",
-    "SubmittedLaunch": "slurmrun.jobs",
+    "SubmittedLaunch": "slurmrun.batch",
     "WorkerFailedError": "slurmrun.errors",
     "add_filter_to_handler": "slurmrun.logs",
     "file_handler": "slurmrun.logs",
     "launch": "slurmrun.launcher",
     "slurm_allocation": "slurmrun.allocation",
     "stream_handler": "slurmrun.logs",
-    "attach": "slurmrun.jobs",
-    "jobs": "slurmrun.jobs",
-    "submit": "slurmrun.jobs",
+    "attach": "slurmrun.batch",
+    "jobs": "slurmrun.batch",
+    "submit": "slurmrun.batch",
 }
 
 __all__ = [
@@ -63,11 +63,9 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'slurmrun' has no attribute {name!r}")
     imported = importlib.import_module(module)
-    if name == "jobs":  # the package itself, which is callable: slurmrun.jobs(folder=...)
-        return imported
     for export, source in _EXPORTS.items():
         if source == module:
-            globals()[export] = imported if export == "jobs" else getattr(imported, export)
+            globals()[export] = getattr(imported, export)
     return globals()[name]
 
 

@@ -1,4 +1,4 @@
-"""slurmrun.jobs without a cluster: parsing SLURM's output, outcomes, handles, the dry run.
+"""slurmrun.batch without a cluster: parsing SLURM's output, outcomes, handles, the dry run.
 
 The squeue and sacct strings are what the test cluster printed (sacct: its error; the sacct
 table is in the format ``sacct --parsable2`` documents, the test cluster having no accounting).
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import slurmrun
+from slurmrun.batch.call import Outcome
+from slurmrun.batch.folder import base_folder
+from slurmrun.batch.state import FINAL_STATES, normalise_state, parse_sacct, parse_squeue
 from slurmrun.errors import RemoteTraceback
-from slurmrun.jobs.call import Outcome
-from slurmrun.jobs.folder import base_folder
-from slurmrun.jobs.state import FINAL_STATES, normalise_state, parse_sacct, parse_squeue
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"

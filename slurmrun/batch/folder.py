@@ -82,7 +82,7 @@ class JobFolder:
         return self.path / f"rank{rank}.log"
 
     def write_meta(self, meta: dict[str, Any]) -> None:
-        """Records what was submitted (read by `slurmrun.jobs`)."""
+        """Records what was submitted (read by `slurmrun.batch`)."""
         tmp = self.path / f".{META}.tmp"
         tmp.write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
         tmp.replace(self.path / META)

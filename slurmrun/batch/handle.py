@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from slurmrun.jobs.folder import JobFolder, base_folder
-from slurmrun.jobs.state import FINAL_STATES, UNKNOWN, query_states
+from slurmrun.batch.folder import JobFolder, base_folder
+from slurmrun.batch.state import FINAL_STATES, UNKNOWN, query_states
 from slurmrun.logs import tail_file
 from slurmrun.result import LaunchResult
 

@@ -1,4 +1,4 @@
-"""`slurmrun.jobs(folder)`: the jobs submitted into a folder, with their states."""
+"""`slurmrun.batch(folder)`: the jobs submitted into a folder, with their states."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmrun.jobs.folder import base_folder, submitted_jobs
-from slurmrun.jobs.handle import SubmittedLaunch, states_of
+from slurmrun.batch.folder import base_folder, submitted_jobs
+from slurmrun.batch.handle import SubmittedLaunch, states_of
 
 __all__ = ["JobInfo", "jobs"]
 

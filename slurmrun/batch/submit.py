@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
-from slurmrun.jobs.call import JobCall
-from slurmrun.jobs.folder import base_folder
-from slurmrun.jobs.handle import SubmittedLaunch
+from slurmrun.batch.call import JobCall
+from slurmrun.batch.folder import base_folder
+from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.launcher import Launcher, check_call
 from slurmrun.transport import dumps_inband
 

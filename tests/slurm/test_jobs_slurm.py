@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import slurmrun
-from slurmrun.jobs import JobFailedError
+from slurmrun.batch import JobFailedError
 
 REPO = Path(__file__).resolve().parents[2]
 
