@@ -191,6 +191,12 @@ class AgentPool:
 
     def on_hello(self, conn: Connection, frame: Frame) -> None:
         """Takes in a new agent (or raises for a connection that is not one)."""
+        if frame.kind == protocol.RESULT:  # no worker is running yet: it is not theirs
+            conn.close()
+            raise AgentFailedError(
+                "a result arrived for an unknown or finished worker (node rank "
+                f"{frame.header.get('node_rank')!r}, local rank {frame.header.get('local_rank')!r})"
+            )
         if frame.kind != protocol.HELLO:
             conn.close()
             raise AgentFailedError(f"an agent sent {frame.kind!r} before hello")
