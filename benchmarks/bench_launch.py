@@ -1,6 +1,7 @@
 """One measured launch with slurmrun or torchrunx on localhost (run by benchmarks/run.py).
 
     python benchmarks/bench_launch.py --tool slurmrun trivial --launches 2 --workers 2
+    python benchmarks/bench_launch.py --tool slurmrun trivial --launches 5 --warm
     python benchmarks/bench_launch.py --tool torchrunx returns --kind tensor --mib 64
     python benchmarks/bench_launch.py --tool slurmrun fail --how kill --death-file F --cap 60
 
@@ -140,17 +141,58 @@ def import_tool(tool: str) -> float:
 # ------------------------------------------------------------------ modes
 
 
-def mode_trivial(tool: str, workers: int, launches: int) -> dict[str, Any]:
-    """Times `launches` trivial launches in a row."""
+def mode_trivial(tool: str, workers: int, launches: int, warm: bool = False) -> dict[str, Any]:
+    """Times `launches` trivial launches in a row (``warm``: in one slurmrun.Launcher block)."""
     import_s = import_tool(tool)
     times: list[float] = []
     ok = True
+    if warm:
+        import slurmrun
+
+        with slurmrun.Launcher(
+            hostnames=["localhost"], workers_per_host=workers, backend="gloo"
+        ) as launcher:
+            for _ in range(launches):
+                t0 = time.perf_counter()
+                values = list(launcher.run(trivial).values())
+                times.append(time.perf_counter() - t0)
+                ok = ok and values == list(range(workers))
+            t0 = time.perf_counter()
+            path = launcher.run(critical_path).rank(0)
+            path["launch_s"] = time.perf_counter() - t0
+        return {"import_s": import_s, "launch_s": times, "ok": ok, "critical_path": path}
     for _ in range(launches):
         t0 = time.perf_counter()
         values = TOOLS[tool](trivial, (), workers)
         times.append(time.perf_counter() - t0)
         ok = ok and values == list(range(workers))
     return {"import_s": import_s, "launch_s": times, "ok": ok}
+
+
+def critical_path() -> dict[str, float]:
+    """Where a warm run's time goes, as rank 0 sees it: its process start, then each step.
+
+    The process group is already initialised when func runs: its cost is measured by a
+    second init of a fresh group (a new store and a barrier), like the one the worker made.
+    """
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    t_func = time.time()
+    started = psutil.Process().create_time()
+    t0 = time.perf_counter()
+    group = dist.new_group(backend="gloo")
+    dist.barrier(group=group)
+    t1 = time.perf_counter()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    t2 = time.perf_counter()
+    return {
+        "fork_to_func_s": t_func - started,  # fork, unpickle, process group init + barrier
+        "new_group_and_barrier_s": t1 - t0,
+        "all_reduce_s": t2 - t1,
+    }
 
 
 def _check_value(kind: str, value: Any, rank: int, nbytes: int) -> bool:
@@ -232,6 +274,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="mode", required=True)
     p_trivial = sub.add_parser("trivial")
     p_trivial.add_argument("--launches", type=int, default=1)
+    p_trivial.add_argument("--warm", action="store_true", help="slurmrun: one warm Launcher")
     p_returns = sub.add_parser("returns")
     p_returns.add_argument("--kind", choices=["tensor", "numpy", "nested"], default="tensor")
     p_returns.add_argument("--mib", type=int, default=64)
@@ -241,7 +284,7 @@ def main() -> None:
     p_fail.add_argument("--cap", type=float, default=60.0)
     a = parser.parse_args()
     if a.mode == "trivial":
-        data = mode_trivial(a.tool, a.workers, a.launches)
+        data = mode_trivial(a.tool, a.workers, a.launches, a.warm)
     elif a.mode == "returns":
         data = mode_returns(a.tool, a.workers, a.kind, a.mib)
     else:

@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -271,7 +272,11 @@ def _whole_script_one_launch(run: Run) -> float:
 def scenario_launch(cfg: Config, report: Report) -> None:
     """Trivial launch on 2 workers, plus a 1/4-worker sweep (full runs only)."""
     print("== launch: trivial function, 2 CPU workers", flush=True)
-    runs = run_rounds(cfg, _launch_cases(cfg, 2, 2, True))
+    warm = Case(
+        "slurmrun-warm/w2",
+        [*_launch_cases(cfg, 2, 5, False)[2].argv, "--warm"],
+    )
+    runs = run_rounds(cfg, [*_launch_cases(cfg, 2, 2, True), warm])
     tools = [k.split("/")[0] for k in runs]
     stats: dict[str, dict[str, float | None]] = {}
     for key, rs in runs.items():
@@ -281,6 +286,7 @@ def scenario_launch(cfg: Config, report: Report) -> None:
             "second": med(rs, _second_launch),
             "script": med(rs, _whole_script_one_launch),
             "import": med(rs, lambda r: r.data.get("import_s")),
+            "later": med(rs, _later_launches),
         }
     table = Table(
         "Launch overhead: trivial function (one all_reduce) on 2 CPU workers (medians)",
@@ -289,6 +295,7 @@ def scenario_launch(cfg: Config, report: Report) -> None:
     for metric, label in (
         ("launch", "launch call, 1st launch"),
         ("second", "launch call, 2nd launch in the same script"),
+        ("later", "launch call, 2nd-5th runs of one warm Launcher"),
         ("script", "whole script, python start to exit (1 launch)"),
     ):
         row = [label, *[fmt(stats[t][metric]) for t in tools]]
@@ -313,7 +320,22 @@ def scenario_launch(cfg: Config, report: Report) -> None:
         _launch_sweep(cfg, report, stats)
 
 
+def _later_launches(run: Run) -> float | None:
+    """The median of a warm launcher's 2nd and later runs."""
+    later = _launch_times(run)[1:]
+    return statistics.median(later) if later else None
+
+
 def _launch_targets(stats: dict[str, dict[str, float | None]], report: Report) -> None:
+    warm = ratio(stats.get("slurmrun-warm", {}).get("later"), stats["floor"]["launch"])
+    report.targets.append(
+        Target(
+            "warm launcher, 2nd and later runs <= 0.15x floor",
+            fmt_ratio(warm),
+            "<= 0.15x",
+            None if warm is None else warm <= 0.15,
+        )
+    )
     s = stats["slurmrun"]["launch"]
     floor = ratio(s, stats["floor"]["launch"])
     report.targets.append(

@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import current_rss_bytes, emit, peak_rss_bytes
 
+from slurmrun.pool import AgentPool
 from slurmrun.session import Session
 from slurmrun.transport import (
     AuthenticationError,
@@ -84,7 +85,7 @@ def _connect(spec: FakeSpec, drops: list[int]) -> Connection:
 
 
 def _fake_agent(node_rank: int, spec: FakeSpec, go: threading.Event, drops: list[int]) -> None:
-    """One agent: connect, hello, wait for start, send W results + hb + done, wait for stop."""
+    """One agent: connect, hello, wait for start, send W results + hb + done; END: idle; CLOSE."""
     go.wait()
     workers = spec.workers
     conn = _connect(spec, drops)
@@ -121,8 +122,9 @@ def _fake_agent(node_rank: int, spec: FakeSpec, go: threading.Event, drops: list
         conn.send({"t": "result", "local_rank": local_rank}, body, buffers)
     conn.send({"t": "hb"})
     conn.send({"t": "done"})
-    while (frame := conn.recv()) is not None and frame.kind != "stop":
-        pass
+    while (frame := conn.recv()) is not None and frame.kind != "close":
+        if frame.kind == "end":
+            conn.send({"t": "idle", "master_port": 1234})
     conn.close()
 
 
@@ -241,7 +243,16 @@ def _session(
     agents: int, secret: bytes, starter: FakeStarter, server: socket.socket, log_dir: str | None
 ) -> TimedSession:
     """A TimedSession with the arguments launcher.py gives a real one (those this version has)."""
+    pool = AgentPool(
+        hostnames=[f"node{i}" for i in range(agents)],
+        starter=starter,
+        server=server,
+        secret=secret,
+        connect_timeout=CONNECT_TIMEOUT,
+        silence=CONNECT_TIMEOUT,
+    )
     wanted: dict[str, Any] = {
+        "pool": pool,
         "hostnames": [f"node{i}" for i in range(agents)],
         "workers_per_host": None,
         "backend": "gloo",
@@ -299,10 +310,14 @@ def measure(
     error = ""
     ok = False
     try:
-        result = session.run({})
+        session.pool.open({})
+        session.marks["connected"] = (time.perf_counter(), time.process_time())
+        result = session.run()
         ok = list(result.values()) == list(range(agents * workers))
     except Exception as e:
         error = f"{type(e).__name__}: {str(e)[:300]}"
+    finally:
+        session.pool.close()
     t1, c1 = time.perf_counter(), time.process_time()
     peak = peak_rss_bytes()
     for process in processes:

@@ -6,6 +6,11 @@ address, port and secret in the environment (``SLURMRUN_LAUNCHER_ADDR``,
 read into any Python object, and both processes wipe every copy of it from their environment
 (`slurmrun.spawner.forget_variable`), so no worker can find it in its memory.
 
+The agent lives as long as its launcher keeps it (`slurmrun.protocol` draws the exchange):
+each START forks that run's workers from the spawner, and END stops them; the agent then says
+IDLE and waits for the next run, until CLOSE, the launcher's connection ending, or the
+launcher's silence.
+
 The agent never unpickles anything: `func` travels from the launcher to the workers, and the
 workers' results travel back, as opaque bytes that the agent only forwards.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import queue
 import signal
 import socket
 import struct
@@ -24,14 +30,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from slurmrun import allocation
-from slurmrun.environment import FORWARDED_SIGNALS, HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
+from slurmrun import allocation, protocol
+from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.errors import signal_name
 from slurmrun.logs import LineAssembler
+from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT, JOB_TASKS_VAR
 from slurmrun.spawner import Spawner, WorkerProcess, wait_any, wait_readable
-from slurmrun.srun import JOB_TASKS_VAR
 from slurmrun.transport import Connection, Frame, bound_unacknowledged_sends, client_handshake
 from slurmrun.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec
 
@@ -76,35 +81,73 @@ class _Worker:
 
 @dataclass
 class Agent:
-    """State of one agent process."""
+    """State of one agent process: kept from run to run, with each run's workers."""
 
     launcher: Connection
     hostname: str
-    spawner: Spawner
+    spawner: Spawner | None  # None: workers cannot start here (hello said why)
     connect: Callable[[], socket.socket]  # a new authenticated connection to the launcher
-    stop: threading.Event = field(default_factory=threading.Event)
-    workers: list[_Worker] = field(default_factory=list)
-    grace: float = 3.0
     silence: float = 15.0  # a launcher silent this long is gone (see _expect_heartbeats)
+    # START frames, then None once the launcher closed, went away or went silent.
+    inbox: queue.Queue[Frame | None] = field(default_factory=queue.Queue)
+    gone: threading.Event = field(default_factory=threading.Event)  # no more runs
+    run_stop: threading.Event = field(default_factory=threading.Event)  # END (or gone)
+    workers: list[_Worker] = field(default_factory=list)  # this run's
+    grace: float = 3.0
 
     def _read_launcher(self) -> None:
         try:
             while True:
                 frame = self.launcher.recv()
-                if frame is None or frame.kind == "stop":
+                if frame is None or frame.kind == protocol.CLOSE:
                     break
+                if frame.kind == protocol.START:
+                    self.run_stop.clear()  # here: an END right behind it must not be lost
+                    self.inbox.put(frame)
+                elif frame.kind == protocol.END:
+                    self.run_stop.set()
         except BlockingIOError:
             _say(f"the launcher sent nothing for {self.silence:g} s: stopping the workers.")
         except OSError:
             pass
-        self.stop.set()
+        self.gone.set()
+        self.run_stop.set()
+        self.inbox.put(None)
 
     def _heartbeat(self, interval: float) -> None:
-        while not self.stop.wait(interval):
+        while not self.gone.wait(interval):
             try:
-                self.launcher.send({"t": "hb"})
+                self.launcher.send({"t": protocol.HEARTBEAT})
             except OSError:
-                self.stop.set()
+                self.gone.set()
+                self.run_stop.set()
+
+    def serve(self) -> None:
+        """Runs every run the launcher starts, until it closes, goes away or goes silent."""
+        while (frame := self.inbox.get()) is not None:
+            if self.spawner is None:
+                continue  # the launcher fails the run on our hello's error, and closes
+            start = protocol.Start.from_header(frame.header)
+            self.workers = []
+            self.grace = start.grace
+            try:
+                self.spawn(start, bytes(frame.body))
+                self.supervise()
+            finally:
+                self.stop_workers()
+            self._forget_workers()
+            if not self.gone.is_set():
+                with contextlib.suppress(OSError):
+                    self.launcher.send(protocol.Idle(master_port=_free_port()).header())
+
+    def _forget_workers(self) -> None:
+        """Waits (briefly) until the run's workers' output and results were forwarded."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT
+        for worker in self.workers:
+            for thread in [worker.relay, *worker.readers]:
+                if thread is not None:
+                    thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.workers = []
 
     def _relay(self, worker: _Worker) -> None:
         try:
@@ -112,11 +155,11 @@ class Agent:
                 head = worker.conn.recv_head()
                 if head is None:
                     break
-                if head.kind == "stream":
+                if head.kind == protocol.STREAM:
                     self._grant_stream(worker)
                     continue
                 head.header["local_rank"] = worker.local_rank
-                final = head.kind in ("result", "error")
+                final = head.kind in (protocol.RESULT, protocol.ERROR)
                 if final:
                     self._drain_output(worker)  # what it printed first reaches the launcher first
                 worker.conn.forward(head, self.launcher)
@@ -170,7 +213,7 @@ class Agent:
             with contextlib.suppress(OSError):
                 self.launcher.send(
                     {
-                        "t": "log",
+                        "t": protocol.LOG,
                         "local_rank": worker.local_rank,
                         "stream": stream,
                         "level": logging.INFO,
@@ -195,25 +238,26 @@ class Agent:
             lines.close()
             sock.close()
 
-    def spawn(self, start: dict[str, Any], func_payload: bytes) -> None:
+    def spawn(self, start: protocol.Start, func_payload: bytes) -> None:
         """Forks one worker per local rank and hands each the pickled function."""
-        n = int(start["workers"])
+        assert self.spawner is not None  # noqa: S101 - serve() runs no start without one
+        n = start.workers
         for local_rank in range(n):
             spec = WorkerSpec(
                 hostname=self.hostname,
                 local_rank=local_rank,
-                rank=int(start["rank_offset"]) + local_rank,
-                world_size=int(start["world_size"]),
+                rank=start.rank_offset + local_rank,
+                world_size=start.world_size,
                 local_world_size=n,
-                node_rank=int(start["node_rank"]),
-                master_addr=str(start["master_addr"]),
-                master_port=int(start["master_port"]),
-                backend=start["backend"],
-                timeout=float(start["timeout"]),
-                sys_path=tuple(start["sys_path"]),
-                cwd=str(start["cwd"]),
-                env=tuple(sorted(dict(start["env"]).items())),
-                log_level=int(start["log_level"]),
+                node_rank=start.node_rank,
+                master_addr=start.master_addr,
+                master_port=start.master_port,
+                backend=start.backend,
+                timeout=start.timeout,
+                sys_path=tuple(start.sys_path),
+                cwd=start.cwd,
+                env=tuple(sorted(start.env.items())),
+                log_level=start.log_level,
             )
             pairs: list[tuple[socket.socket, socket.socket]] = []
             try:
@@ -240,7 +284,7 @@ class Agent:
             self.workers.append(worker)
         for worker in self.workers:
             with contextlib.suppress(OSError):
-                worker.conn.send({"t": "func"}, func_payload)
+                worker.conn.send({"t": protocol.FUNC}, func_payload)
 
     def _judge(self, worker: _Worker) -> bool:
         """Called once a worker exited; reports it if it died without a result. True if it did."""
@@ -252,36 +296,37 @@ class Agent:
         if worker.delivered:
             return False
         what, sig = _exit_description(worker.process.exitcode)
+        died = protocol.Died(
+            local_rank=worker.local_rank,
+            exitcode=worker.process.exitcode,
+            signal=sig,
+            what=what,
+            stderr_tail="\n".join(worker.last_lines),
+        )
         with contextlib.suppress(OSError):
-            self.launcher.send(
-                {
-                    "t": "died",
-                    "local_rank": worker.local_rank,
-                    "exitcode": worker.process.exitcode,
-                    "signal": sig,
-                    "what": what,
-                    "stderr_tail": "\n".join(worker.last_lines),
-                }
-            )
+            self.launcher.send(died.header())
         return True
 
     def supervise(self) -> None:
-        """Waits until every worker exited (or one died, or the launcher said stop)."""
+        """Waits until every worker exited (or one died), then until the launcher says END.
+
+        The launcher answers every report with END or CLOSE, and a launcher that is gone or
+        silent ends the wait too (`_read_launcher`).
+        """
         failed = False
-        while not self.stop.is_set() and not failed:
+        while not self.run_stop.is_set() and not failed:
             live = [w for w in self.workers if not w.judged]
             if not live:
                 # Every result and every line of output has been forwarded.
                 with contextlib.suppress(OSError):
-                    self.launcher.send({"t": "done"})
+                    self.launcher.send({"t": protocol.DONE})
                 break
             exited = wait_any([w.process for w in live], _POLL)
             for worker in live:
                 if worker.process in exited and self._judge(worker):
                     failed = True
         self.stop_workers()
-        # The launcher decides when we are done: it answers every report with stop or a close.
-        self.stop.wait(timeout=60.0)
+        self.run_stop.wait()
 
     def forward_signal(self, signum: int) -> None:
         """Passes a signal from SLURM (e.g. ``--signal=USR1@60``) on to every live worker."""
@@ -311,7 +356,7 @@ class Agent:
 
 def _hostname(environ: Mapping[str, str]) -> str:
     return (
-        environ.get("SLURMRUN_HOSTNAME") or environ.get("SLURMD_NODENAME") or socket.gethostname()
+        environ.get(protocol.HOSTNAME_VAR) or environ.get("SLURMD_NODENAME") or socket.gethostname()
     )
 
 
@@ -348,18 +393,6 @@ def _expect_heartbeats(sock: socket.socket, silence: float) -> None:
     bound_unacknowledged_sends(sock, silence)
 
 
-def _wait_for_start(launcher: Connection, silence: float) -> Frame | None:
-    """The launcher's start frame; None if it closed the connection or went silent."""
-    try:
-        while True:
-            frame = launcher.recv()
-            if frame is None or frame.kind != "hb":
-                return frame
-    except BlockingIOError:
-        _say(f"the launcher sent nothing for {silence:g} s while the agents connected: exiting.")
-        return None
-
-
 def main(secret: bytes, spawner: Spawner | str) -> int:
     """Runs the agent; returns its exit code.
 
@@ -377,8 +410,8 @@ def main(secret: bytes, spawner: Spawner | str) -> int:
 
 def _run(secret: bytes, spawner: Spawner | str) -> int:
     problem = spawner if isinstance(spawner, str) else None
-    addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
-    port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
+    addr = os.environ[protocol.LAUNCHER_ADDR_VAR]
+    port = int(os.environ[protocol.PORT_VAR])
     heartbeat = float(os.environ.get(HEARTBEAT_VAR, "1.0"))
     silence = heartbeat * HEARTBEATS_PER_TIMEOUT
     hostname = _hostname(os.environ)
@@ -397,29 +430,23 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     _expect_heartbeats(sock, silence)
     launcher = Connection(sock)
-    launcher.send(
-        {
-            "t": "hello",
-            "hostname": hostname,
-            "node_rank": int(os.environ.get("SLURMRUN_NODE_RANK", "-1")),
-            "addr": sock.getsockname()[0],
-            "auto_workers": _auto_workers(os.environ, hostname) if problem is None else 0,
-            "master_port": _free_port(),
-            "pid": os.getpid(),
-            "slurm_job": os.environ.get("SLURM_JOB_ID", ""),
-            "slurm_step": os.environ.get("SLURM_STEP_ID", ""),
-            "error": problem,
-        }
+    hello = protocol.Hello(
+        hostname=hostname,
+        node_rank=int(os.environ.get(protocol.NODE_RANK_VAR, "-1")),
+        addr=sock.getsockname()[0],
+        auto_workers=_auto_workers(os.environ, hostname) if problem is None else 0,
+        master_port=_free_port(),
+        pid=os.getpid(),
+        slurm_job=os.environ.get("SLURM_JOB_ID", ""),
+        slurm_step=os.environ.get("SLURM_STEP_ID", ""),
+        error=problem,
     )
-    start = _wait_for_start(launcher, silence)
-    if start is None or start.kind != "start" or isinstance(spawner, str):
-        return 0  # the launcher gave up before hand-out (another agent failed), or is gone
+    launcher.send(hello.header())
     agent = Agent(
         launcher=launcher,
         hostname=hostname,
-        spawner=spawner,
+        spawner=spawner if isinstance(spawner, Spawner) else None,
         connect=connect,
-        grace=float(start.header["grace"]),
         silence=silence,
     )
     if "SLURM_STEP_ID" not in os.environ:
@@ -430,10 +457,10 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     threading.Thread(target=agent._read_launcher, daemon=True).start()
     threading.Thread(target=agent._heartbeat, args=(heartbeat,), daemon=True).start()
     try:
-        agent.spawn(start.header, bytes(start.body))
-        agent.supervise()
+        agent.serve()
     finally:
-        agent.stop.set()
+        agent.gone.set()
+        agent.run_stop.set()
         agent.stop_workers()
         launcher.close()
     return 0

@@ -3,7 +3,7 @@
 Importing torch dominates a launch, so the agent's first act is to fork the spawner that
 imports it (`slurmrun.spawner`); the rest of the agent (`slurmrun.agent`, about 0.1 s of
 imports) loads while the spawner works. This module therefore imports only the standard
-library, `slurmrun.environment` and `slurmrun.spawner` before the fork.
+library, `slurmrun.environment`, `slurmrun.protocol` and `slurmrun.spawner` before the fork.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import os
 import signal
 import sys
 
-from slurmrun.environment import ENV_FILE_VAR, FORWARDED_SIGNALS, EnvFileError, source_env_file
+from slurmrun.environment import FORWARDED_SIGNALS, EnvFileError, source_env_file
+from slurmrun.protocol import ENV_FILE_VAR, PRELOAD_VAR, SECRET_VAR
 from slurmrun.spawner import Spawner, forget_variable
 
 __all__ = ["main"]
 
-SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
 _SECRET_KEY = os.fsencode(SECRET_VAR)
 
 
@@ -44,7 +44,7 @@ def main() -> int:
     # spawner wipes that object and its environment blocks (forget_variable).
     if not os.environb.get(_SECRET_KEY):
         print(
-            "slurmrun.agent: SLURMRUN_SECRET is not set; agents are started by slurmrun.launch",
+            f"slurmrun.agent: {SECRET_VAR} is not set; agents are started by slurmrun.launch",
             file=sys.stderr,
         )
         return 2
@@ -57,7 +57,7 @@ def main() -> int:
     problem = _prepare_environment()  # before the spawner, so that workers inherit it
     if problem is None:
         # The spawner never initialises CUDA: `import torch` alone does not.
-        preload = [m for m in os.environ.get("SLURMRUN_PRELOAD", "torch").split(",") if m]
+        preload = [m for m in os.environ.get(PRELOAD_VAR, "torch").split(",") if m]
         spawner: Spawner | str = Spawner.start(preload, forget=[SECRET_VAR])
     else:
         spawner = problem

@@ -8,6 +8,9 @@ import signal
 import subprocess
 from collections.abc import Iterable, Mapping
 
+# Names of variables the launcher sets for agents, kept importable from here.
+from slurmrun.protocol import ENV_FILE_VAR, HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT  # noqa: F401
+
 __all__ = [
     "DEFAULT_ENV_VARS",
     "FORWARDED_SIGNALS",
@@ -57,12 +60,6 @@ DEFAULT_ENV_VARS: tuple[str, ...] = (
 """fnmatch patterns of variables copied from the launcher to agents and workers by default."""
 
 ENV_FILE_TIMEOUT = 60.0
-
-# Variables the launcher sets for its agents (besides the secret and its address).
-ENV_FILE_VAR = "SLURMRUN_ENV_FILE"
-HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"
-# Heartbeats (each way) per heartbeat_timeout: the interval is the timeout divided by this.
-HEARTBEATS_PER_TIMEOUT = 5
 
 
 class EnvFileError(RuntimeError):

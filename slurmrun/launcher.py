@@ -17,16 +17,21 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from slurmrun import allocation, srun
 from slurmrun.dryrun import DryRun
-from slurmrun.environment import (
-    DEFAULT_ENV_VARS,
+from slurmrun.environment import DEFAULT_ENV_VARS, env_file_problem, matching_env
+from slurmrun.errors import AgentFailedError
+from slurmrun.logs import LogDir, log_level, resolve_log_dir
+from slurmrun.pool import AgentPool
+from slurmrun.protocol import (
     ENV_FILE_VAR,
     HEARTBEAT_VAR,
     HEARTBEATS_PER_TIMEOUT,
-    env_file_problem,
-    matching_env,
+    JOB_TASKS_VAR,
+    LAUNCHER_ADDR_VAR,
+    PORT_VAR,
+    PRELOAD_VAR,
+    RESTART_VAR,
+    SECRET_VAR,
 )
-from slurmrun.errors import AgentFailedError
-from slurmrun.logs import LogDir, log_level, resolve_log_dir
 from slurmrun.result import LaunchResult
 from slurmrun.session import Session
 from slurmrun.starters import (
@@ -58,11 +63,6 @@ __all__ = ["Launcher", "check_call", "launch"]
 
 T = TypeVar("T")
 log = logging.getLogger("slurmrun")
-
-PORT_VAR = "SLURMRUN_LAUNCHER_PORT"
-SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
-RESTART_VAR = "SLURMRUN_RESTART_COUNT"
-PRELOAD_VAR = "SLURMRUN_PRELOAD"
 
 Backend = Literal["nccl", "gloo", "mpi", "ucc", "auto"] | None
 BACKENDS = ("nccl", "gloo", "mpi", "ucc", "auto", None)
@@ -175,6 +175,42 @@ class Launcher:
         check_call(self, func, func_args, kwargs)
         return plan_dry_run(self, _plan(self))
 
+    def __enter__(self) -> Launcher:
+        """Keeps the agents (and their imports) from one `run` to the next until `close`.
+
+        Each `run` inside the ``with`` block still forks fresh workers in a new process group;
+        only the agents, with their spawners and imports, are kept. See `close` for the rules.
+
+        Example:
+            >>> import slurmrun
+            >>> with slurmrun.Launcher(workers_per_host=2, backend="gloo") as launcher:
+            ...     first = launcher.run(lambda: 1)
+            ...     second = launcher.run(lambda: 2)  # ~10x faster: no agent starts
+        """
+        if _warm_of(self) is None:
+            setattr(self, _WARM_ATTR, _Warm())  # not a dataclass field: tyro reads those
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Closes the agents (`close`)."""
+        self.close()
+
+    def close(self) -> None:
+        """Stops the agents kept by a ``with`` block (workers first); does nothing otherwise.
+
+        Rules of a warm launcher: an agent that fails during a run (its process, its node,
+        its heartbeats) fails that run with AgentFailedError and the next run starts every
+        agent again (one new srun step), as does an agent that died between runs (with a
+        warning); a failed worker or a Ctrl-C ends only that run's workers. Changing
+        ``hostnames``, ``workers_per_host`` or what agents start with (environment, env file,
+        heartbeat and connect timeouts, backend None) between runs is a ValueError: close the
+        launcher first. After `close`, `run` is a cold launch again.
+        """
+        warm = _warm_of(self)
+        if warm is not None:
+            setattr(self, _WARM_ATTR, None)
+            warm.close_pool()
+
     def _run(
         self,
         func: Callable[..., T],
@@ -186,10 +222,19 @@ class Launcher:
         kwargs = {} if func_kwargs is None else func_kwargs
         payload = check_call(self, func, func_args, kwargs)
         plan = _plan(self, designated_task=designated_task)
+        if _warm_of(self) is None:
+            with self:  # a cold launch is a warm launcher used once
+                return self._run_planned(plan, payload)
+        return self._run_planned(plan, payload)
+
+    def _run_planned(self, plan: _Plan, payload: bytes) -> LaunchResult[Any]:
+        warm = _warm_of(self)
+        assert warm is not None  # noqa: S101 - _run opened it
+        warm.check_unchanged(self, plan)
         with _sigterm_as_exit():
             for attempt in range(self.max_restarts + 1):
                 try:
-                    return _run_plan(self, plan, payload, attempt)
+                    return _run_plan(self, warm, plan, payload, attempt)
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as e:
@@ -515,8 +560,7 @@ def _expected_workers(plan: _Plan, env: Mapping[str, str], gpus: int) -> tuple[l
         return [1] * len(plan.hostnames), "no GPU, and the job's tasks per node are unknown: 1"
     source = alloc.sources.get("tasks_per_node", "the job")
     return [alloc.tasks_per_node[alloc.node_index(h)] for h in plan.hostnames], (
-        f"no GPU in its step: the job's tasks on its node ({source}, passed on as "
-        f"{srun.JOB_TASKS_VAR})"
+        f"no GPU in its step: the job's tasks on its node ({source}, passed on as {JOB_TASKS_VAR})"
     )
 
 
@@ -550,9 +594,9 @@ class _Address:
 def _launcher_addr(plan: _Plan) -> _Address:
     if plan.local:
         return _Address("127.0.0.1", "127.0.0.1", "loopback: the agents run on this machine")
-    override = os.environ.get("SLURMRUN_LAUNCHER_ADDR")
+    override = os.environ.get(LAUNCHER_ADDR_VAR)
     if override:
-        return _Address("0.0.0.0", override, "SLURMRUN_LAUNCHER_ADDR is set")  # noqa: S104
+        return _Address("0.0.0.0", override, f"{LAUNCHER_ADDR_VAR} is set")  # noqa: S104
     first = plan.hostnames[0]
     return _Address(
         "0.0.0.0",  # noqa: S104 - agents on other nodes must reach us
@@ -587,7 +631,7 @@ def _control(cfg: Launcher, secret: str, advertise: str, port: str) -> dict[str,
     """The variables the launcher sets for its agents (`_starter` adds the job's tasks)."""
     control = {
         SECRET_VAR: secret,
-        "SLURMRUN_LAUNCHER_ADDR": advertise,
+        LAUNCHER_ADDR_VAR: advertise,
         PORT_VAR: port,
         # Modules the spawner imports before forking workers; the command's script mode asks
         # for torch although it initialises no process group.
@@ -605,7 +649,7 @@ def _starter(
 ) -> tuple[AgentStarter, dict[str, str]]:
     """The agents' starter, and the environment to start them with."""
     if plan.alloc is not None and plan.alloc.tasks_per_node is not None:
-        control[srun.JOB_TASKS_VAR] = ",".join(map(str, plan.alloc.tasks_per_node))
+        control[JOB_TASKS_VAR] = ",".join(map(str, plan.alloc.tasks_per_node))
     if plan.local:
         return LocalAgents(plan.hostnames, log_dir.path), _agent_env(cfg, control)
     assert plan.alloc is not None  # noqa: S101 - _plan guarantees an allocation here
@@ -651,42 +695,149 @@ def _listen(bind: str) -> socket.socket:
         ) from e
 
 
-def _run_plan(cfg: Launcher, plan: _Plan, payload: bytes, attempt: int) -> LaunchResult[Any]:
+# ---------------------------------------------------------------------- warm launchers
+
+_WARM_ATTR = "_slurmrun_warm"
+# What the agents were started with: changing one between runs would need new agents.
+_AGENT_OPTIONS = (
+    "hostnames",
+    "workers_per_host",
+    "default_env_vars",
+    "extra_env_vars",
+    "env_file",
+    "heartbeat_timeout",
+    "timeout",
+)
+
+
+def _warm_of(cfg: Launcher) -> _Warm | None:
+    warm: _Warm | None = getattr(cfg, _WARM_ATTR, None)
+    return warm
+
+
+def _agent_options(cfg: Launcher, plan: _Plan) -> dict[str, object]:
+    options: dict[str, object] = {name: repr(getattr(cfg, name)) for name in _AGENT_OPTIONS}
+    options["hosts"] = plan.hostnames
+    options["backend is None"] = cfg.backend is None  # the spawner imports torch or not
+    return options
+
+
+class _Warm:
+    """The agents a launcher keeps between runs (`Launcher.__enter__`), once started."""
+
+    def __init__(self) -> None:
+        self.pool: AgentPool | None = None
+        self.options: dict[str, object] | None = None
+
+    def check_unchanged(self, cfg: Launcher, plan: _Plan) -> None:
+        options = _agent_options(cfg, plan)
+        if self.options is None:
+            self.options = options
+            return
+        changed = [name for name in options if options[name] != self.options[name]]
+        if changed:
+            raise ValueError(
+                f"{', '.join(changed)} changed since this launcher started its agents "
+                f"({'; '.join(f'{n}: {self.options[n]} -> {options[n]}' for n in changed)}): "
+                "its agents keep what they started with. Close it (end the `with` block, or "
+                "call close()) and use a new one."
+            )
+
+    def close_pool(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.close()
+
+    def ready_pool(self, cfg: Launcher, plan: _Plan) -> AgentPool:
+        """The pool for the next run: the kept one, or new agents if it broke or died idle."""
+        if self.pool is not None:
+            try:
+                self.pool.ready()
+            except AgentFailedError as e:
+                if self.pool.broken != "closed" and "cannot run again" not in str(e):
+                    log.warning("slurmrun: agents failed between runs (%s); starting new ones", e)
+                self.close_pool()
+        if self.pool is None:
+            self.pool = _open_pool(cfg, plan)
+        return self.pool
+
+
+def _open_pool(cfg: Launcher, plan: _Plan) -> AgentPool:
+    """Starts and connects the agents of `plan`."""
     address = _launcher_addr(plan)
     server = _listen(address.bind)
     log_dir: LogDir | None = None
     try:
         log_dir = resolve_log_dir()
-        return _run_session(cfg, plan, payload, attempt, server, log_dir, address.advertise)
-    finally:
-        server.close()  # Session closes it too, but not when starting agents failed
+        secret = new_secret()
+        control = _control(cfg, secret.hex(), address.advertise, str(server.getsockname()[1]))
+        starter, env = _starter(cfg, plan, log_dir, control)
+    except BaseException:
+        server.close()
         if log_dir is not None and not log_dir.keep:
             shutil.rmtree(log_dir.path, ignore_errors=True)
-
-
-def _run_session(  # noqa: PLR0917 - the parts of one attempt
-    cfg: Launcher,
-    plan: _Plan,
-    payload: bytes,
-    attempt: int,
-    server: socket.socket,
-    log_dir: LogDir,
-    advertise: str,
-) -> LaunchResult[Any]:
-    secret = new_secret()
-    control = _control(cfg, secret.hex(), advertise, str(server.getsockname()[1]))
-    starter, env = _starter(cfg, plan, log_dir, control)
-    session = Session(
+        raise
+    pool = AgentPool(
         hostnames=plan.hostnames,
+        starter=starter,
+        server=server,
+        secret=secret,
+        connect_timeout=float(cfg.timeout),
+        silence=_silence(cfg),
+        log_dir=log_dir,
+    )
+    try:
+        pool.open(env)
+    except AgentFailedError as e:
+        pool.close()
+        raise _explained(e, pool, plan) from e.__cause__
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+def _explained(e: AgentFailedError, pool: AgentPool, plan: _Plan) -> AgentFailedError:
+    """`e`, or the node log srun could not open that explains it."""
+    starter, log_dir = pool.starter, pool.log_dir
+    if not isinstance(starter, SrunAgents) or log_dir is None or not log_dir.keep:
+        return e
+    failure = srun.log_open_failure(starter.log_path, _step_order(plan), log_dir.path)
+    if failure is None:
+        return e
+    host, message = failure
+    error = AgentFailedError(
+        message, hostname=host, log_file=starter.log_path, stderr_tail=e.stderr_tail
+    )
+    error.__cause__ = e
+    return error
+
+
+def _run_plan(
+    cfg: Launcher, warm: _Warm, plan: _Plan, payload: bytes, attempt: int
+) -> LaunchResult[Any]:
+    """One attempt: a run on the kept agents (new ones if there are none, or they broke)."""
+    pool = warm.ready_pool(cfg, plan)
+    try:
+        return _run_session(cfg, plan, pool, payload, attempt)
+    except AgentFailedError as e:
+        raise _explained(e, pool, plan) from e.__cause__
+    finally:
+        if pool.broken:  # an agent failed: the next run starts new ones
+            warm.close_pool()
+
+
+def _run_session(
+    cfg: Launcher, plan: _Plan, pool: AgentPool, payload: bytes, attempt: int
+) -> LaunchResult[Any]:
+    log_dir = pool.log_dir
+    session = Session(
+        pool=pool,
         workers_per_host=plan.workers_per_host,
         backend=cfg.backend,
         timeout=float(cfg.timeout),
-        agent_timeout=_silence(cfg),
         grace=3.0,
         payload=payload,
-        secret=secret,
-        starter=starter,
-        server=server,
         start_header={
             "sys_path": [p if p else os.getcwd() for p in sys.path],
             "cwd": os.getcwd(),
@@ -694,18 +845,7 @@ def _run_session(  # noqa: PLR0917 - the parts of one attempt
         },
         local_master=plan.local,
         handlers=cfg.log_handlers,
-        log_dir=log_dir.path if log_dir.keep else None,
+        log_dir=log_dir.path if log_dir is not None and log_dir.keep else None,
         log_level=log_level(),
     )
-    try:
-        return session.run(env)
-    except AgentFailedError as e:
-        if not isinstance(starter, SrunAgents) or not log_dir.keep:
-            raise
-        failure = srun.log_open_failure(starter.log_path, _step_order(plan), log_dir.path)
-        if failure is None:
-            raise
-        host, message = failure
-        raise AgentFailedError(
-            message, hostname=host, log_file=starter.log_path, stderr_tail=e.stderr_tail
-        ) from e
+    return session.run()

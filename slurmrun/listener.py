@@ -3,7 +3,8 @@
 An accept thread authenticates connections; one reader thread per connection turns frames
 into events on one queue (``("frame", conn, frame)``, then ``("eof", conn, why)``) and notes
 when each connection last delivered a frame; a heartbeat thread tells agents that the launcher
-is alive. `slurmrun.session.Session` makes every decision from the queue.
+is alive. `slurmrun.pool.AgentPool` and the run on it (`slurmrun.session.Session`) make every
+decision from the queue.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import threading
 import time
 from typing import Any
 
-from slurmrun.environment import HEARTBEATS_PER_TIMEOUT
+from slurmrun import protocol
+from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
 from slurmrun.transport import (
     AuthenticationError,
     Connection,
@@ -36,7 +38,7 @@ MAX_PENDING_HANDSHAKES = 256
 
 
 class Listener:
-    """Accepts and reads the connections of one launch, and sends heartbeats to agents.
+    """Accepts and reads the connections of a pool of agents, and sends heartbeats to agents.
 
     Args:
         server: the listening socket (closed by `close`).
@@ -136,4 +138,4 @@ class Listener:
         while not self.closing.wait(self.silence / HEARTBEATS_PER_TIMEOUT):
             for conn in list(self._agents):
                 with contextlib.suppress(OSError):
-                    conn.send_nowait({"t": "hb"})
+                    conn.send_nowait({"t": protocol.HEARTBEAT})

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 from slurmrun.allocation import SlurmAllocation, scontrol_gpus
 from slurmrun.logs import agent_log_path
+from slurmrun.protocol import JOB_TASKS_VAR  # noqa: F401 - its home was here
 from slurmrun.starters import SrunAgents, agent_command
 
 __all__ = [
@@ -20,9 +21,6 @@ __all__ = [
     "srun_environment",
 ]
 
-# srun rewrites SLURM_TASKS_PER_NODE with the step's layout (1 per node for the agents' step),
-# so the job's own layout travels to agents under this name (comma-separated counts).
-JOB_TASKS_VAR = "SLURMRUN_JOB_TASKS_PER_NODE"
 
 # srun's INPUT ENVIRONMENT VARIABLES (man srun, Slurm 22.05): each one set in the launcher's
 # environment (by salloc, sbatch, the driver's own step, or the user) would silently reshape

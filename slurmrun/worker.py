@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from slurmrun import protocol
 from slurmrun.transport import Connection, dumps, loads
 
 __all__ = ["STREAM_GRANTED", "STREAM_MIN_BYTES", "STREAM_REFUSED", "WorkerSpec", "run_worker"]
@@ -79,7 +80,7 @@ class _ChannelHandler(logging.Handler):
                 msg += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
             self._conn.send(
                 {
-                    "t": "log",
+                    "t": protocol.LOG,
                     "stream": "logging",
                     "level": record.levelno,
                     "name": record.name,
@@ -105,7 +106,7 @@ def _watch_agent(conn: Connection) -> None:
     try:
         while True:
             frame = conn.recv()
-            if frame is None or frame.kind == "stop":
+            if frame is None or frame.kind == protocol.STOP:
                 break
     except OSError:
         pass
@@ -150,7 +151,7 @@ def _flush_stdio() -> None:
 def _send_error(conn: Connection, exc: BaseException, tb_text: str) -> None:
     _flush_stdio()
     header: dict[str, Any] = {
-        "t": "error",
+        "t": protocol.ERROR,
         "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
         "message": _safe_str(exc),
         "traceback": tb_text,
@@ -181,16 +182,20 @@ def _send_result(
     """
     size = len(body) + sum(b.raw().nbytes for b in buffers)
     if size >= STREAM_MIN_BYTES:
-        conn.send({"t": "stream"})
+        conn.send({"t": protocol.STREAM})
         streams.settimeout(STREAM_WAIT)
         _, fds, _, _ = socket.recv_fds(streams, 1, 1)
         if fds:
             with socket.socket(fileno=fds[0]) as sock:
-                header = {"t": "result", "node_rank": spec.node_rank, "local_rank": spec.local_rank}
+                header = {
+                    "t": protocol.RESULT,
+                    "node_rank": spec.node_rank,
+                    "local_rank": spec.local_rank,
+                }
                 Connection(sock).send(header, body, buffers)
-            conn.send({"t": "result", "streamed": True})
+            conn.send({"t": protocol.RESULT, "streamed": True})
             return
-    conn.send({"t": "result"}, body, buffers)
+    conn.send({"t": protocol.RESULT}, body, buffers)
 
 
 def _safe_str(obj: object) -> str:

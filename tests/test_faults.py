@@ -563,6 +563,7 @@ def open_fds() -> int:
 
 def test_a_spawner_that_died_leaves_no_socket_of_the_agent_open() -> None:
     from slurmrun.agent import Agent
+    from slurmrun.protocol import Start
     from slurmrun.spawner import Spawner, SpawnError
     from slurmrun.transport import Connection
 
@@ -575,20 +576,23 @@ def test_a_spawner_that_died_leaves_no_socket_of_the_agent_open() -> None:
         spawner=Spawner(os.getpid(), to_spawner),  # its pid is only named in messages
         connect=socket.socket,
     )
-    start = {
-        "workers": 2,
-        "rank_offset": 0,
-        "world_size": 2,
-        "node_rank": 0,
-        "master_addr": "127.0.0.1",
-        "master_port": 1,
-        "backend": None,
-        "timeout": 60,
-        "sys_path": [],
-        "cwd": "/",
-        "env": {},
-        "log_level": 20,
-    }
+    start = Start.from_header(
+        {
+            "workers": 2,
+            "rank_offset": 0,
+            "world_size": 2,
+            "node_rank": 0,
+            "master_addr": "127.0.0.1",
+            "master_port": 1,
+            "backend": None,
+            "timeout": 60,
+            "sys_path": [],
+            "cwd": "/",
+            "env": {},
+            "log_level": 20,
+            "grace": 3.0,
+        }
+    )
     before = open_fds()
     with pytest.raises(SpawnError, match=r"spawner .* is gone") as info:
         agent.spawn(start, b"")

@@ -15,12 +15,13 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from slurmrun.protocol import PRELOAD_VAR
+
 if TYPE_CHECKING:
     from slurmrun.launcher import Launcher
 
 __all__ = ["PRELOAD_VAR", "Command", "UsageError", "main", "split_command"]
 
-PRELOAD_VAR = "SLURMRUN_PRELOAD"
 
 USAGE = """\
 usage: slurmrun [-h] [--dry-run] [LAUNCHER OPTIONS] SCRIPT.py [SCRIPT ARGS...]

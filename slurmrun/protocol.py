@@ -1,0 +1,161 @@
+"""The contract between launcher, agents and workers: variable names and messages.
+
+Both sides import this module and nothing of each other (the agent imports only the standard
+library and this before it forks its spawner). A message is one frame of `slurmrun.transport`:
+a JSON header whose ``"t"`` names its kind, and for some kinds a pickled body. Messages with
+fields are dataclasses here (`Hello`, `Start`, `Idle`, `Died`); the others carry their kind
+alone, or a few fields named at their constant.
+
+One agent's life, as the launcher sees it::
+
+    agent                      launcher
+    HELLO  ------------------>            (once; then heartbeats both ways, always)
+           <------------------  START + pickled call      \
+    LOG, RESULT, ERROR, DIED -->                           |  one run; again for every run
+    DONE   ------------------>                             |  of a warm launcher
+           <------------------  END                        |
+    IDLE   ------------------>            (workers gone)  /
+           <------------------  CLOSE     (or the connection closes, or the launcher is silent)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+__all__ = [
+    "CLOSE",
+    "DIED",
+    "DONE",
+    "END",
+    "ERROR",
+    "FUNC",
+    "HEARTBEAT",
+    "HELLO",
+    "IDLE",
+    "LOG",
+    "RESULT",
+    "START",
+    "STOP",
+    "STREAM",
+    "Died",
+    "Hello",
+    "Idle",
+    "Start",
+]
+
+# ------------------------------------------------------------ environment variables
+# Set by the launcher for its agents:
+SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
+LAUNCHER_ADDR_VAR = "SLURMRUN_LAUNCHER_ADDR"  # also read from the user: the address to advertise
+PORT_VAR = "SLURMRUN_LAUNCHER_PORT"  # also read from the user: the port to listen on
+PRELOAD_VAR = "SLURMRUN_PRELOAD"  # modules the spawner imports (comma-separated)
+HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"  # seconds between heartbeats, each way
+ENV_FILE_VAR = "SLURMRUN_ENV_FILE"  # a bash file the agent sources before forking its spawner
+# srun rewrites SLURM_TASKS_PER_NODE with the step's layout (1 per node for the agents' step),
+# so the job's own layout travels to agents under this name (comma-separated counts).
+JOB_TASKS_VAR = "SLURMRUN_JOB_TASKS_PER_NODE"
+# Local agents only (srun agents are known by their node name):
+NODE_RANK_VAR = "SLURMRUN_NODE_RANK"
+HOSTNAME_VAR = "SLURMRUN_HOSTNAME"
+# Set by the launcher for workers (through `Start.env`):
+RESTART_VAR = "SLURMRUN_RESTART_COUNT"
+
+# Heartbeats (each way) per heartbeat timeout: the interval is the timeout divided by this.
+HEARTBEATS_PER_TIMEOUT = 5
+
+# ------------------------------------------------------------ message kinds
+# launcher -> agent
+START = "start"  # `Start`, with the pickled call as body: fork the workers of one run
+END = "end"  # the run is over: stop its workers (if any are left), then say IDLE
+CLOSE = "close"  # exit (stopping workers first)
+HEARTBEAT = "hb"  # both ways; no fields
+# agent -> launcher
+HELLO = "hello"  # `Hello`, first thing after the handshake
+IDLE = "idle"  # `Idle`: the run's workers are gone and their output was forwarded
+DONE = "done"  # every worker of the run exited, and its result and output were forwarded
+DIED = "died"  # `Died`: a worker exited without a result
+# worker -> agent -> launcher (the agent adds "local_rank")
+LOG = "log"  # stream ("stdout", "stderr", "logging"), level, msg; end; name (logging)
+RESULT = "result"  # the pickled return value; "streamed": true if it came on its own connection
+ERROR = "error"  # the pickled exception: exc_type, message, traceback, secondary, unpicklable
+# worker <-> agent
+STREAM = "stream"  # a worker asks for a connection of its own for a large result
+FUNC = "func"  # agent -> worker: the pickled call
+STOP = "stop"  # agent -> worker: stop now
+
+M = TypeVar("M", bound="_Message")
+
+
+@dataclass(frozen=True)
+class _Message:
+    """A message with fields: its header is ``{"t": KIND, **fields}``."""
+
+    KIND: ClassVar[str]
+
+    def header(self) -> dict[str, Any]:
+        """The frame header that carries this message."""
+        return {"t": self.KIND, **dataclasses.asdict(self)}
+
+    @classmethod
+    def from_header(cls: type[M], header: dict[str, Any]) -> M:
+        """The message in `header` (unknown keys ignored; a missing one raises TypeError)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in header.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Hello(_Message):
+    """An agent introduces itself (once per connection, before anything else)."""
+
+    KIND: ClassVar[str] = HELLO
+    hostname: str
+    node_rank: int  # -1: an srun agent, known by its hostname
+    addr: str  # its address on the way to the launcher (MASTER_ADDR if it hosts rank 0)
+    auto_workers: int  # its workers if workers_per_host is "auto"
+    master_port: int  # a free port for the first run's rank 0
+    pid: int
+    slurm_job: str = ""
+    slurm_step: str = ""
+    error: str | None = None  # why it cannot start workers (a broken env file)
+
+
+@dataclass(frozen=True)
+class Start(_Message):
+    """One run's share of an agent: its workers and where they meet."""
+
+    KIND: ClassVar[str] = START
+    workers: int
+    rank_offset: int
+    world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    backend: str | None
+    timeout: float
+    grace: float  # seconds from SIGTERM to SIGKILL when workers are stopped
+    log_level: int
+    sys_path: list[str]
+    cwd: str
+    env: dict[str, str]  # set in every worker, on top of the agent's environment
+
+
+@dataclass(frozen=True)
+class Idle(_Message):
+    """An agent is ready for the next run."""
+
+    KIND: ClassVar[str] = IDLE
+    master_port: int  # a free port for the next run's rank 0
+
+
+@dataclass(frozen=True)
+class Died(_Message):
+    """A worker exited (or was killed) without a result."""
+
+    KIND: ClassVar[str] = DIED
+    local_rank: int
+    exitcode: int | None
+    signal: str | None
+    what: str  # "exited with code 3", "was killed by SIGKILL"
+    stderr_tail: str
