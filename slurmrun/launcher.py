@@ -216,12 +216,10 @@ class Launcher:
         func: Callable[..., T],
         func_args: Sequence[Any],
         func_kwargs: dict[str, Any] | None,
-        *,
-        designated_task: bool = False,
     ) -> LaunchResult[T]:
         kwargs = {} if func_kwargs is None else func_kwargs
         payload = check_call(self, func, func_args, kwargs)
-        plan = _plan(self, designated_task=designated_task)
+        plan = _plan(self)
         if _warm_of(self) is None:
             with self:  # a cold launch is a warm launcher used once
                 return self._run_planned(plan, payload)
@@ -248,20 +246,6 @@ class Launcher:
                         e,
                     )
         raise AssertionError("unreachable")  # pragma: no cover
-
-
-def run_from_designated_task(
-    launcher: Launcher,
-    func: Callable[..., T],
-    func_args: Sequence[Any],
-    func_kwargs: dict[str, Any] | None,
-) -> LaunchResult[T]:
-    """`Launcher.run` from the one task of a several-task step that is meant to launch.
-
-    `Launcher.run` refuses to start from a step of several tasks (each would launch on every
-    node); `slurmrun.submit` runs one task per node and launches from the first only.
-    """
-    return launcher._run(func, func_args, func_kwargs, designated_task=True)
 
 
 def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept positional
@@ -428,7 +412,7 @@ def _is_local(host: str) -> bool:
     return host in _LOCAL_NAMES or host == socket.gethostname()
 
 
-def _plan(cfg: Launcher, *, designated_task: bool = False) -> _Plan:
+def _plan(cfg: Launcher, *, check_driver_step: bool = True) -> _Plan:
     alloc = allocation.slurm_allocation()
     for name, value in (("hostnames", cfg.hostnames), ("workers_per_host", cfg.workers_per_host)):
         if value == "slurm" and alloc is None:
@@ -458,8 +442,8 @@ def _plan(cfg: Launcher, *, designated_task: bool = False) -> _Plan:
         )
     if not local and len(set(hosts)) != len(hosts):
         raise ValueError(f"hostnames lists a node twice ({hosts}); srun starts one agent per node")
-    if not local and alloc is not None:
-        _check_driver_step(alloc, designated_task)
+    if not local and alloc is not None and check_driver_step:
+        _check_driver_step(alloc)
     w = cfg.workers_per_host
     if isinstance(w, str):
         counts = None
@@ -475,10 +459,10 @@ def _plan(cfg: Launcher, *, designated_task: bool = False) -> _Plan:
     return _Plan(hosts, counts, alloc, local)
 
 
-def _check_driver_step(alloc: allocation.SlurmAllocation, designated_task: bool) -> None:
+def _check_driver_step(alloc: allocation.SlurmAllocation) -> None:
     """Refuses to launch from each of several tasks of one step: they would share the nodes."""
     step = alloc.driver_step
-    if step is None or step.num_tasks <= 1 or designated_task:
+    if step is None or step.num_tasks <= 1:
         return
     raise RuntimeError(
         f"slurmrun.launch runs in SLURM step {step.step_id}, which has {step.num_tasks} tasks "

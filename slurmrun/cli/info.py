@@ -109,7 +109,7 @@ def _launch_section(warnings: list[str]) -> dict[str, Any] | None:
             plan = launcher._plan(cfg)
         except RuntimeError:
             # A step of several tasks: _slurm_section said so. Show what one task would do.
-            plan = launcher._plan(cfg, designated_task=True)
+            plan = launcher._plan(cfg, check_driver_step=False)
         return launcher.plan_dry_run(cfg, plan).as_dict()
     except (RuntimeError, ValueError, OSError) as e:
         what = "does not resolve" if "resolve" in str(e) else "cannot be planned"
