@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slurmrun.allocation import SlurmAllocation, slurm_allocation
-    from slurmrun.batch.handle import SubmittedLaunch, attach
     from slurmrun.batch.array import submit_array
+    from slurmrun.batch.handle import SubmittedLaunch, attach
     from slurmrun.batch.listing import jobs
     from slurmrun.batch.requeue import Requeue, requeue_requested
     from slurmrun.batch.submit import submit

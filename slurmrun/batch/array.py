@@ -92,4 +92,3 @@ def submit_array(
         handle.files.write_meta(spec.meta(handle.job_id))
         handles.append(handle)
     return handles
-

@@ -178,10 +178,14 @@ class JobCall:
 
 
 def _error(exc: Exception) -> Outcome:
-    try:
-        raise exc
-    except Exception as e:
-        return Outcome.of_error(e)
+    """The outcome of a job that raised `exc` itself (no launch traceback to show)."""
+    name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    return Outcome(
+        error=dumps_inband(exc),
+        error_type=name,
+        error_message=str(exc),
+        traceback=f"{name}: {exc} (on {socket.gethostname()})",
+    )
 
 
 def _job_id() -> str:

@@ -123,7 +123,11 @@ def test_a_signalled_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     assert result.values() == [(1, 42), (1, 42)]
     assert (tmp_path / "jobs" / job.job_id / "requeue.0").exists()
     scontrol = subprocess.run(
-        ["scontrol", "show", "job", job.job_id], capture_output=True, text=True, timeout=30
+        ["scontrol", "show", "job", job.job_id],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
     ).stdout
     assert "Restarts=1" in scontrol
     assert job.state == "COMPLETED"
