@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slurmrun.allocation import SlurmAllocation, slurm_allocation
+    from slurmrun.batch.array import submit_array
     from slurmrun.batch.handle import SubmittedLaunch, attach
     from slurmrun.batch.listing import jobs
+    from slurmrun.batch.requeue import Requeue, requeue_requested
     from slurmrun.batch.submit import submit
     from slurmrun.errors import AgentFailedError, WorkerFailedError
     from slurmrun.launcher import Launcher, launch
@@ -38,12 +40,16 @@ _EXPORTS = {
     "attach": "slurmrun.batch",
     "jobs": "slurmrun.batch",
     "submit": "slurmrun.batch",
+    "submit_array": "slurmrun.batch",
+    "Requeue": "slurmrun.batch",
+    "requeue_requested": "slurmrun.batch.requeue",
 }
 
 __all__ = [
     "AgentFailedError",
     "LaunchResult",
     "Launcher",
+    "Requeue",
     "SlurmAllocation",
     "SubmittedLaunch",
     "WorkerFailedError",
@@ -52,9 +58,11 @@ __all__ = [
     "file_handler",
     "jobs",
     "launch",
+    "requeue_requested",
     "slurm_allocation",
     "stream_handler",
     "submit",
+    "submit_array",
 ]
 
 

@@ -6,6 +6,7 @@ table is in the format ``sacct --parsable2`` documents, the test cluster having 
 
 from __future__ import annotations
 
+import argparse
 import os
 import pickle
 import re
@@ -123,3 +124,77 @@ def test_dry_run_script_matches_golden_file(tmp_path):
     if UPDATE:
         path.write_text(text)
     assert text == path.read_text()
+
+
+def test_requeue_options_are_checked_before_submitting():
+    assert slurmrun.Requeue().sbatch_signal() == "USR2@90"
+    assert slurmrun.Requeue(signal="SIGUSR1", signal_seconds=300).sbatch_signal() == "USR1@300"
+    assert slurmrun.Requeue().grace == 60.0
+    assert slurmrun.Requeue(signal_seconds=20).grace == 10.0
+    with pytest.raises(ValueError, match="'USR1' or 'USR2'"):
+        slurmrun.Requeue(signal="TERM")
+    with pytest.raises(ValueError, match="max_requeues must be an int >= 0"):
+        slurmrun.Requeue(max_requeues=-1)
+    with pytest.raises(TypeError, match="requeue must be a bool or a Requeue"):
+        slurmrun.submit(print, requeue="yes", dry_run=True)  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="args_list is empty"):
+        slurmrun.submit_array(print, [])
+
+
+def test_requeue_count_and_request_outside_a_job(monkeypatch, tmp_path):
+    from slurmrun.batch import requeue_count
+
+    monkeypatch.delenv("SLURMRUN_REQUEUE_COUNT", raising=False)
+    monkeypatch.delenv("SLURMRUN_REQUEUE_FLAG", raising=False)
+    assert requeue_count() == 0
+    assert not slurmrun.requeue_requested()
+    monkeypatch.setenv("SLURMRUN_REQUEUE_COUNT", "2")
+    monkeypatch.setenv("SLURMRUN_REQUEUE_FLAG", str(tmp_path / "requeue.2"))
+    assert requeue_count() == 2
+    assert not slurmrun.requeue_requested()
+    (tmp_path / "requeue.2").touch()
+    assert slurmrun.requeue_requested()
+
+
+@pytest.mark.skipif(shutil.which("srun") is None, reason="submitit's SlurmExecutor needs srun")
+def test_dry_run_without_requeue_and_with_another_signal(tmp_path):
+    never = str(slurmrun.submit(print, folder=tmp_path, requeue=False, dry_run=True))
+    assert "#SBATCH --no-requeue\n" in never
+    assert "#SBATCH --requeue\n" not in never
+    usr1 = str(
+        slurmrun.submit(print, folder=tmp_path, requeue=slurmrun.Requeue("USR1", 300), dry_run=True)
+    )
+    assert "#SBATCH --requeue\n" in usr1
+    assert "#SBATCH --signal=USR1@300\n" in usr1
+
+
+def test_cli_time_forms():
+    from slurmrun.cli.jobs import parse_time
+
+    assert [parse_time(t) for t in ("30", "5:30", "1:00:00", "2-0", "1-02:30")] == [
+        30,
+        6,
+        60,
+        2880,
+        1590,
+    ]
+    for bad in ("0", "1h", "", "0:00:10x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_time(bad)
+
+
+def test_cli_exit_statuses_without_a_cluster(tmp_path, capsys):
+    from slurmrun.cli.main import main
+
+    folder = str(tmp_path / "jobs")
+    assert main(["status", "123", "--folder", folder]) == 1
+    assert "no job 123 was submitted into" in capsys.readouterr().err
+    assert main(["logs", "123", "--folder", folder]) == 1
+    assert main(["cancel", "123", "--folder", folder]) == 1
+    assert main(["jobs", "--folder", folder]) == 0
+    assert capsys.readouterr().out.split() == ["JOBID", "STATE", "SUBMITTED", "WHAT"]
+    assert main(["submit", str(tmp_path / "missing.py")]) == 2
+    for bad in (["submit", "--nodes", "0", "x.py"], ["status"], ["logs", "1", "--rank", "a"]):
+        with pytest.raises(SystemExit) as info:
+            main(bad)
+        assert info.value.code == 2

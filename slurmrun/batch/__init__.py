@@ -1,17 +1,24 @@
-"""Jobs from a login node: `submit`, the `SubmittedLaunch` handle, `attach`, `jobs`."""
+"""Jobs from a login node: `submit`, `submit_array`, the `SubmittedLaunch` handle, `attach`."""
 
 from __future__ import annotations
 
+from slurmrun.batch.array import submit_array
 from slurmrun.batch.handle import JobFailedError, SubmittedLaunch, attach
 from slurmrun.batch.listing import JobInfo, jobs
+from slurmrun.batch.requeue import Requeue, RequeueLimitError, requeue_count, requeue_requested
 from slurmrun.batch.submit import SubmitDryRun, submit
 
 __all__ = [
     "JobFailedError",
     "JobInfo",
+    "Requeue",
+    "RequeueLimitError",
     "SubmitDryRun",
     "SubmittedLaunch",
     "attach",
     "jobs",
+    "requeue_count",
+    "requeue_requested",
     "submit",
+    "submit_array",
 ]

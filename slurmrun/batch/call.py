@@ -11,6 +11,7 @@ way and the handle re-raises the launch's own exception (submitit would wrap it)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -19,8 +20,17 @@ import sys
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from slurmrun.batch.requeue import (
+    REQUEUE_COUNT_VAR,
+    REQUEUE_FLAG_VAR,
+    Requeue,
+    RequeueLimitError,
+    RequeueWatch,
+    requeue_this_job,
+)
 from slurmrun.errors import RemoteTraceback
 from slurmrun.launcher import Launcher
 from slurmrun.logs import LOG_DIR_VAR, _FileHandler, stream_handler
@@ -95,6 +105,7 @@ class JobCall:
         cwd: the submitter's working directory.
         folder: the folder the job was submitted into; its files are in ``<folder>/<job id>``.
         existing: the entries of `sys_path` that existed on the submitter's machine.
+        requeue: how the job is requeued when SLURM signals it; None: never.
     """
 
     payload: bytes
@@ -102,23 +113,45 @@ class JobCall:
     cwd: str
     folder: str
     existing: list[str] = field(default_factory=list)
+    requeue: Requeue | None = None
 
     def __call__(self) -> Outcome:
         """Runs the launch in the job; returns its `Outcome` (never raises for the launch)."""
         # SLURM signals USR2 ahead of the time limit (submitit's `--signal=USR2@90`): no part
         # of the job may die of it, and workers get it only if their function asks for it.
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        os.environ[IGNORED_SIGNALS_VAR] = "SIGUSR2"
+        policy = self.requeue
+        name = policy.signal_name if policy is not None else "SIGUSR2"
+        signal.signal(signal.Signals[name], signal.SIG_IGN)
+        os.environ[IGNORED_SIGNALS_VAR] = name
+        job_id = _job_id()
+        job_dir = os.path.join(self.folder, job_id)
+        count = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+        os.environ[REQUEUE_COUNT_VAR] = str(count)
+        os.environ[REQUEUE_FLAG_VAR] = os.path.join(job_dir, f"requeue.{count}")
+        watch = None if policy is None else RequeueWatch(policy, Path(os.environ[REQUEUE_FLAG_VAR]))
+        outcome: Outcome | None = None
         try:
-            job_dir = os.path.join(self.folder, _job_id())
             self._restore()
             launcher, func, args, kwargs, workers = self._unpickle()
             launcher = _job_launcher(launcher, workers, job_dir)
             os.environ.setdefault(LOG_DIR_VAR, os.path.join(job_dir, "logs"))
-            result = launcher.run(func, args, kwargs)
+            with watch or contextlib.nullcontext():
+                result = launcher.run(func, args, kwargs)
+                outcome = Outcome(value=dumps_inband(result))
         except Exception as exc:
-            return Outcome.of_error(exc)
-        return Outcome(value=dumps_inband(result))
+            outcome = Outcome.of_error(exc)
+        if watch is None or not watch.requested:
+            assert outcome is not None  # noqa: S101 - only an abandoned launch leaves it unset
+            return outcome
+        # Signalled: this run's outcome is not the job's (it was cut short).
+        if count >= watch.policy.max_requeues:
+            return _error(
+                RequeueLimitError(
+                    f"job {job_id} was signalled ({name}) after {count} requeues "
+                    f"(max_requeues={watch.policy.max_requeues}): not requeued again"
+                )
+            )
+        return _error(RuntimeError(requeue_this_job(job_id)))
 
     def _restore(self) -> None:
         if not os.path.isdir(self.cwd):
@@ -142,6 +175,17 @@ class JobCall:
                 "project on a filesystem the compute nodes share"
             ) from e
         return launcher, func, tuple(args), dict(kwargs), workers
+
+
+def _error(exc: Exception) -> Outcome:
+    """The outcome of a job that raised `exc` itself (no launch traceback to show)."""
+    name = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    return Outcome(
+        error=dumps_inband(exc),
+        error_type=name,
+        error_message=str(exc),
+        traceback=f"{name}: {exc} (on {socket.gethostname()})",
+    )
 
 
 def _job_id() -> str:
@@ -182,10 +226,11 @@ def _job_launcher(launcher: Launcher, workers: int | None, folder: str) -> Launc
     if handlers is None:  # the job's output keeps what a terminal would show: local rank 0
         handlers = [stream_handler(None, 0)]
     extra = launcher.extra_env_vars
+    job_vars = (IGNORED_SIGNALS_VAR, REQUEUE_COUNT_VAR, REQUEUE_FLAG_VAR)
     if isinstance(extra, Mapping):
-        extra = {**extra, IGNORED_SIGNALS_VAR: os.environ[IGNORED_SIGNALS_VAR]}
+        extra = {**extra, **{var: os.environ[var] for var in job_vars}}
     else:
-        extra = (*extra, IGNORED_SIGNALS_VAR)
+        extra = (*extra, *job_vars)
     changes: dict[str, Any] = {
         "log_handlers": [*handlers, _RankFiles(folder)],
         "extra_env_vars": extra,

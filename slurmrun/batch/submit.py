@@ -13,10 +13,11 @@ from typing import Any, Literal, TypeVar, overload
 from slurmrun.batch.call import JobCall
 from slurmrun.batch.folder import base_folder
 from slurmrun.batch.handle import SubmittedLaunch
+from slurmrun.batch.requeue import Requeue
 from slurmrun.launcher import Launcher, check_call
 from slurmrun.transport import dumps_inband
 
-__all__ = ["SubmitDryRun", "submit"]
+__all__ = ["JobSpec", "SubmitDryRun", "submit"]
 
 T = TypeVar("T")
 
@@ -53,6 +54,7 @@ def submit(
     cpus_per_worker: int = ...,
     time_min: int = ...,
     slurm_parameters: dict[str, Any] | None = ...,
+    requeue: bool | Requeue = ...,
     dry_run: Literal[False] = ...,
 ) -> SubmittedLaunch[T]: ...
 
@@ -71,6 +73,7 @@ def submit(
     cpus_per_worker: int = ...,
     time_min: int = ...,
     slurm_parameters: dict[str, Any] | None = ...,
+    requeue: bool | Requeue = ...,
     dry_run: Literal[True],
 ) -> SubmitDryRun: ...
 
@@ -88,6 +91,7 @@ def submit(
     cpus_per_worker: int = 1,
     time_min: int = 60,
     slurm_parameters: dict[str, Any] | None = None,
+    requeue: bool | Requeue = True,
     dry_run: bool = False,
 ) -> SubmittedLaunch[T] | SubmitDryRun:
     """Submits a batch job that runs `launcher.run(func, ...)` on its nodes; returns at once.
@@ -113,6 +117,10 @@ def submit(
         time_min: the job's time limit in minutes.
         slurm_parameters: more ``submitit.SlurmExecutor`` parameters (``partition``,
             ``account``, ``mem``, ``job_name``, ``additional_parameters``...).
+        requeue: requeue the job when SLURM signals it (``Requeue.signal_seconds`` before
+            its time limit, or ``scancel --signal=USR2``): the workers get the signal, and
+            the launch runs again in the same job id (``SLURMRUN_REQUEUE_COUNT`` counts the
+            requeues). True: ``Requeue()`` (SIGUSR2, 90 s, at most 3); False: never.
         dry_run: return the batch script that would be submitted; submit nothing.
 
     Returns:
@@ -122,65 +130,153 @@ def submit(
         TypeError, ValueError: bad options or an unpicklable call, before submitting.
         OSError: `folder` cannot be created.
     """
-    import submitit  # noqa: PLC0415 - only submitting needs it (import slurmrun stays light)
-
-    launcher = Launcher() if launcher is None else launcher
-    kwargs = {} if func_kwargs is None else func_kwargs
-    check_call(launcher, func, tuple(func_args), kwargs)
-    for name, value in (
-        ("nodes", nodes),
-        ("workers_per_node", 1 if workers_per_node is None else workers_per_node),
-        ("cpus_per_worker", cpus_per_worker),
-        ("time_min", time_min),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    if workers_per_node is not None and launcher.workers_per_host != "auto":
-        raise ValueError(
-            "pass workers_per_node or launcher.workers_per_host, not both "
-            f"(got {workers_per_node} and {launcher.workers_per_host!r})"
-        )
-    base = base_folder(folder)
-    tasks = workers_per_node or gpus_per_node or 1
-    params: dict[str, Any] = {
-        "nodes": nodes,
-        "ntasks_per_node": tasks,
-        "cpus_per_task": cpus_per_worker,
-        "time": time_min,
-        # The launch runs in the batch step: one process, which starts the agents' step.
-        "use_srun": False,
-        "job_name": "slurmrun",
-    }
-    if gpus_per_node:
-        params["gpus_per_node"] = gpus_per_node
-    params.update(slurm_parameters or {})
-    executor = submitit.SlurmExecutor(folder=os.fspath(base / "%j"))
-    executor.update_parameters(**params)
+    job = JobSpec.make(
+        launcher,
+        func,
+        func_args,
+        func_kwargs,
+        folder=folder,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        workers_per_node=workers_per_node,
+        cpus_per_worker=cpus_per_worker,
+        time_min=time_min,
+        slurm_parameters=slurm_parameters,
+        requeue=requeue,
+    )
+    executor = job.executor()
     if dry_run:
         script = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
-        return SubmitDryRun(script, params, base)
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OSError(e.errno, f"cannot create the job folder {base}: {e.strerror}") from e
-    sys_path = [p or os.getcwd() for p in sys.path]
-    call = JobCall(
-        payload=dumps_inband((launcher, func, tuple(func_args), kwargs, workers_per_node)),
-        sys_path=sys_path,
-        cwd=os.getcwd(),
-        folder=str(base),
-        existing=[p for p in sys_path if os.path.exists(p)],
-    )
-    job = executor.submit(call)
-    handle: SubmittedLaunch[T] = SubmittedLaunch(str(job.job_id), base)
-    handle.files.write_meta(
-        {
-            "job_id": handle.job_id,
-            "function": f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}",
-            "nodes": nodes,
-            "workers_per_node": tasks,
-            "submitted": time.time(),
-            "cwd": call.cwd,
-        }
-    )
+        return SubmitDryRun(script, job.params, job.base)
+    job.make_folder()
+    submitted = executor.submit(job.call())
+    handle: SubmittedLaunch[T] = SubmittedLaunch(str(submitted.job_id), job.base)
+    handle.files.write_meta(job.meta(handle.job_id))
     return handle
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A checked submission: the sbatch parameters and what the job will run."""
+
+    launcher: Launcher
+    func: Callable[..., Any]
+    func_args: tuple[Any, ...]
+    func_kwargs: dict[str, Any]
+    workers_per_node: int | None
+    base: Path
+    params: dict[str, Any]
+    requeue: Requeue | None
+
+    @classmethod
+    def make(
+        cls,
+        launcher: Launcher | None,
+        func: Callable[..., Any],
+        func_args: Sequence[Any],
+        func_kwargs: dict[str, Any] | None,
+        *,
+        folder: str | os.PathLike[str],
+        nodes: int,
+        gpus_per_node: int | None,
+        workers_per_node: int | None,
+        cpus_per_worker: int,
+        time_min: int,
+        slurm_parameters: dict[str, Any] | None,
+        requeue: bool | Requeue,
+    ) -> JobSpec:
+        """Checks the options (raises before anything is submitted) and makes the spec."""
+        launcher = Launcher() if launcher is None else launcher
+        kwargs = {} if func_kwargs is None else func_kwargs
+        check_call(launcher, func, tuple(func_args), kwargs)
+        for name, value in (
+            ("nodes", nodes),
+            ("workers_per_node", 1 if workers_per_node is None else workers_per_node),
+            ("cpus_per_worker", cpus_per_worker),
+            ("time_min", time_min),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if workers_per_node is not None and launcher.workers_per_host != "auto":
+            raise ValueError(
+                "pass workers_per_node or launcher.workers_per_host, not both "
+                f"(got {workers_per_node} and {launcher.workers_per_host!r})"
+            )
+        if not isinstance(requeue, bool | Requeue):
+            raise TypeError(f"requeue must be a bool or a Requeue, got {requeue!r}")
+        policy = Requeue() if requeue is True else requeue or None
+        tasks = workers_per_node or gpus_per_node or 1
+        params: dict[str, Any] = {
+            "nodes": nodes,
+            "ntasks_per_node": tasks,
+            "cpus_per_task": cpus_per_worker,
+            "time": time_min,
+            # The launch runs in the batch step: one process, which starts the agents' step.
+            "use_srun": False,
+            "job_name": "slurmrun",
+        }
+        if gpus_per_node:
+            params["gpus_per_node"] = gpus_per_node
+        if policy is not None:
+            params["signal_delay_s"] = policy.signal_seconds
+            params["additional_parameters"] = {"requeue": True, "signal": policy.sbatch_signal()}
+        else:
+            params["additional_parameters"] = {"no_requeue": True}
+        extra = dict(slurm_parameters or {})
+        params["additional_parameters"].update(extra.pop("additional_parameters", None) or {})
+        params.update(extra)
+        return cls(
+            launcher=launcher,
+            func=func,
+            func_args=tuple(func_args),
+            func_kwargs=kwargs,
+            workers_per_node=workers_per_node,
+            base=base_folder(folder),
+            params=params,
+            requeue=policy,
+        )
+
+    def executor(self, **more: Any) -> Any:
+        """The submitit executor that submits it (``more``: more parameters)."""
+        import submitit  # noqa: PLC0415 - only submitting needs it (import slurmrun stays light)
+
+        executor = submitit.SlurmExecutor(folder=os.fspath(self.base / "%j"))
+        executor.update_parameters(**self.params, **more)
+        return executor
+
+    def make_folder(self) -> None:
+        """Creates the folder to submit into.
+
+        Raises:
+            OSError: it cannot be created.
+        """
+        try:
+            self.base.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OSError(e.errno, f"cannot create the job folder {self.base}: {e.strerror}") from e
+
+    def call(self, func_args: Sequence[Any] | None = None) -> JobCall:
+        """What the job runs (`func_args`: other positional arguments, for an array element)."""
+        args = self.func_args if func_args is None else tuple(func_args)
+        sys_path = [p or os.getcwd() for p in sys.path]
+        payload = (self.launcher, self.func, args, self.func_kwargs, self.workers_per_node)
+        return JobCall(
+            payload=dumps_inband(payload),
+            sys_path=sys_path,
+            cwd=os.getcwd(),
+            folder=str(self.base),
+            existing=[p for p in sys_path if os.path.exists(p)],
+            requeue=self.requeue,
+        )
+
+    def meta(self, job_id: str) -> dict[str, Any]:
+        """What ``slurmrun.json`` records."""
+        func = self.func
+        return {
+            "job_id": job_id,
+            "function": f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}",
+            "nodes": self.params["nodes"],
+            "workers_per_node": self.params["ntasks_per_node"],
+            "submitted": time.time(),
+            "cwd": os.getcwd(),
+        }

@@ -26,7 +26,8 @@ __all__ = ["PRELOAD_VAR", "Command", "UsageError", "main", "split_command"]
 USAGE = """\
 usage: slurmrun [-h] [--dry-run] [LAUNCHER OPTIONS] SCRIPT.py [SCRIPT ARGS...]
        slurmrun [-h] [--dry-run] [LAUNCHER OPTIONS] -m MODULE [MODULE ARGS...]
-       slurmrun info [...]"""
+       slurmrun info [...]
+       slurmrun submit|status|logs|cancel|jobs [...]"""
 
 DESCRIPTION = """\
 Runs SCRIPT.py (or -m MODULE) as __main__ on every worker of the SLURM allocation (one per
@@ -37,7 +38,8 @@ Everything after the script's path belongs to the script; `--` may end the launc
 Exit status: 0 when every rank finished; the first failing rank's sys.exit status; 1 when a
 rank raised (its traceback is printed); 128+N when a worker was killed by signal N; 130 on
 Ctrl-C; 2 for bad options. --dry-run prints what would run and starts nothing.
-`slurmrun info` shows what slurmrun detects in this allocation."""
+`slurmrun info` shows what slurmrun detects in this allocation. `slurmrun submit [...]
+SCRIPT.py` submits the script as a batch job; status, logs, cancel and jobs follow it."""
 
 
 class UsageError(Exception):
@@ -160,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["info"]:
         info = importlib.import_module("slurmrun.cli.info")  # only `info` pays for its imports
         return int(info.main(argv[1:]))
+    if argv[:1] and argv[0] in ("submit", "status", "logs", "cancel", "jobs"):
+        return int(importlib.import_module("slurmrun.cli.jobs").main(argv))
     try:
         cmd = split_command(argv)
     except UsageError as e:

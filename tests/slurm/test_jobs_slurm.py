@@ -203,7 +203,12 @@ def test_attach_from_another_process_and_a_pickled_handle(slurm_cluster, funcs, 
 def test_usr2_does_not_kill_workers_that_did_not_ask_for_it(slurm_cluster, funcs, tmp_path):
     flag = tmp_path / "go"
     job = slurmrun.submit(
-        funcs.handler_or_not, (str(flag),), nodes=2, folder=tmp_path / "jobs", time_min=3
+        funcs.handler_or_not,
+        (str(flag),),
+        nodes=2,
+        folder=tmp_path / "jobs",
+        time_min=3,
+        requeue=False,  # the signal would requeue the job (test_requeue_slurm.py)
     )
     with cancelled_on_failure(job):
         _wait_for(

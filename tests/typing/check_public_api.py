@@ -46,6 +46,9 @@ assert_type(submitted.wait(timeout=60), str)
 assert_type(slurmrun.submit(double, (21,), dry_run=True).script, str)
 assert_type(slurmrun.attach("123", folder="slurmrun_jobs").state, str)
 assert_type([job.state for job in slurmrun.jobs(folder="slurmrun_jobs")], list[str])
+swept = slurmrun.submit_array(double, [(1,), (2,)], nodes=2, requeue=slurmrun.Requeue("USR1"))
+assert_type(swept, list[slurmrun.SubmittedLaunch[int]])
+assert_type(slurmrun.requeue_requested(), bool)
 
 handlers = [
     slurmrun.stream_handler(hostname="node1", local_rank=0),

@@ -1,0 +1,94 @@
+"""`submit_array`: one SLURM job array whose every element is a multi-node launch (a sweep)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from slurmrun.batch.handle import SubmittedLaunch
+from slurmrun.batch.requeue import Requeue
+from slurmrun.batch.submit import JobSpec
+from slurmrun.launcher import Launcher
+
+__all__ = ["submit_array"]
+
+T = TypeVar("T")
+
+
+def submit_array(
+    func: Callable[..., T],
+    args_list: Sequence[Sequence[Any]],
+    func_kwargs: dict[str, Any] | None = None,
+    *,
+    launcher: Launcher | None = None,
+    folder: str | os.PathLike[str] = "slurmrun_jobs",
+    nodes: int = 1,
+    gpus_per_node: int | None = None,
+    workers_per_node: int | None = None,
+    cpus_per_worker: int = 1,
+    time_min: int = 60,
+    max_parallel: int | None = None,
+    slurm_parameters: dict[str, Any] | None = None,
+    requeue: bool | Requeue = True,
+) -> list[SubmittedLaunch[T]]:
+    """Submits one job array: element K is a launch of ``func(*args_list[K], **func_kwargs)``.
+
+    Every element asks for the same resources (`nodes` nodes...) and runs a whole launch on
+    them, as `submit` does: a hyperparameter sweep of multi-node runs. The options are
+    `submit`'s.
+
+    Args:
+        func: the function to run on every worker of every element.
+        args_list: one sequence of positional arguments per element.
+        func_kwargs: keyword arguments, the same for every element.
+        launcher: the launch options (default: ``Launcher()``).
+        folder: the folder to submit into; element K's files go to ``folder/<id>_<K>/``.
+        nodes: number of nodes of each element.
+        gpus_per_node: GPUs on each node (None: none).
+        workers_per_node: workers on each node (default: `gpus_per_node`, else 1).
+        cpus_per_worker: CPUs for each worker.
+        time_min: each element's time limit in minutes.
+        max_parallel: at most this many elements run at once (SLURM's ``--array=...%N``;
+            default: all).
+        slurm_parameters: more ``submitit.SlurmExecutor`` parameters.
+        requeue: as for `submit`; each element is requeued on its own.
+
+    Returns:
+        The elements' handles, in the order of `args_list` (job ids ``<array id>_<K>``).
+
+    Raises:
+        TypeError, ValueError: bad options or an unpicklable call, before submitting.
+        OSError: `folder` cannot be created.
+    """
+    calls = [tuple(args) for args in args_list]
+    if not calls:
+        raise ValueError("args_list is empty: there is nothing to submit")
+    if max_parallel is not None and (
+        isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1
+    ):
+        raise ValueError(f"max_parallel must be a positive int or None, got {max_parallel!r}")
+    spec = JobSpec.make(
+        launcher,
+        func,
+        calls[0],
+        func_kwargs,
+        folder=folder,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        workers_per_node=workers_per_node,
+        cpus_per_worker=cpus_per_worker,
+        time_min=time_min,
+        slurm_parameters=slurm_parameters,
+        requeue=requeue,
+    )
+    job_calls = [spec.call(args) for args in calls]  # each pickles (raises) before submitting
+    spec.make_folder()
+    executor = spec.executor(array_parallelism=max_parallel or len(calls))
+    submitted = executor.submit_array(job_calls)
+    handles: list[SubmittedLaunch[T]] = []
+    for job in submitted:
+        handle: SubmittedLaunch[T] = SubmittedLaunch(str(job.job_id), spec.base)
+        handle.files.write_meta(spec.meta(handle.job_id))
+        handles.append(handle)
+    return handles

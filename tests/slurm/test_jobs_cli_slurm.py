@@ -1,0 +1,130 @@
+"""`slurmrun submit`, `status`, `logs`, `cancel` and `jobs` on the real cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = """\
+import os
+import sys
+import time
+
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+names = [None] * dist.get_world_size()
+dist.all_gather_object(names, os.environ["SLURMD_NODENAME"])
+print(f"rank {rank} on {names[rank]} args {sys.argv[1:]}", flush=True)
+if sys.argv[1:] == ["--talk"]:
+    for i in range(600):
+        print(f"rank {rank} line {i}", flush=True)
+        time.sleep(0.2)
+dist.destroy_process_group()
+"""
+
+
+def slurmrun(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "slurmrun", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> str:
+    (tmp_path / "train.py").write_text(SCRIPT)
+    return "train.py"
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout} s")
+        time.sleep(0.5)
+
+
+def test_submit_status_logs_jobs(slurm_cluster, tmp_path, script):
+    done = slurmrun(tmp_path, "submit", "--nodes", "2", "--time", "0:05:00", script, "--lr", "3")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    assert job_id.isdigit()
+    try:
+        _wait_for(
+            lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout, 120, "completion"
+        )
+    finally:
+        slurmrun(tmp_path, "cancel", job_id)
+    status = slurmrun(tmp_path, "status", job_id)
+    assert status.stdout.splitlines() == [f"{job_id} COMPLETED", "every rank finished (2 workers)"]
+    for rank, node in ((0, "node1"), (1, "node2")):
+        logs = slurmrun(tmp_path, "logs", job_id, "--rank", str(rank))
+        assert logs.returncode == 0
+        assert f"rank {rank} on {node} args ['--lr', '3']" in logs.stdout
+    listed = slurmrun(tmp_path, "jobs").stdout.splitlines()
+    assert listed[0].split() == ["JOBID", "STATE", "SUBMITTED", "WHAT"]
+    assert listed[1].split()[:2] == [job_id, "COMPLETED"]
+    assert listed[1].endswith("script train.py --lr 3")
+
+
+def test_follow_ends_with_the_job_and_cancel_stops_it(slurm_cluster, tmp_path, script):
+    folder = str(tmp_path / "elsewhere")
+    done = slurmrun(tmp_path, "submit", "--nodes", "2", "--folder", folder, script, "--talk")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "slurmrun", "logs", job_id, "--rank", "1", "-f", "--folder", folder],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    try:
+        assert follow.stdout is not None
+        for line in follow.stdout:  # bounded: the job talks, else its time limit ends it
+            if "rank 1 line 3" in line:
+                break
+        assert slurmrun(tmp_path, "status", job_id).returncode == 1  # not in ./slurmrun_jobs
+        cancel = slurmrun(tmp_path, "cancel", job_id, "--folder", folder)
+        assert cancel.returncode == 0, cancel.stderr
+        rest, _ = follow.communicate(timeout=60)  # --follow returns once the job has ended
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait()
+            slurmrun(tmp_path, "cancel", job_id, "--folder", folder)
+    assert follow.returncode == 0
+    assert "rank 0" not in rest
+    status = slurmrun(tmp_path, "status", job_id, "--folder", folder).stdout
+    assert status.startswith(f"{job_id} CANCELLED\nfailed: JobFailedError: job {job_id} ended")
+
+
+def test_dry_run_submits_nothing(slurm_cluster, tmp_path, script):
+    done = slurmrun(tmp_path, "submit", "--nodes", "3", "--partition", "debug", "--dry-run", script)
+    assert done.returncode == 0, done.stderr
+    assert "#SBATCH --nodes=3" in done.stdout
+    assert "#SBATCH --partition=debug" in done.stdout
+    assert not (tmp_path / "slurmrun_jobs").exists()
+    assert textwrap.dedent(slurmrun(tmp_path, "jobs").stdout).split() == [
+        "JOBID",
+        "STATE",
+        "SUBMITTED",
+        "WHAT",
+    ]

@@ -1,0 +1,174 @@
+"""Requeue on SLURM's signal, and job arrays, on the real cluster.
+
+The functions live in a project module that only the submitter's sys.path has (as in
+test_jobs_slurm.py). A requeued job waits about two minutes in PENDING before it may start
+again (SLURM sets its begin time past the job credential's expiry; starting it sooner gets
+it killed with "Job credential revoked"), so the requeue test takes about that long.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import slurmrun
+
+REPO = Path(__file__).resolve().parents[2]
+
+FUNCS = '''
+import os
+import pathlib
+import time
+
+import slurmrun
+
+
+def checkpointed_counter(checkpoint, ready):
+    """Run 0 waits for the requeue signal, checkpoints 41 and returns; run 1 adds 1 to it."""
+    path = pathlib.Path(checkpoint)
+    value = int(path.read_text()) if path.exists() else 0
+    runs = int(os.environ["SLURMRUN_REQUEUE_COUNT"])
+    if runs == 0:
+        pathlib.Path(f"{ready}.{os.environ['RANK']}").touch()
+        deadline = time.monotonic() + 120
+        while not slurmrun.requeue_requested() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if os.environ["RANK"] == "0":
+            path.write_text("41")
+        return "cut short"
+    return runs, value + 1
+
+
+def wait_for_signal(ready):
+    pathlib.Path(f"{ready}.{os.environ['RANK']}").touch()
+    deadline = time.monotonic() + 120
+    while not slurmrun.requeue_requested() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return "cut short"
+
+
+def element(k, scale):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1) * k * scale
+    dist.all_reduce(t)
+    env = os.environ
+    return k, t.item(), env["SLURM_JOB_ID"], env["SLURM_ARRAY_TASK_ID"], env["SLURMD_NODENAME"]
+'''
+
+
+@pytest.fixture
+def funcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    project = tmp_path / "project"
+    project.mkdir()
+    name = f"requeuefuncs_{abs(hash(str(tmp_path)))}"
+    (project / f"{name}.py").write_text(FUNCS)
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    module = __import__(name)
+    yield module
+    sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
+def cancelled_on_failure(*jobs: slurmrun.SubmittedLaunch[Any]) -> Iterator[None]:
+    try:
+        yield
+    except BaseException:
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                job.cancel()
+        raise
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout} s")
+        time.sleep(0.2)
+
+
+def _signal_when_ready(job: slurmrun.SubmittedLaunch[Any], ready: Path) -> None:
+    _wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "workers ready")
+    # The form the issue names: every step of the job (not the batch step) gets it.
+    subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=30)
+
+
+def test_a_signalled_job_is_requeued_and_its_second_run_reads_the_checkpoint(
+    slurm_cluster, funcs, tmp_path
+):
+    ready = tmp_path / "ready"
+    job = slurmrun.submit(
+        funcs.checkpointed_counter,
+        (str(tmp_path / "checkpoint"), str(ready)),
+        nodes=2,
+        folder=tmp_path / "jobs",
+        time_min=10,
+    )
+    with cancelled_on_failure(job):
+        _signal_when_ready(job, ready)
+        _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
+        # SLURM holds a requeued job for ~120 s (its credential's expiry) before it restarts.
+        result = job.result(timeout=300, poll=1.0)
+    assert result.values() == [(1, 42), (1, 42)]
+    assert (tmp_path / "jobs" / job.job_id / "requeue.0").exists()
+    scontrol = subprocess.run(
+        ["scontrol", "show", "job", job.job_id],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert "Restarts=1" in scontrol
+    assert job.state == "COMPLETED"
+
+
+def test_a_job_signalled_past_its_requeue_cap_fails_clearly(slurm_cluster, funcs, tmp_path):
+    ready = tmp_path / "ready"
+    job = slurmrun.submit(
+        funcs.wait_for_signal,
+        (str(ready),),
+        nodes=2,
+        folder=tmp_path / "jobs",
+        time_min=5,
+        requeue=slurmrun.Requeue(max_requeues=0),
+    )
+    with cancelled_on_failure(job):
+        _signal_when_ready(job, ready)
+        with pytest.raises(slurmrun.batch.RequeueLimitError, match=r"after 0 requeues"):
+            job.result(timeout=90, poll=0.5)
+    assert job.state == "COMPLETED"  # the job ended by itself, with that error as its outcome
+
+
+def test_an_array_of_multi_node_launches_returns_each_elements_result(
+    slurm_cluster, funcs, tmp_path
+):
+    jobs = slurmrun.submit_array(
+        funcs.element,
+        [(0, 1.0), (1, 1.0), (2, 10.0)],
+        nodes=2,
+        max_parallel=1,
+        folder=tmp_path / "jobs",
+        time_min=5,
+    )
+    with cancelled_on_failure(*jobs):
+        results = [job.result(timeout=180, poll=0.5).values() for job in jobs]
+    array_id = jobs[0].job_id.split("_")[0]
+    assert [job.job_id for job in jobs] == [f"{array_id}_{k}" for k in range(3)]
+    for k, (values, scale) in enumerate(zip(results, (1.0, 1.0, 10.0), strict=True)):
+        assert len(values) == 2  # one worker on each of 2 nodes
+        assert {v[:2] for v in values} == {(k, 2 * k * scale)}
+        assert {v[3] for v in values} == {str(k)}
+        assert len({v[4] for v in values}) == 2
+    listed = slurmrun.jobs(folder=tmp_path / "jobs")
+    assert [(j.job_id, j.state) for j in listed] == [(j.job_id, "COMPLETED") for j in jobs]
