@@ -7,7 +7,9 @@ has on its sys.path and the job does not: the job must restore the submitter's s
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -244,3 +246,35 @@ def test_no_warning_is_printed_while_polling(slurm_cluster, funcs, tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["COMPLETED", "[0]"]
     assert done.stderr == ""
+
+
+def test_listing_many_jobs_asks_the_controller_once(slurm_cluster, funcs, tmp_path, monkeypatch):
+    # squeue and sacct stay the real ones; a wrapper in front of each records its calls.
+    calls = tmp_path / "calls.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("squeue", "sacct"):
+        real = shutil.which(tool)
+        assert real is not None, tool
+        wrapper = bin_dir / tool
+        wrapper.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+    flag = tmp_path / "go"
+    folder = tmp_path / "jobs"
+    submitted = [
+        slurmrun.submit(funcs.talk_until, (str(flag),), nodes=1, folder=folder, time_min=3)
+        for _ in range(3)
+    ]
+    try:
+        monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        listed = slurmrun.jobs(folder=folder)
+        asked = calls.read_text().splitlines()
+    finally:
+        flag.touch()
+        for job in submitted:
+            with contextlib.suppress(Exception):
+                job.result(timeout=120, poll=0.5)
+    assert sorted(j.job_id for j in listed) == sorted(j.job_id for j in submitted)
+    assert len(asked) == 1, asked  # one squeue for the three jobs, no sacct (squeue knew them)
+    assert asked[0].startswith("squeue ")
+    assert all(job.job_id in asked[0] for job in submitted), asked
