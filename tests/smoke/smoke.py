@@ -164,6 +164,36 @@ def a_dead_worker_raises_worker_failed():
     assert exc.rank == 1 and "last words" in exc.stderr_tail, exc.stderr_tail
 
 
+@check
+def the_console_script_runs_a_script():
+    # The `slurmrun` command as pip installed it (console script beside this interpreter).
+    import json
+    import subprocess
+    import tempfile
+
+    command = os.path.join(os.path.dirname(sys.executable), "slurmrun")
+    info = subprocess.run(
+        [command, "info", "--json"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["launch"]["hosts"] == ["localhost"], info.stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        script = os.path.join(tmp, "hello.py")
+        with open(script, "w") as f:
+            f.write("import os, sys\nprint('rank', os.environ['RANK'], sys.argv[1:])\n")
+        ran = subprocess.run(
+            [command, "--workers-per-host", "2", script, "--epochs", "2"],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            cwd=tmp,
+            env={**os.environ, "SLURMRUN_LOG_DIR": os.path.join(tmp, "logs")},
+            check=False,
+        )
+    assert ran.returncode == 0, ran.stderr
+    assert "rank 0 ['--epochs', '2']" in ran.stdout, ran.stdout
+
+
 if not NO_TORCH:
 
     @check
