@@ -285,6 +285,9 @@ class Agent:
         for worker in self.workers:
             with contextlib.suppress(OSError):
                 worker.conn.send({"t": protocol.FUNC}, func_payload)
+        with contextlib.suppress(OSError):
+            pids = [w.process.pid for w in self.workers]
+            self.launcher.send({"t": protocol.STARTED, "pids": pids})
 
     def _judge(self, worker: _Worker) -> bool:
         """Called once a worker exited; reports it if it died without a result. True if it did."""

@@ -12,13 +12,14 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from slurmrun import allocation, srun
 from slurmrun.dryrun import DryRun
 from slurmrun.environment import DEFAULT_ENV_VARS, env_file_problem, matching_env
 from slurmrun.errors import AgentFailedError
+from slurmrun.events import AgentFailed, EventHandler, LaunchStarted, Restarting, Trace
 from slurmrun.logs import LogDir, log_level, resolve_log_dir
 from slurmrun.pool import AgentPool
 from slurmrun.protocol import (
@@ -122,6 +123,10 @@ class Launcher:
     """Seconds without a heartbeat (five per period, each way) after which an agent counts as
     dead (a hung node, or one the network lost), and after which agents stop their workers
     when the launcher is silent (its host vanished, or it hung)."""
+
+    on_event: Annotated[EventHandler | None, tyro.conf.Suppress] = None
+    """Called with each `slurmrun.events.Event` of a launch (from a thread of its own: a slow
+    or raising handler never stalls the launch). ``$SLURMRUN_EVENTS_FILE`` also gets them."""
 
     def run(
         self,
@@ -231,15 +236,43 @@ class Launcher:
         warm = _warm_of(self)
         assert warm is not None  # noqa: S101 - _run opened it
         warm.check_unchanged(self, plan)
+        trace = Trace(self.on_event)
+        counts = plan.workers_per_host
+        trace.emit(
+            LaunchStarted,
+            hosts=tuple(plan.hostnames),
+            world_size=None if counts is None else sum(counts),
+        )
+        error: BaseException | None = None
+        try:
+            result = self._attempts(warm, plan, payload, trace)
+        except BaseException as e:
+            error = e
+            if isinstance(e, AgentFailedError):
+                trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
+            raise
+        finally:
+            timings = trace.finish(error)
+            if error is not None:
+                with contextlib.suppress(AttributeError, TypeError):
+                    error.timings = timings  # type: ignore[attr-defined]
+        return replace(result, timings=timings)
+
+    def _attempts(
+        self, warm: _Warm, plan: _Plan, payload: bytes, trace: Trace
+    ) -> LaunchResult[Any]:
         with _sigterm_as_exit():
             for attempt in range(self.max_restarts + 1):
                 try:
-                    return _run_plan(self, warm, plan, payload, attempt)
+                    return _run_plan(self, warm, plan, payload, attempt, trace)
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as e:
                     if attempt == self.max_restarts:
                         raise
+                    if isinstance(e, AgentFailedError):
+                        trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
+                    trace.emit(Restarting, attempt=attempt + 1, error=type(e).__name__)
                     log.warning(
                         "slurmrun: attempt %d of %d failed (%s: %s); restarting the workers",
                         attempt + 1,
@@ -278,6 +311,7 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
     log_handlers: list[logging.Handler] | None = None,
     max_restarts: int = 0,
     heartbeat_timeout: float = 15.0,
+    on_event: EventHandler | None = None,
 ) -> LaunchResult[T]:
     """Runs ``func(*func_args, **func_kwargs)`` on every worker of every host; see `Launcher`.
 
@@ -297,6 +331,7 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
         log_handlers=log_handlers,
         max_restarts=max_restarts,
         heartbeat_timeout=heartbeat_timeout,
+        on_event=on_event,
     ).run(func, func_args, func_kwargs)
 
 
@@ -748,7 +783,7 @@ class _Warm:
         if pool is not None:
             pool.close()
 
-    def ready_pool(self, cfg: Launcher, plan: _Plan) -> AgentPool:
+    def ready_pool(self, cfg: Launcher, plan: _Plan, trace: Trace | None = None) -> AgentPool:
         """The pool for the next run: the kept one, or new agents if it broke or died idle."""
         if self.pool is not None:
             try:
@@ -758,11 +793,12 @@ class _Warm:
                     log.warning("slurmrun: agents failed between runs (%s); starting new ones", e)
                 self.close_pool()
         if self.pool is None:
-            self.pool = _open_pool(cfg, plan)
+            self.pool = _open_pool(cfg, plan, trace)
+        self.pool.trace = trace
         return self.pool
 
 
-def _open_pool(cfg: Launcher, plan: _Plan) -> AgentPool:
+def _open_pool(cfg: Launcher, plan: _Plan, trace: Trace | None = None) -> AgentPool:
     """Starts and connects the agents of `plan`."""
     address = _launcher_addr(plan)
     server = _listen(address.bind)
@@ -785,6 +821,7 @@ def _open_pool(cfg: Launcher, plan: _Plan) -> AgentPool:
         connect_timeout=float(cfg.timeout),
         silence=_silence(cfg),
         log_dir=log_dir,
+        trace=trace,
     )
     try:
         pool.open(env)
@@ -813,13 +850,14 @@ def _explained(e: AgentFailedError, pool: AgentPool, plan: _Plan) -> AgentFailed
     return error
 
 
-def _run_plan(
-    cfg: Launcher, warm: _Warm, plan: _Plan, payload: bytes, attempt: int
+def _run_plan(  # noqa: PLR0917 - private, called once
+    cfg: Launcher, warm: _Warm, plan: _Plan, payload: bytes, attempt: int, trace: Trace
 ) -> LaunchResult[Any]:
     """One attempt: a run on the kept agents (new ones if there are none, or they broke)."""
-    pool = warm.ready_pool(cfg, plan)
+    pool = warm.ready_pool(cfg, plan, trace)
+    trace.mark("agents_connected")
     try:
-        return _run_session(cfg, plan, pool, payload, attempt)
+        return _run_session(cfg, plan, pool, payload, attempt, trace)
     except AgentFailedError as e:
         raise _explained(e, pool, plan) from e.__cause__
     finally:
@@ -827,8 +865,8 @@ def _run_plan(
             warm.close_pool()
 
 
-def _run_session(
-    cfg: Launcher, plan: _Plan, pool: AgentPool, payload: bytes, attempt: int
+def _run_session(  # noqa: PLR0917 - private, called once
+    cfg: Launcher, plan: _Plan, pool: AgentPool, payload: bytes, attempt: int, trace: Trace
 ) -> LaunchResult[Any]:
     log_dir = pool.log_dir
     session = Session(
@@ -847,5 +885,6 @@ def _run_session(
         handlers=cfg.log_handlers,
         log_dir=log_dir.path if log_dir is not None and log_dir.keep else None,
         log_level=log_level(),
+        trace=trace,
     )
     return session.run()

@@ -11,6 +11,7 @@ One agent's life, as the launcher sees it::
     agent                      launcher
     HELLO  ------------------>            (once; then heartbeats both ways, always)
            <------------------  START + pickled call      \
+    STARTED ----------------->                             |
     LOG, RESULT, ERROR, DIED -->                           |  one run; again for every run
     DONE   ------------------>                             |  of a warm launcher
            <------------------  END                        |
@@ -37,6 +38,7 @@ __all__ = [
     "LOG",
     "RESULT",
     "START",
+    "STARTED",
     "STOP",
     "STREAM",
     "Died",
@@ -73,6 +75,7 @@ CLOSE = "close"  # exit (stopping workers first)
 HEARTBEAT = "hb"  # both ways; no fields
 # agent -> launcher
 HELLO = "hello"  # `Hello`, first thing after the handshake
+STARTED = "started"  # "pids": the run's workers' process ids, by local rank
 IDLE = "idle"  # `Idle`: the run's workers are gone and their output was forwarded
 DONE = "done"  # every worker of the run exited, and its result and output were forwarded
 DIED = "died"  # `Died`: a worker exited without a result
