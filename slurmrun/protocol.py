@@ -52,6 +52,8 @@ __all__ = [
 SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
 LAUNCHER_ADDR_VAR = "SLURMRUN_LAUNCHER_ADDR"  # also read from the user: the address to advertise
 PORT_VAR = "SLURMRUN_LAUNCHER_PORT"  # also read from the user: the port to listen on
+# "1": the secret comes on stdin, which stays open for the agent's life (ssh agents)
+SECRET_STDIN_VAR = "SLURMRUN_SECRET_STDIN"  # noqa: S105 - a variable's name
 PRELOAD_VAR = "SLURMRUN_PRELOAD"  # modules the spawner imports (comma-separated)
 HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"  # seconds between heartbeats, each way
 ENV_FILE_VAR = "SLURMRUN_ENV_FILE"  # a bash file the agent sources before forking its spawner

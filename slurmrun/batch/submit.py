@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
+from slurmrun import resources as named_resources
 from slurmrun.batch.call import JobCall
 from slurmrun.batch.folder import base_folder
 from slurmrun.batch.handle import SubmittedLaunch
@@ -53,6 +54,7 @@ def submit(
     cpus_per_worker: int = ...,
     time_min: int = ...,
     slurm_parameters: dict[str, Any] | None = ...,
+    resources: str | None = ...,
     dry_run: Literal[False] = ...,
 ) -> SubmittedLaunch[T]: ...
 
@@ -71,6 +73,7 @@ def submit(
     cpus_per_worker: int = ...,
     time_min: int = ...,
     slurm_parameters: dict[str, Any] | None = ...,
+    resources: str | None = ...,
     dry_run: Literal[True],
 ) -> SubmitDryRun: ...
 
@@ -88,6 +91,7 @@ def submit(
     cpus_per_worker: int = 1,
     time_min: int = 60,
     slurm_parameters: dict[str, Any] | None = None,
+    resources: str | None = None,
     dry_run: bool = False,
 ) -> SubmittedLaunch[T] | SubmitDryRun:
     """Submits a batch job that runs `launcher.run(func, ...)` on its nodes; returns at once.
@@ -113,6 +117,8 @@ def submit(
         time_min: the job's time limit in minutes.
         slurm_parameters: more ``submitit.SlurmExecutor`` parameters (``partition``,
             ``account``, ``mem``, ``job_name``, ``additional_parameters``...).
+        resources: a named preset of an installed package (`slurmrun.resources`): its nodes,
+            GPUs, CPUs, memory and partition, for the arguments left at their defaults.
         dry_run: return the batch script that would be submitted; submit nothing.
 
     Returns:
@@ -124,6 +130,9 @@ def submit(
     """
     import submitit  # noqa: PLC0415 - only submitting needs it (import slurmrun stays light)
 
+    nodes, gpus_per_node, cpus_per_worker, slurm_parameters = named_resources.apply(
+        resources, nodes, gpus_per_node, cpus_per_worker, slurm_parameters
+    )
     launcher = Launcher() if launcher is None else launcher
     kwargs = {} if func_kwargs is None else func_kwargs
     check_call(launcher, func, tuple(func_args), kwargs)
