@@ -10,14 +10,17 @@ runs outside any allocation, so ``hostnames=["node1", ...]`` starts agents over 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -28,6 +31,7 @@ from slurmrun import events
 from slurmrun.errors import AgentFailedError
 
 SSHD = "/usr/sbin/sshd"
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
     not (os.path.exists(SSHD) and shutil.which("ssh") and shutil.which("ssh-keygen")),
     reason="openssh-server/openssh-client are not installed (slurm-cluster.sh installs them)",
@@ -40,11 +44,16 @@ class SshHosts:
     daemons: dict[str, subprocess.Popen[bytes]]  # node -> its sshd -D
 
     def connections(self, node: str) -> list[psutil.Process]:
-        """The per-connection sshd processes of `node`'s daemon."""
+        """The per-connection sshd processes of `node`'s daemon (not the agents they run)."""
+        found = []
         try:
-            return psutil.Process(self.daemons[node].pid).children(recursive=True)
+            for child in psutil.Process(self.daemons[node].pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if child.name() in ("sshd", "sshd-session"):
+                        found.append(child)
         except psutil.NoSuchProcess:
-            return []
+            pass
+        return found
 
 
 def _wait_listening(addr: str, ns: str, deadline: float) -> None:
@@ -267,3 +276,89 @@ def test_a_dropped_connection_fails_the_launch_and_ends_that_hosts_workers(
     assert info.value.hostname == victim
     assert len(pids[victim]) == 2
     # the mark fixture checks that no agent, spawner or worker is left on any host
+
+
+LAUNCHER = """
+import json, sys
+import slurmrun
+from slurmrun import events
+
+def sleep_long():
+    import time
+    time.sleep(300)
+
+def on_event(event):
+    if isinstance(event, events.WorkersStarted):
+        with open(sys.argv[1], "a") as f:
+            f.write(json.dumps([event.host, event.pids]) + "\\n")
+
+slurmrun.launch(
+    sleep_long,
+    hostnames=sys.argv[2].split(","),
+    workers_per_host=2,
+    backend=None,
+    timeout=300,
+    heartbeat_timeout=300,
+    extra_env_vars={"SLURMRUN_TEST_SSH": sys.argv[3]},
+    ssh_config_file=sys.argv[4],
+    on_event=on_event,
+)
+"""
+
+
+def test_an_agent_whose_ssh_connection_drops_stops_its_workers_by_itself(
+    ssh_hosts: SshHosts, slurm_cluster: Any, mark: str, tmp_path: Any
+) -> None:
+    # The launcher is stopped (SIGSTOP) so that it cannot end anything, and its heartbeats'
+    # timeout is far away: only the dropped ssh connection can end the victim's workers.
+    (tmp_path / "launch.py").write_text(LAUNCHER)
+    started = tmp_path / "started.jsonl"
+    victim = slurm_cluster.nodes[1]
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            str(tmp_path / "launch.py"),
+            str(started),
+            ",".join(slurm_cluster.nodes),
+            mark,
+            ssh_hosts.config,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(_lines(started)) < len(slurm_cluster.nodes):
+            assert launcher.poll() is None, launcher.communicate()[0]
+            time.sleep(0.1)
+        pids = dict(_lines(started))
+        assert len(pids[victim]) == 2
+        launcher.send_signal(signal.SIGSTOP)
+        for conn in ssh_hosts.connections(victim):
+            conn.send_signal(signal.SIGKILL)
+        wait_until = time.monotonic() + 60
+        while any(map(_alive, pids[victim])) and time.monotonic() < wait_until:
+            time.sleep(0.1)
+        gone = not any(map(_alive, pids[victim]))
+        others = [p for n, ps in pids.items() if n != victim for p in ps]
+        assert gone, "the victim's workers outlived its ssh connection"
+        assert all(map(_alive, others))  # only that host's agent ended
+    finally:
+        launcher.send_signal(signal.SIGCONT)
+    out = launcher.communicate(timeout=120)[0].decode()
+    assert launcher.returncode != 0 and "AgentFailedError" in out
+    assert f"the agent on {victim} failed" in out
+
+
+def _lines(path: Any) -> list[tuple[str, list[int]]]:
+    if not path.exists():
+        return []
+    return [tuple(json.loads(line)) for line in path.read_text().splitlines()]  # type: ignore[misc]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
