@@ -35,7 +35,7 @@ from slurmrun.protocol import (
 )
 from slurmrun.result import LaunchResult
 from slurmrun.session import Session
-from slurmrun.ssh import SshAgents
+from slurmrun.ssh import SshAgents, ssh_hostname
 from slurmrun.starters import (
     AgentStarter,
     LocalAgents,
@@ -472,6 +472,7 @@ class _Plan:
     local: bool
     ssh: bool = False  # agents over ssh (hosts outside SLURM)
     provider: str = ""  # the allocation provider that found the hosts ("auto")
+    ssh_config_file: str | None = None
 
 
 def _is_local(host: str) -> bool:
@@ -503,7 +504,8 @@ def _plan(cfg: Launcher, *, designated_task: bool = False) -> _Plan:
     local = alloc is None or not all(h in alloc.hostnames for h in hosts)
     if local and not all(_is_local(h) for h in hosts):
         if alloc is None:  # hosts outside any scheduler: their agents start over ssh
-            return _Plan(hosts, _counts(cfg.workers_per_host, hosts), None, False, ssh=True)
+            counts = _counts(cfg.workers_per_host, hosts)
+            return _Plan(hosts, counts, None, False, ssh=True, ssh_config_file=cfg.ssh_config_file)
         unknown = [h for h in hosts if h not in alloc.hostnames]
         raise ValueError(
             f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
@@ -541,7 +543,15 @@ def _provided_plan(cfg: Launcher, found: allocations.Hosts) -> _Plan:
             "agents, but not all of them are this machine"
         )
     local = found.agents == "local"
-    return _Plan(hosts, counts, None, local, ssh=not local, provider=found.provider)
+    return _Plan(
+        hosts,
+        counts,
+        None,
+        local,
+        ssh=not local,
+        provider=found.provider,
+        ssh_config_file=cfg.ssh_config_file,
+    )
 
 
 def _check_driver_step(alloc: allocation.SlurmAllocation, designated_task: bool) -> None:
@@ -674,9 +684,11 @@ def _launcher_addr(plan: _Plan) -> _Address:
     if override:
         return _Address("0.0.0.0", override, f"{LAUNCHER_ADDR_VAR} is set")  # noqa: S104
     first = plan.hostnames[0]
+    # An ssh host may be an alias of the ssh config: route toward the name it stands for.
+    target = ssh_hostname(first, plan.ssh_config_file) if plan.ssh else first
     return _Address(
         "0.0.0.0",  # noqa: S104 - agents on other nodes must reach us
-        srun.address_toward(first),
+        srun.address_toward(target),
         f"this machine's address on the route toward {first}, the first node",
     )
 

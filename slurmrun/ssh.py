@@ -29,7 +29,7 @@ from slurmrun.logs import agent_log_path
 from slurmrun.protocol import SECRET_STDIN_VAR, SECRET_VAR
 from slurmrun.starters import agent_command, local_agent_env, wait_exit
 
-__all__ = ["SshAgents", "ssh_command"]
+__all__ = ["SshAgents", "ssh_command", "ssh_hostname"]
 
 # How long ssh may take to open a connection (a host that is down: no endless wait).
 CONNECT_TIMEOUT = 10
@@ -46,6 +46,20 @@ def ssh_command(host: str, env: Mapping[str, str], config_file: str | None) -> l
     if config_file:
         options += ["-F", config_file]
     return ["ssh", *options, host, remote]
+
+
+def ssh_hostname(host: str, config_file: str | None) -> str:
+    """The name ssh connects to for `host` (its config's ``HostName``), asked of ``ssh -G``."""
+    command = ["ssh", "-G", *(["-F", config_file] if config_file else []), host]
+    try:
+        cp = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return host
+    for line in cp.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "hostname" and value:
+            return value
+    return host
 
 
 @dataclass
