@@ -203,6 +203,23 @@ def test_a_launch_across_three_hosts_over_ssh(
     assert kinds.count("agent_connected") == 3 and kinds.count("workers_started") == 3
 
 
+def test_hostnames_auto_takes_the_hosts_of_slurmrun_hostfile(
+    ssh_hosts: SshHosts, slurm_cluster: Any, mark: str, tmp_path: Any, monkeypatch: Any
+) -> None:
+    first, _, last = slurm_cluster.nodes
+    (tmp_path / "hosts").write_text(f"{first} slots=1\n{last} slots=2  # two here\n")
+    monkeypatch.setenv("SLURMRUN_HOSTFILE", str(tmp_path / "hosts"))
+    result = slurmrun.launch(
+        where_am_i,
+        backend="gloo",
+        timeout=120,
+        extra_env_vars={"SLURMRUN_TEST_SSH": mark},
+        ssh_config_file=ssh_hosts.config,
+    )
+    assert [h for h, _, _ in result.values()] == [first, last, last]
+    assert {s for _, _, s in result.values()} == {"3"}
+
+
 def test_the_secret_is_on_no_command_line(
     ssh_hosts: SshHosts, slurm_cluster: Any, mark: str
 ) -> None:
@@ -254,8 +271,11 @@ def test_a_dropped_connection_fails_the_launch_and_ends_that_hosts_workers(
 ) -> None:
     victim = slurm_cluster.nodes[1]
     pids: dict[str, tuple[int, ...]] = {}
+    failed: list[events.AgentFailed] = []
 
     def on_event(event: events.Event) -> None:
+        if isinstance(event, events.AgentFailed):
+            failed.append(event)
         if isinstance(event, events.WorkersStarted):
             pids[event.host] = event.pids
             if len(pids) == len(slurm_cluster.nodes):
@@ -275,6 +295,7 @@ def test_a_dropped_connection_fails_the_launch_and_ends_that_hosts_workers(
         )
     assert info.value.hostname == victim
     assert len(pids[victim]) == 2
+    assert [e.host for e in failed] == [victim]
     # the mark fixture checks that no agent, spawner or worker is left on any host
 
 
