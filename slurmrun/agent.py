@@ -108,11 +108,14 @@ class Agent:
                     self.run_stop.set()
         except BlockingIOError:
             _say(f"the launcher sent nothing for {self.silence:g} s: stopping the workers.")
-        except OSError:
+        except (OSError, EOFError):  # EOFError: the launcher died in the middle of a frame
             pass
-        self.gone.set()
-        self.run_stop.set()
-        self.inbox.put(None)
+        finally:
+            # Whatever ended the reader, the agent must stop waiting for runs: nothing else
+            # would ever wake `serve`, and the agent would outlive its launcher.
+            self.gone.set()
+            self.run_stop.set()
+            self.inbox.put(None)
 
     def _heartbeat(self, interval: float) -> None:
         while not self.gone.wait(interval):
@@ -285,6 +288,9 @@ class Agent:
         for worker in self.workers:
             with contextlib.suppress(OSError):
                 worker.conn.send({"t": protocol.FUNC}, func_payload)
+        with contextlib.suppress(OSError):
+            pids = [w.process.pid for w in self.workers]
+            self.launcher.send({"t": protocol.STARTED, "pids": pids})
 
     def _judge(self, worker: _Worker) -> bool:
         """Called once a worker exited; reports it if it died without a result. True if it did."""

@@ -11,14 +11,33 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 from slurmrun.environment import FORWARDED_SIGNALS, EnvFileError, source_env_file
-from slurmrun.protocol import ENV_FILE_VAR, PRELOAD_VAR, SECRET_VAR
+from slurmrun.protocol import ENV_FILE_VAR, PRELOAD_VAR, SECRET_STDIN_VAR, SECRET_VAR
 from slurmrun.spawner import Spawner, forget_variable
 
 __all__ = ["main"]
 
 _SECRET_KEY = os.fsencode(SECRET_VAR)
+
+
+def _read_line(fd: int) -> bytes:
+    """One line from `fd`, read byte by byte: nothing after it is taken from the pipe."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(fd, 1)
+        if not byte:
+            break
+        line += byte
+    return line.strip()
+
+
+def _exit_on_stdin_eof() -> None:
+    """Ends the agent (SIGTERM: workers stopped on the way out) when its stdin closes."""
+    while os.read(0, 4096):
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _prepare_environment() -> str | None:
@@ -42,7 +61,8 @@ def main() -> int:
     # forked: workers are forks of the spawner and would inherit it (a str cannot be wiped).
     # os.environb hands out the bytes object the interpreter made at startup, not a copy; the
     # spawner wipes that object and its environment blocks (forget_variable).
-    if not os.environb.get(_SECRET_KEY):
+    from_stdin = os.environ.get(SECRET_STDIN_VAR) == "1"  # an ssh agent (slurmrun.ssh)
+    if not from_stdin and not os.environb.get(_SECRET_KEY):
         print(
             f"slurmrun.agent: {SECRET_VAR} is not set; agents are started by slurmrun.launch",
             file=sys.stderr,
@@ -61,8 +81,14 @@ def main() -> int:
         spawner: Spawner | str = Spawner.start(preload, forget=[SECRET_VAR])
     else:
         spawner = problem
-    secret = bytes.fromhex(os.environb[_SECRET_KEY].decode("ascii"))
-    forget_variable(SECRET_VAR)  # out of /proc/<agent>/environ too
+    if from_stdin:
+        # Read only now, after the fork: the spawner holds no copy. The pipe then stays open
+        # for the agent's life; its end (the launcher or the connection gone) ends the agent.
+        secret = bytes.fromhex(_read_line(0).decode("ascii"))
+        threading.Thread(target=_exit_on_stdin_eof, daemon=True).start()
+    else:
+        secret = bytes.fromhex(os.environb[_SECRET_KEY].decode("ascii"))
+        forget_variable(SECRET_VAR)  # out of /proc/<agent>/environ too
     from slurmrun import agent  # noqa: PLC0415 - loads while the spawner imports torch
 
     return agent.main(secret, spawner)

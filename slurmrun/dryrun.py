@@ -23,7 +23,8 @@ class DryRun:
     Attributes:
         job_id: the SLURM job the agents would run in, or None outside SLURM.
         hosts: the hosts, one agent each.
-        agents: ``"srun"`` (one srun step, one task per host) or ``"local"`` (subprocesses).
+        agents: ``"srun"`` (one srun step, one task per host), ``"ssh"`` (one ssh per host)
+            or ``"local"`` (subprocesses).
         workers_per_host: the workers each host gets when the options fix them; None when
             ``"auto"`` (each agent decides on its node when it starts).
         expected_workers: per host, what `workers_per_host` is, or what each agent is

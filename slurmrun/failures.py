@@ -48,7 +48,7 @@ def agent_exit_error(
     where = f"the agent on {hostname}" if hostname else "the agents"
     if code is not None:
         how = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
-        if code > 128:
+        if 128 < code < 128 + 65:  # ssh exits 255 when its connection fails
             how += f" (128 + {signal_name(code - 128)})"
         why = f"{why}; it {how}"
     log_file = starter.log_file(node_rank)

@@ -12,13 +12,14 @@ import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from slurmrun import allocation, srun
+from slurmrun import allocation, allocations, srun
 from slurmrun.dryrun import DryRun
 from slurmrun.environment import DEFAULT_ENV_VARS, env_file_problem, matching_env
 from slurmrun.errors import AgentFailedError
+from slurmrun.events import AgentFailed, EventHandler, LaunchStarted, Restarting, Trace
 from slurmrun.logs import LogDir, log_level, resolve_log_dir
 from slurmrun.pool import AgentPool
 from slurmrun.protocol import (
@@ -34,6 +35,7 @@ from slurmrun.protocol import (
 )
 from slurmrun.result import LaunchResult
 from slurmrun.session import Session
+from slurmrun.ssh import SshAgents, ssh_hostname
 from slurmrun.starters import (
     AgentStarter,
     LocalAgents,
@@ -83,9 +85,11 @@ class Launcher:
 
     # The literals first: tyro tries the union's members in order ("auto" is a list of one).
     hostnames: Literal["auto", "slurm"] | list[str] = "auto"
-    """Hosts to run on. ``"auto"``: the SLURM job's nodes, else ``["localhost"]``.
+    """Hosts to run on. ``"auto"``: what the allocation providers find (`slurmrun.allocations`:
+    the SLURM job's nodes, else ``$SLURMRUN_HOSTFILE``'s hosts, else ``["localhost"]``).
     ``"slurm"``: the job's nodes, and an error outside a job. Agents on the job's nodes start
-    with srun (in a one-node job too); other hosts must all be this machine."""
+    with srun (in a one-node job too); outside a job, hosts other than this machine get
+    theirs over ssh (`slurmrun.ssh`)."""
 
     workers_per_host: Literal["auto", "slurm"] | int | list[int] = "auto"
     """Workers on each host. ``"auto"``: one per GPU the host sees; without GPUs, the tasks per
@@ -122,6 +126,14 @@ class Launcher:
     """Seconds without a heartbeat (five per period, each way) after which an agent counts as
     dead (a hung node, or one the network lost), and after which agents stop their workers
     when the launcher is silent (its host vanished, or it hung)."""
+
+    ssh_config_file: str | None = None
+    """An ssh config file (``ssh -F``) for hosts started over ssh; None: ssh's own default
+    (``~/.ssh/config``)."""
+
+    on_event: Annotated[EventHandler | None, tyro.conf.Suppress] = None
+    """Called with each `slurmrun.events.Event` of a launch (from a thread of its own: a slow
+    or raising handler never stalls the launch). ``$SLURMRUN_EVENTS_FILE`` also gets them."""
 
     def run(
         self,
@@ -229,15 +241,43 @@ class Launcher:
         warm = _warm_of(self)
         assert warm is not None  # noqa: S101 - _run opened it
         warm.check_unchanged(self, plan)
+        trace = Trace(self.on_event)
+        counts = plan.workers_per_host
+        trace.emit(
+            LaunchStarted,
+            hosts=tuple(plan.hostnames),
+            world_size=None if counts is None else sum(counts),
+        )
+        error: BaseException | None = None
+        try:
+            result = self._attempts(warm, plan, payload, trace)
+        except BaseException as e:
+            error = e
+            if isinstance(e, AgentFailedError):
+                trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
+            raise
+        finally:
+            timings = trace.finish(error)
+            if error is not None:
+                with contextlib.suppress(AttributeError, TypeError):
+                    error.timings = timings  # type: ignore[attr-defined]
+        return replace(result, timings=timings)
+
+    def _attempts(
+        self, warm: _Warm, plan: _Plan, payload: bytes, trace: Trace
+    ) -> LaunchResult[Any]:
         with _sigterm_as_exit():
             for attempt in range(self.max_restarts + 1):
                 try:
-                    return _run_plan(self, warm, plan, payload, attempt)
+                    return _run_plan(self, warm, plan, payload, attempt, trace)
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as e:
                     if attempt == self.max_restarts:
                         raise
+                    if isinstance(e, AgentFailedError):
+                        trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
+                    trace.emit(Restarting, attempt=attempt + 1, error=type(e).__name__)
                     log.warning(
                         "slurmrun: attempt %d of %d failed (%s: %s); restarting the workers",
                         attempt + 1,
@@ -262,6 +302,8 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
     log_handlers: list[logging.Handler] | None = None,
     max_restarts: int = 0,
     heartbeat_timeout: float = 15.0,
+    on_event: EventHandler | None = None,
+    ssh_config_file: str | None = None,
 ) -> LaunchResult[T]:
     """Runs ``func(*func_args, **func_kwargs)`` on every worker of every host; see `Launcher`.
 
@@ -281,6 +323,8 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
         log_handlers=log_handlers,
         max_restarts=max_restarts,
         heartbeat_timeout=heartbeat_timeout,
+        on_event=on_event,
+        ssh_config_file=ssh_config_file,
     ).run(func, func_args, func_kwargs)
 
 
@@ -324,6 +368,10 @@ def _validate_env_and_logs(cfg: Launcher) -> None:
             continue
         if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
             raise TypeError(f"{name} must be a tuple of fnmatch patterns, got {patterns!r}")
+    if cfg.ssh_config_file is not None and not os.path.isfile(cfg.ssh_config_file):
+        raise ValueError(f"ssh_config_file={cfg.ssh_config_file!r} is not a file")
+    if cfg.on_event is not None and not callable(cfg.on_event):
+        raise TypeError(f"on_event must be callable (or None), got {cfg.on_event!r}")
     problem = env_file_problem(cfg.env_file)
     if problem:
         raise ValueError(f"{problem}: pass the path of a bash file for agents to source")
@@ -406,6 +454,9 @@ class _Plan:
     workers_per_host: list[int] | None
     alloc: allocation.SlurmAllocation | None
     local: bool
+    ssh: bool = False  # agents over ssh (hosts outside SLURM)
+    provider: str = ""  # the allocation provider that found the hosts ("auto")
+    ssh_config_file: str | None = None
 
 
 def _is_local(host: str) -> bool:
@@ -420,21 +471,25 @@ def _plan(cfg: Launcher, *, check_driver_step: bool = True) -> _Plan:
                 f"{name}='slurm' but no SLURM allocation was found (SLURM_JOB_ID is not set). "
                 "Run inside salloc or an sbatch script, or pass 'auto' to fall back to localhost."
             )
-    if isinstance(cfg.hostnames, str):
-        hosts = list(alloc.hostnames) if alloc is not None else ["localhost"]
+    found: allocations.Hosts | None = None
+    if cfg.hostnames == "auto":
+        found = allocations.detect()
+        hosts = list(found.hostnames)
+    elif cfg.hostnames == "slurm":
+        assert alloc is not None  # noqa: S101 - checked above
+        hosts = list(alloc.hostnames)
     else:
         hosts = list(cfg.hostnames)
+    if found is not None and found.agents != "srun":
+        return _provided_plan(cfg, found)
     # A job's nodes, one of them this machine included, get their agents from srun: the agents
     # then live in the job (its SLURM_* variables, its GPUs and CPUs, its accounting) just
     # as on several nodes. Local agents are for hosts that are not the job's ("localhost").
     local = alloc is None or not all(h in alloc.hostnames for h in hosts)
     if local and not all(_is_local(h) for h in hosts):
-        if alloc is None:
-            raise ValueError(
-                f"hostnames {hosts} name other machines, but slurmrun starts remote agents with "
-                "srun and no SLURM allocation was found. Run inside salloc/sbatch, or use "
-                "['localhost']."
-            )
+        if alloc is None:  # hosts outside any scheduler: their agents start over ssh
+            counts = _counts(cfg.workers_per_host, hosts)
+            return _Plan(hosts, counts, None, False, ssh=True, ssh_config_file=cfg.ssh_config_file)
         unknown = [h for h in hosts if h not in alloc.hostnames]
         raise ValueError(
             f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
@@ -444,19 +499,43 @@ def _plan(cfg: Launcher, *, check_driver_step: bool = True) -> _Plan:
         raise ValueError(f"hostnames lists a node twice ({hosts}); srun starts one agent per node")
     if not local and alloc is not None and check_driver_step:
         _check_driver_step(alloc)
-    w = cfg.workers_per_host
+    return _Plan(hosts, _counts(cfg.workers_per_host, hosts), alloc, local)
+
+
+def _counts(w: int | list[int] | str, hosts: list[str]) -> list[int] | None:
     if isinstance(w, str):
-        counts = None
-    elif isinstance(w, int):
-        counts = [w] * len(hosts)
-    else:
-        if len(w) != len(hosts):
-            raise ValueError(
-                f"workers_per_host has {len(w)} entries but there are {len(hosts)} hosts "
-                f"({hosts}): give one count per host, or a single int"
-            )
-        counts = list(w)
-    return _Plan(hosts, counts, alloc, local)
+        return None
+    if isinstance(w, int):
+        return [w] * len(hosts)
+    if len(w) != len(hosts):
+        raise ValueError(
+            f"workers_per_host has {len(w)} entries but there are {len(hosts)} hosts "
+            f"({hosts}): give one count per host, or a single int"
+        )
+    return list(w)
+
+
+def _provided_plan(cfg: Launcher, found: allocations.Hosts) -> _Plan:
+    """The plan for the hosts of an allocation provider whose agents are local or ssh ones."""
+    hosts = list(found.hostnames)
+    counts = _counts(cfg.workers_per_host, hosts)
+    if counts is None and found.workers_per_host is not None:
+        counts = list(found.workers_per_host)
+    if found.agents == "local" and not all(_is_local(h) for h in hosts):
+        raise ValueError(
+            f"the allocation provider {found.provider!r} found hosts {hosts} and asks for local "
+            "agents, but not all of them are this machine"
+        )
+    local = found.agents == "local"
+    return _Plan(
+        hosts,
+        counts,
+        None,
+        local,
+        ssh=not local,
+        provider=found.provider,
+        ssh_config_file=cfg.ssh_config_file,
+    )
 
 
 def _check_driver_step(alloc: allocation.SlurmAllocation) -> None:
@@ -490,6 +569,10 @@ def plan_dry_run(cfg: Launcher, plan: _Plan, warnings: Sequence[str] = ()) -> Dr
         names = export.removeprefix("--export=").split(",")
         gres = next((a for a in starter.command if a.startswith("--gres=gpu:")), "")
         gpus = int(gres.rsplit(":", 1)[1]) if gres else 0
+    elif isinstance(starter, SshAgents):
+        commands = [tuple(command) for command in starter.commands(env)]
+        names = sorted({*env, *local_agent_env(0, hosts[0])} - {SECRET_VAR})
+        gpus = 0  # each host's own: unknown here
     else:
         per_agent = [local_agent_env(rank, host) for rank, host in enumerate(hosts)]
         commands = [
@@ -497,14 +580,17 @@ def plan_dry_run(cfg: Launcher, plan: _Plan, warnings: Sequence[str] = ()) -> Dr
         ]
         names = sorted({*env, *per_agent[0]})
         gpus = allocation.visible_gpu_count(env)  # local agents see this machine's GPUs
-    counts, reason = _expected_workers(plan, env, gpus)
+    if plan.ssh and plan.workers_per_host is None:
+        counts, reason = [0] * len(hosts), "each agent decides on its host (0: unknown here)"
+    else:
+        counts, reason = _expected_workers(plan, env, gpus)
     backend = cfg.backend
     if backend == "auto":
         backend = "nccl" if gpus > 0 else "gloo"
     return DryRun(
         job_id=plan.alloc.job_id if plan.alloc is not None else None,
         hosts=tuple(hosts),
-        agents="local" if plan.local else "srun",
+        agents="local" if plan.local else "ssh" if plan.ssh else "srun",
         workers_per_host=None if plan.workers_per_host is None else tuple(plan.workers_per_host),
         expected_workers=tuple(counts),
         workers_reason=reason,
@@ -582,9 +668,11 @@ def _launcher_addr(plan: _Plan) -> _Address:
     if override:
         return _Address("0.0.0.0", override, f"{LAUNCHER_ADDR_VAR} is set")  # noqa: S104
     first = plan.hostnames[0]
+    # An ssh host may be an alias of the ssh config: route toward the name it stands for.
+    target = ssh_hostname(first, plan.ssh_config_file) if plan.ssh else first
     return _Address(
         "0.0.0.0",  # noqa: S104 - agents on other nodes must reach us
-        srun.address_toward(first),
+        srun.address_toward(target),
         f"this machine's address on the route toward {first}, the first node",
     )
 
@@ -636,6 +724,10 @@ def _starter(
         control[JOB_TASKS_VAR] = ",".join(map(str, plan.alloc.tasks_per_node))
     if plan.local:
         return LocalAgents(plan.hostnames, log_dir.path), _agent_env(cfg, control)
+    if plan.ssh:
+        return SshAgents(plan.hostnames, log_dir.path, cfg.ssh_config_file), _agent_env(
+            cfg, control
+        )
     assert plan.alloc is not None  # noqa: S101 - _plan guarantees an allocation here
     # srun runs with our environment less what would reshape the agents' step (the driver's
     # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
@@ -691,6 +783,7 @@ _AGENT_OPTIONS = (
     "env_file",
     "heartbeat_timeout",
     "timeout",
+    "ssh_config_file",
 )
 
 
@@ -732,7 +825,7 @@ class _Warm:
         if pool is not None:
             pool.close()
 
-    def ready_pool(self, cfg: Launcher, plan: _Plan) -> AgentPool:
+    def ready_pool(self, cfg: Launcher, plan: _Plan, trace: Trace | None = None) -> AgentPool:
         """The pool for the next run: the kept one, or new agents if it broke or died idle."""
         if self.pool is not None:
             try:
@@ -742,11 +835,12 @@ class _Warm:
                     log.warning("slurmrun: agents failed between runs (%s); starting new ones", e)
                 self.close_pool()
         if self.pool is None:
-            self.pool = _open_pool(cfg, plan)
+            self.pool = _open_pool(cfg, plan, trace)
+        self.pool.trace = trace
         return self.pool
 
 
-def _open_pool(cfg: Launcher, plan: _Plan) -> AgentPool:
+def _open_pool(cfg: Launcher, plan: _Plan, trace: Trace | None = None) -> AgentPool:
     """Starts and connects the agents of `plan`."""
     address = _launcher_addr(plan)
     server = _listen(address.bind)
@@ -769,6 +863,7 @@ def _open_pool(cfg: Launcher, plan: _Plan) -> AgentPool:
         connect_timeout=float(cfg.timeout),
         silence=_silence(cfg),
         log_dir=log_dir,
+        trace=trace,
     )
     try:
         pool.open(env)
@@ -797,13 +892,14 @@ def _explained(e: AgentFailedError, pool: AgentPool, plan: _Plan) -> AgentFailed
     return error
 
 
-def _run_plan(
-    cfg: Launcher, warm: _Warm, plan: _Plan, payload: bytes, attempt: int
+def _run_plan(  # noqa: PLR0917 - private, called once
+    cfg: Launcher, warm: _Warm, plan: _Plan, payload: bytes, attempt: int, trace: Trace
 ) -> LaunchResult[Any]:
     """One attempt: a run on the kept agents (new ones if there are none, or they broke)."""
-    pool = warm.ready_pool(cfg, plan)
+    pool = warm.ready_pool(cfg, plan, trace)
+    trace.mark("agents_connected")
     try:
-        return _run_session(cfg, plan, pool, payload, attempt)
+        return _run_session(cfg, plan, pool, payload, attempt, trace)
     except AgentFailedError as e:
         raise _explained(e, pool, plan) from e.__cause__
     finally:
@@ -811,8 +907,8 @@ def _run_plan(
             warm.close_pool()
 
 
-def _run_session(
-    cfg: Launcher, plan: _Plan, pool: AgentPool, payload: bytes, attempt: int
+def _run_session(  # noqa: PLR0917 - private, called once
+    cfg: Launcher, plan: _Plan, pool: AgentPool, payload: bytes, attempt: int, trace: Trace
 ) -> LaunchResult[Any]:
     log_dir = pool.log_dir
     session = Session(
@@ -831,5 +927,6 @@ def _run_session(
         handlers=cfg.log_handlers,
         log_dir=log_dir.path if log_dir is not None and log_dir.keep else None,
         log_level=log_level(),
+        trace=trace,
     )
     return session.run()

@@ -23,6 +23,7 @@ from typing import Any
 
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
+from slurmrun.events import AgentConnected, Trace
 from slurmrun.failures import agent_exit_error
 from slurmrun.listener import Listener
 from slurmrun.logs import LogDir
@@ -73,6 +74,7 @@ class AgentPool:
     log_dir: LogDir | None = None
     agents: dict[int, PoolAgent] = field(default_factory=dict)
     broken: str | None = None  # why its agents cannot take another run
+    trace: Trace | None = None  # the current launch's events (set by the launcher)
 
     def __post_init__(self) -> None:
         self.listener = Listener(self.server, self.secret, self.silence)
@@ -218,6 +220,10 @@ class AgentPool:
         self.agents[rank] = agent
         self._by_conn[id(conn)] = agent
         self.listener.add_agent(conn)
+        if self.trace is not None:
+            self.trace.emit(
+                AgentConnected, host=agent.hostname, node_rank=rank, seconds=self.trace.seconds()
+            )
         if hello.error:
             raise AgentFailedError(
                 f"the agent on {agent.hostname} could not prepare its workers: {hello.error}",

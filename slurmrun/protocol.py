@@ -11,6 +11,7 @@ One agent's life, as the launcher sees it::
     agent                      launcher
     HELLO  ------------------>            (once; then heartbeats both ways, always)
            <------------------  START + pickled call      \
+    STARTED ----------------->                             |
     LOG, RESULT, ERROR, DIED -->                           |  one run; again for every run
     DONE   ------------------>                             |  of a warm launcher
            <------------------  END                        |
@@ -37,6 +38,7 @@ __all__ = [
     "LOG",
     "RESULT",
     "START",
+    "STARTED",
     "STOP",
     "STREAM",
     "Died",
@@ -50,6 +52,8 @@ __all__ = [
 SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
 LAUNCHER_ADDR_VAR = "SLURMRUN_LAUNCHER_ADDR"  # also read from the user: the address to advertise
 PORT_VAR = "SLURMRUN_LAUNCHER_PORT"  # also read from the user: the port to listen on
+# "1": the secret comes on stdin, which stays open for the agent's life (ssh agents)
+SECRET_STDIN_VAR = "SLURMRUN_SECRET_STDIN"  # noqa: S105 - a variable's name
 PRELOAD_VAR = "SLURMRUN_PRELOAD"  # modules the spawner imports (comma-separated)
 HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"  # seconds between heartbeats, each way
 ENV_FILE_VAR = "SLURMRUN_ENV_FILE"  # a bash file the agent sources before forking its spawner
@@ -73,6 +77,7 @@ CLOSE = "close"  # exit (stopping workers first)
 HEARTBEAT = "hb"  # both ways; no fields
 # agent -> launcher
 HELLO = "hello"  # `Hello`, first thing after the handshake
+STARTED = "started"  # "pids": the run's workers' process ids, by local rank
 IDLE = "idle"  # `Idle`: the run's workers are gone and their output was forwarded
 DONE = "done"  # every worker of the run exited, and its result and output were forwarded
 DIED = "died"  # `Died`: a worker exited without a result

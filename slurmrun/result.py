@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 __all__ = ["LaunchResult"]
@@ -17,10 +18,16 @@ class LaunchResult(Generic[T]):
     Attributes:
         hostnames: the hosts, in node-rank order.
         return_values: per host, the return values of its workers by local rank.
+        timings: seconds since the launch started at which every agent had connected, every
+            worker had started, the first and the last result arrived, and the launch ended
+            (``agents_connected``, ``workers_started``, ``first_result``, ``last_result``,
+            ``total``, in that order). A failed launch's exception carries them as
+            ``exc.timings`` (the milestones it reached).
     """
 
     hostnames: list[str]
     return_values: list[list[T]]
+    timings: Mapping[str, float] = field(default_factory=dict)
 
     def rank(self, rank: int) -> T:
         """Returns the value of global rank `rank` (ranks run host by host).

@@ -21,6 +21,7 @@ from typing import Any
 
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError, add_note
+from slurmrun.events import Trace, WorkerFailed, WorkersStarted
 from slurmrun.failures import WorkerPlace, worker_died, worker_error
 from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
 from slurmrun.pool import TICK, AgentPool, PoolAgent
@@ -49,6 +50,7 @@ class _Share:
     # behind the worker's earlier output (the local rank); a result counts once both arrived.
     streamed: dict[int, Frame] = field(default_factory=dict)
     announced: set[int] = field(default_factory=set)
+    started: bool = False  # its agent reported its workers' pids
     done: bool = False  # all its workers exited and their output was forwarded
     idle: bool = False  # its workers are gone: ready for the next run
 
@@ -72,6 +74,7 @@ class Session:
     handlers: list[logging.Handler] | None = None  # None: the defaults (see logs.py)
     log_dir: str | None = None  # where the default handlers write one file per worker
     log_level: int = logging.INFO
+    trace: Trace | None = None  # the launch's events and milestones
 
     def __post_init__(self) -> None:
         self._events = self.pool.events
@@ -215,6 +218,8 @@ class Session:
             self._on_result(share, frame, now)
         elif frame.kind == protocol.DONE:
             share.done = True
+        elif frame.kind == protocol.STARTED:
+            self._on_started(share, frame)
         elif frame.kind == protocol.ERROR:
             exc = self._worker_failure(share, frame)
             if frame.header.get("secondary") and self._held is None:
@@ -238,9 +243,27 @@ class Session:
         else:
             share.announced.add(local_rank)
 
+    def _on_started(self, share: _Share, frame: Frame) -> None:
+        share.started = True
+        if self.trace is None:
+            return
+        pids = tuple(int(p) for p in frame.header.get("pids", ()))
+        self.trace.emit(
+            WorkersStarted,
+            host=share.hostname,
+            node_rank=share.agent.node_rank,
+            pids=pids,
+            seconds=self.trace.seconds(),
+        )
+        if all(s.started for s in self._shares.values()):
+            self.trace.mark("workers_started")
+
     def _got_result(self, share: _Share, local_rank: int, frame: Frame, now: float) -> None:
         share.results[local_rank] = frame
         self._last_result = now
+        if self.trace is not None:
+            self.trace.mark("first_result")
+            self.trace.mark("last_result", last=True)
 
     def _on_streamed(self, conn: Connection, frame: Frame, now: float) -> None:
         """A large result that arrived over a connection of its own (see worker._send_result)."""
@@ -278,9 +301,28 @@ class Session:
             share.rank_offset + local_rank,
             self._worker_log(share, local_rank),
         )
-        if frame.kind == protocol.DIED:
-            return worker_died(where, frame.header)
-        return worker_error(where, frame)
+        exc: BaseException = (
+            worker_died(where, frame.header)
+            if frame.kind == protocol.DIED
+            else worker_error(where, frame)
+        )
+        if self.trace is not None:
+            header = frame.header
+            self.trace.emit(
+                WorkerFailed,
+                host=share.hostname,
+                local_rank=local_rank,
+                rank=where.rank,
+                exitcode=header.get("exitcode") if frame.kind == protocol.DIED else None,
+                signal=header.get("signal") if frame.kind == protocol.DIED else None,
+                error=None if frame.kind == protocol.DIED else type(exc).__name__,
+                last_lines="\n".join(
+                    str(header.get("stderr_tail") or header.get("traceback") or "").splitlines()[
+                        -20:
+                    ]
+                ),
+            )
+        return exc
 
     def _with_held(self, exc: BaseException) -> BaseException:
         if self._held is not None and self._held[0] is not exc:

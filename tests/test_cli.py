@@ -279,6 +279,7 @@ def test_help_documents_each_option_from_the_field_docstrings(
     assert "A bash file that each agent sources" in out
     assert "SCRIPT.py" in out
     assert "log-handlers" not in out  # not a CLI option
+    assert "on-event" not in out
 
 
 def test_tyro_round_trip_in_a_users_script() -> None:

@@ -480,7 +480,8 @@ def test_unpicklable_func_is_rejected_before_anything_starts():
         ({"workers_per_host": "many"}, ValueError, "int, a list of ints"),
         ({"backend": "tcp"}, ValueError, "backend must be one of"),
         ({"timeout": 0}, ValueError, "positive number of seconds"),
-        ({"hostnames": ["elsewhere-node"]}, ValueError, "no SLURM allocation was found"),
+        # outside SLURM another host's agent starts over ssh: this one cannot even be resolved
+        ({"hostnames": ["elsewhere-node"]}, RuntimeError, "cannot resolve node 'elsewhere-node'"),
     ],
 )
 def test_bad_input_is_rejected_before_anything_starts(kwargs, error, match, monkeypatch):

@@ -173,3 +173,23 @@ def test_agent_forwards_worker_output_on_fds_past_1024() -> None:
         assert ours.fileno() == -1
         to_launcher.close()
         launcher_side.close()
+
+
+def test_an_agent_stops_waiting_for_runs_when_its_launcher_dies_in_a_frame() -> None:
+    # The launcher's end of the connection sends the start of a frame and then dies: the
+    # agent's reader must still tell `serve` that there will be no more runs.
+    to_launcher, launcher_side = socket.socketpair()
+    agent = Agent(
+        launcher=Connection(to_launcher),
+        hostname="node",
+        spawner=None,
+        connect=socket.socket,
+    )
+    launcher_side.sendall(b"SRF1\0\0")  # a frame prefix, cut short
+    launcher_side.close()
+    reader = threading.Thread(target=agent._read_launcher, daemon=True)
+    reader.start()
+    reader.join(timeout=30.0)
+    assert agent.inbox.get(timeout=30.0) is None
+    assert agent.gone.is_set()
+    to_launcher.close()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
 
+from slurmrun import resources as named_resources
 from slurmrun.batch.call import JobCall
 from slurmrun.batch.folder import base_folder
 from slurmrun.batch.handle import SubmittedLaunch
@@ -55,6 +56,7 @@ def submit(
     time_min: int = ...,
     slurm_parameters: dict[str, Any] | None = ...,
     requeue: bool | Requeue = ...,
+    resources: str | None = ...,
     dry_run: Literal[False] = ...,
 ) -> SubmittedLaunch[T]: ...
 
@@ -74,6 +76,7 @@ def submit(
     time_min: int = ...,
     slurm_parameters: dict[str, Any] | None = ...,
     requeue: bool | Requeue = ...,
+    resources: str | None = ...,
     dry_run: Literal[True],
 ) -> SubmitDryRun: ...
 
@@ -92,6 +95,7 @@ def submit(
     time_min: int = 60,
     slurm_parameters: dict[str, Any] | None = None,
     requeue: bool | Requeue = True,
+    resources: str | None = None,
     dry_run: bool = False,
 ) -> SubmittedLaunch[T] | SubmitDryRun:
     """Submits a batch job that runs `launcher.run(func, ...)` on its nodes; returns at once.
@@ -121,6 +125,8 @@ def submit(
             its time limit, or ``scancel --signal=USR2``): the workers get the signal, and
             the launch runs again in the same job id (``SLURMRUN_REQUEUE_COUNT`` counts the
             requeues). True: ``Requeue()`` (SIGUSR2, 90 s, at most 3); False: never.
+        resources: a named preset of an installed package (`slurmrun.resources`): its nodes,
+            GPUs, CPUs, memory and partition, for the arguments left at their defaults.
         dry_run: return the batch script that would be submitted; submit nothing.
 
     Returns:
@@ -130,6 +136,9 @@ def submit(
         TypeError, ValueError: bad options or an unpicklable call, before submitting.
         OSError: `folder` cannot be created.
     """
+    nodes, gpus_per_node, cpus_per_worker, slurm_parameters = named_resources.apply(
+        resources, nodes, gpus_per_node, cpus_per_worker, slurm_parameters
+    )
     job = JobSpec.make(
         launcher,
         func,

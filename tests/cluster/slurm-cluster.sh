@@ -130,6 +130,8 @@ install_pkgs() {
   command -v unshare >/dev/null || missing+=(util-linux)
   command -v hostname >/dev/null || missing+=(hostname)
   command -v nft >/dev/null || missing+=(nftables)  # tests cut a node off from the launcher
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)  # ssh agents: sshd in node namespaces
+  command -v ssh >/dev/null || missing+=(openssh-client)
   [ ${#missing[@]} -eq 0 ] && return 0
   [ "${SLURM_CLUSTER_NO_INSTALL:-0}" = 1 ] && die "missing packages: ${missing[*]} (SLURM_CLUSTER_NO_INSTALL=1)"
   log "installing: ${missing[*]}"
