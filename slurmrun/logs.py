@@ -14,12 +14,15 @@ The default handlers print agent 0 and worker rank 0 live, and write one file pe
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
+import queue
 import sys
 import tempfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
@@ -40,6 +43,8 @@ LOG_DIR_VAR = "SLURMRUN_LOG_DIR"
 LOG_LEVEL_VAR = "SLURMRUN_LOG_LEVEL"
 PROGRESS = "\r"
 LINE = "\n"
+MAX_OPEN_FILES = 256  # worker log files the writer thread keeps open at once
+WRITER_CLOSE_TIMEOUT = 30.0  # what the end of a run waits for queued lines to reach the files
 
 
 # ---------------------------------------------------------------------- directories
@@ -348,31 +353,81 @@ def file_handler(
 
 
 class _WorkerFiles(logging.Handler):
-    """One file per worker, ``<dir>/<host>.<local rank>.log``, found by a dict lookup.
+    """One file per worker, ``<dir>/<host>.<local rank>.log``, written by a thread of its own.
 
-    One filtered handler per worker would test every record against every worker's filter:
-    quadratic in the number of workers.
+    `emit` runs on the launcher's decision thread: it only formats the line and queues it.
+    Opening thousands of files and writing every line there would hold back results and
+    verdicts, and more so on a slow shared filesystem. The writer takes whatever is queued,
+    writes it, and flushes when the queue runs dry; it keeps at most `MAX_OPEN_FILES` files
+    open (32,768 workers must not mean 32,768 descriptors). `close` waits for it, bounded.
     """
 
     def __init__(self, log_dir: str) -> None:
         super().__init__()
         self.log_dir = log_dir
-        self._files: dict[tuple[str, int], _FileHandler] = {}
+        self._queue: queue.SimpleQueue[tuple[tuple[str, int], str] | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self.lines_written = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         local_rank = getattr(record, "local_rank", None)
-        if local_rank is None:
-            return  # agents' own output is in <host>.agent.log already
-        key = (str(getattr(record, "hostname", "")), int(local_rank))
-        handler = self._files.get(key)
-        if handler is None:
-            path = worker_log_path(self.log_dir, *key)
-            handler = self._files[key] = _FileHandler(path)
-        handler.emit(record)
+        if local_rank is None or getattr(record, "slurmrun_end", LINE) == PROGRESS:
+            return  # agents' own output is in <host>.agent.log; files keep finished lines
+        text = record.getMessage()
+        if getattr(record, "stream", "") == "logging":
+            text = f"{record.levelname}:{record.name}: {text}"
+        if self._writer is None:
+            self._writer = threading.Thread(
+                target=self._write_loop, name="slurmrun-log-writer", daemon=True
+            )
+            self._writer.start()
+        self._queue.put(((str(getattr(record, "hostname", "")), int(local_rank)), text))
+
+    def _write_loop(self) -> None:
+        files: OrderedDict[tuple[str, int], IO[str]] = OrderedDict()
+        failed: set[tuple[str, int]] = set()
+        try:
+            while (item := self._queue.get()) is not None:
+                while item is not None:
+                    key, text = item
+                    if key not in failed:
+                        try:
+                            self._file(files, key).write(text + "\n")
+                            self.lines_written += 1
+                        except OSError as e:
+                            failed.add(key)
+                            print(f"slurmrun: cannot write a worker's log: {e}", file=sys.stderr)
+                    try:
+                        item = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                for f in files.values():
+                    f.flush()
+                if item is None:
+                    break
+        finally:
+            for f in files.values():
+                with contextlib.suppress(OSError):
+                    f.close()
+
+    def _file(self, files: OrderedDict[tuple[str, int], IO[str]], key: tuple[str, int]) -> IO[str]:
+        f = files.get(key)
+        if f is not None:
+            files.move_to_end(key)
+            return f
+        if len(files) >= MAX_OPEN_FILES:
+            files.popitem(last=False)[1].close()  # the least recently written
+        f = files[key] = open(  # noqa: SIM115 - closed on eviction or at the end
+            worker_log_path(self.log_dir, *key), "a", encoding="utf-8"
+        )
+        return f
 
     def close(self) -> None:
-        for handler in self._files.values():
-            handler.close()
+        """Writes what is queued and stops the writer (waits at most `WRITER_CLOSE_TIMEOUT`)."""
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout=WRITER_CLOSE_TIMEOUT)
+            self._writer = None
         super().close()
 
 
