@@ -14,7 +14,6 @@ The default handlers print agent 0 and worker rank 0 live, and write one file pe
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import logging
 import os
@@ -22,7 +21,6 @@ import queue
 import sys
 import tempfile
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
@@ -43,7 +41,7 @@ LOG_DIR_VAR = "SLURMRUN_LOG_DIR"
 LOG_LEVEL_VAR = "SLURMRUN_LOG_LEVEL"
 PROGRESS = "\r"
 LINE = "\n"
-MAX_OPEN_FILES = 256  # worker log files the writer thread keeps open at once
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 WRITER_CLOSE_TIMEOUT = 30.0  # what the end of a run waits for queued lines to reach the files
 
 
@@ -357,9 +355,8 @@ class _WorkerFiles(logging.Handler):
 
     `emit` runs on the launcher's decision thread: it only formats the line and queues it.
     Opening thousands of files and writing every line there would hold back results and
-    verdicts, and more so on a slow shared filesystem. The writer takes whatever is queued,
-    writes it, and flushes when the queue runs dry; it keeps at most `MAX_OPEN_FILES` files
-    open (32,768 workers must not mean 32,768 descriptors). `close` waits for it, bounded.
+    verdicts, and more so on a slow shared filesystem. The writer takes whatever is queued
+    and appends each worker's lines with one write; `close` waits for it, bounded.
     """
 
     def __init__(self, log_dir: str) -> None:
@@ -384,43 +381,38 @@ class _WorkerFiles(logging.Handler):
         self._queue.put(((str(getattr(record, "hostname", "")), int(local_rank)), text))
 
     def _write_loop(self) -> None:
-        files: OrderedDict[tuple[str, int], IO[str]] = OrderedDict()
         failed: set[tuple[str, int]] = set()
-        try:
-            while (item := self._queue.get()) is not None:
-                while item is not None:
-                    key, text = item
-                    if key not in failed:
-                        try:
-                            self._file(files, key).write(text + "\n")
-                            self.lines_written += 1
-                        except OSError as e:
-                            failed.add(key)
-                            print(f"slurmrun: cannot write a worker's log: {e}", file=sys.stderr)
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                for f in files.values():
-                    f.flush()
-                if item is None:
+        while True:
+            item = self._queue.get()
+            batch: dict[tuple[str, int], list[str]] = {}
+            while item is not None:
+                batch.setdefault(item[0], []).append(item[1])
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
                     break
-        finally:
-            for f in files.values():
-                with contextlib.suppress(OSError):
-                    f.close()
+            for key, lines in batch.items():
+                if key not in failed and not self._append(key, lines):
+                    failed.add(key)
+            if item is None:
+                return
 
-    def _file(self, files: OrderedDict[tuple[str, int], IO[str]], key: tuple[str, int]) -> IO[str]:
-        f = files.get(key)
-        if f is not None:
-            files.move_to_end(key)
-            return f
-        if len(files) >= MAX_OPEN_FILES:
-            files.popitem(last=False)[1].close()  # the least recently written
-        f = files[key] = open(  # noqa: SIM115 - closed on eviction or at the end
-            worker_log_path(self.log_dir, *key), "a", encoding="utf-8"
-        )
-        return f
+    def _append(self, key: tuple[str, int], lines: list[str]) -> bool:
+        # Opened per batch, not kept: 32,768 workers must not hold 32,768 descriptors, and
+        # one line per worker is the common case.
+        data = ("\n".join(lines) + "\n").encode(errors="replace")
+        try:
+            fd = os.open(worker_log_path(self.log_dir, *key), _APPEND, 0o644)
+            try:
+                while data:
+                    data = data[os.write(fd, data) :]
+            finally:
+                os.close(fd)
+        except OSError as e:
+            print(f"slurmrun: cannot write a worker's log: {e}", file=sys.stderr)
+            return False
+        self.lines_written += len(lines)
+        return True
 
     def close(self) -> None:
         """Writes what is queued and stops the writer (waits at most `WRITER_CLOSE_TIMEOUT`)."""
