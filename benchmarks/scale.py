@@ -1,15 +1,18 @@
-"""Simulated scale: a real launcher-side `Session` against N fake agents x W fake workers.
+"""Simulated scale: a real launcher-side pool and run against N fake agents x W fake workers.
 
-    python benchmarks/scale.py --agents 1024 --workers 8 [--logs] [--no-retry]
+    python benchmarks/scale.py --agents 4096 --workers 8 [--logs] [--chatter S] [--no-retry]
 
 The fake agents are threads in separate, forked processes (2 by default; their CPU time is
-not the launcher's). Each speaks the real protocol of `slurmrun.transport`: TCP connect, HMAC
-handshake, ``hello``, then after ``start`` one ``result`` frame per worker (a pickled int),
-a heartbeat and ``done``, and finally waits for ``stop``. A handshake that the launcher
-drops (it closes connections beyond its limit of pending handshakes) is counted and retried;
-with ``--no-retry`` the fake agent fails as a real agent would, and so does the launch.
-With ``--logs`` every worker also sends one line of stdout first and the session uses its
-default log handlers (a file per worker), as a real launch does.
+not the launcher's). Each speaks the real protocol of `slurmrun.transport`: TCP connect (with
+the real agent's retry, `slurmrun.agent.connect_with_backoff`), HMAC handshake, ``hello``,
+then after ``start`` one ``result`` frame per worker (a pickled int), a heartbeat and
+``done``; END: ``idle``; CLOSE. Connects that had to be retried are counted; with
+``--no-retry`` a fake agent tries once and fails (and so does the launch) as a real agent
+with ``SLURMRUN_CONNECT_RETRY=0`` would. With ``--logs`` every worker also sends one line of
+stdout first and the run uses its default log handlers (rank 0 live, a file per worker), as a
+real launch does. With ``--chatter S`` (implies ``--logs``), for S seconds before its result
+rank 0 sends a progress bar state 100 times a second and every other worker one line a
+second; the result then counts the lines that reached the files.
 
 This process is the launcher: it measures wall and CPU time (``time.process_time``: all its
 threads) of each phase, and its memory (peak RSS minus RSS before the launch). Prints one
@@ -24,6 +27,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import queue
+import resource
 import shutil
 import socket
 import sys
@@ -36,10 +40,11 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import current_rss_bytes, emit, peak_rss_bytes
 
+from slurmrun.agent import connect_with_backoff
+from slurmrun.listener import LISTEN_BACKLOG
 from slurmrun.pool import AgentPool
 from slurmrun.session import Session
 from slurmrun.transport import (
-    AuthenticationError,
     Connection,
     client_handshake,
     dumps,
@@ -62,33 +67,57 @@ class FakeSpec:
     workers: int
     logs: bool
     retry: bool
+    chatter: float = 0.0
 
 
-def _connect(spec: FakeSpec, drops: list[int]) -> Connection:
-    """Connects and authenticates; with spec.retry, a dropped handshake is counted and retried.
+def _connect(spec: FakeSpec, retried: list[int]) -> Connection:
+    """Connects and authenticates as a real agent does (`connect_with_backoff`)."""
 
-    A real agent does not retry: each drop counted here would have failed a real launch.
-    """
-    while True:
+    def once() -> socket.socket:
         sock = socket.create_connection(("127.0.0.1", spec.port), timeout=CONNECT_TIMEOUT)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             client_handshake(sock, spec.secret, CONNECT_TIMEOUT)
-        except AuthenticationError:
+        except BaseException:
             sock.close()
-            if not spec.retry:
-                raise
-            drops.append(1)
-            time.sleep(0.02)
-            continue
-        return Connection(sock)
+            raise
+        return sock
+
+    sock, tries = connect_with_backoff(once, CONNECT_TIMEOUT if spec.retry else 0.0)
+    if tries > 1:
+        retried.append(tries - 1)
+    return Connection(sock)
 
 
-def _fake_agent(node_rank: int, spec: FakeSpec, go: threading.Event, drops: list[int]) -> None:
+def _log(conn: Connection, local_rank: int, msg: str, end: str = "\n") -> None:
+    conn.send(
+        {"t": "log", "local_rank": local_rank, "stream": "stdout", "level": 20, "msg": msg}
+        | {"end": end}
+    )
+
+
+def _chatter(conn: Connection, offset: int, workers: int, seconds: float) -> None:
+    """Rank 0: a progress bar state every 10 ms; every other worker: a line a second."""
+    start = time.monotonic()
+    ticks = int(seconds * 100)
+    per_tick = 1 if offset == 0 else 100  # only rank 0's agent wakes up 100 times a second
+    for tick in range(0, ticks, per_tick):
+        if offset == 0:
+            _log(conn, 0, f"{tick + 1}/{ticks} [bar]", "\r")
+        if tick % 100 == 0:
+            for local_rank in range(1 if offset == 0 else 0, workers):
+                _log(conn, local_rank, f"worker {offset + local_rank} second {tick // 100}")
+            conn.send({"t": "hb"})
+        time.sleep(max(0.0, start + (tick + per_tick) / 100 - time.monotonic()))
+    if offset == 0:
+        _log(conn, 0, f"{ticks}/{ticks} [bar] done")
+
+
+def _fake_agent(node_rank: int, spec: FakeSpec, go: threading.Event, retried: list[int]) -> None:
     """One agent: connect, hello, wait for start, send W results + hb + done; END: idle; CLOSE."""
     go.wait()
     workers = spec.workers
-    conn = _connect(spec, drops)
+    conn = _connect(spec, retried)
     conn.send(
         {
             "t": "hello",
@@ -106,18 +135,11 @@ def _fake_agent(node_rank: int, spec: FakeSpec, go: threading.Event, drops: list
         conn.close()
         return
     offset = int(start.header["rank_offset"])
+    if spec.chatter:
+        _chatter(conn, offset, workers, spec.chatter)
     for local_rank in range(workers):
         if spec.logs:
-            conn.send(
-                {
-                    "t": "log",
-                    "local_rank": local_rank,
-                    "stream": "stdout",
-                    "level": 20,
-                    "msg": f"worker {offset + local_rank} ready",
-                    "end": "\n",
-                }
-            )
+            _log(conn, local_rank, f"worker {offset + local_rank} ready")
         body, buffers = dumps(offset + local_rank)
         conn.send({"t": "result", "local_rank": local_rank}, body, buffers)
     conn.send({"t": "hb"})
@@ -134,11 +156,11 @@ def _fake_agents_main(
     """Starts the fake agents `ranks` on "go"; reports failures and "finished"."""
     go = threading.Event()
     failures: queue.Queue[tuple[int, str]] = queue.Queue()
-    drops: list[int] = []  # list.append is atomic: one entry per dropped handshake
+    retried: list[int] = []  # list.append is atomic: one entry per agent that had to retry
 
     def guarded(rank: int) -> None:
         try:
-            _fake_agent(rank, spec, go, drops)
+            _fake_agent(rank, spec, go, retried)
         except Exception as e:
             failures.put((rank, f"{type(e).__name__}: {e}"))
 
@@ -155,7 +177,7 @@ def _fake_agents_main(
         except queue.Empty:
             continue
         pipe.send(("fail", rank, why))
-    pipe.send(("finished", len(drops)))
+    pipe.send(("finished", len(retried), sum(retried)))
 
 
 # ------------------------------------------------------------------ launcher side (this process)
@@ -169,7 +191,8 @@ class FakeStarter:
     failed: dict[int | None, int] = dataclasses.field(default_factory=dict)
     reasons: list[str] = dataclasses.field(default_factory=list)
     finished: set[int] = dataclasses.field(default_factory=set)
-    drops: int = 0
+    retried_agents: int = 0
+    retries: int = 0
 
     def _poll(self, timeout: float = 0.0) -> None:
         live = [p for i, p in enumerate(self.pipes) if i not in self.finished]
@@ -182,7 +205,8 @@ class FakeStarter:
                     self.reasons.append(str(msg[2]))
                 elif msg[0] == "finished":
                     self.finished.add(self.pipes.index(pipe))
-                    self.drops += int(msg[1])
+                    self.retried_agents += int(msg[1])
+                    self.retries += int(msg[2])
                     break
 
     def __getattr__(self, name: str) -> Any:
@@ -294,13 +318,36 @@ def start_fake_agents(
     return pipes, processes
 
 
+def _raise_fd_limit() -> None:
+    """One socket per fake agent on each side: 4096 agents need more than the usual 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _count_lines(log_dir: str) -> int:
+    lines = 0
+    for name in os.listdir(log_dir):
+        with open(os.path.join(log_dir, name), "rb") as f:
+            lines += f.read().count(b"\n")
+    return lines
+
+
 def measure(
-    agents: int, workers: int, logs: bool, procs: int = 2, retry: bool = True
+    agents: int,
+    workers: int,
+    logs: bool,
+    procs: int = 2,
+    retry: bool = True,
+    *,
+    chatter: float = 0.0,
 ) -> dict[str, Any]:
     """Runs one simulated launch and returns its timings and memory."""
-    server = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    _raise_fd_limit()
+    logs = logs or chatter > 0
+    server = socket.create_server(("127.0.0.1", 0), backlog=LISTEN_BACKLOG)
     secret = new_secret()
-    spec = FakeSpec(server.getsockname()[1], secret, workers, logs, retry)
+    spec = FakeSpec(server.getsockname()[1], secret, workers, logs, retry, chatter)
     pipes, processes = start_fake_agents(agents, spec, procs)
     log_dir = tempfile.mkdtemp(prefix="slurmrun-scale-") if logs else None
     starter = FakeStarter(pipes)
@@ -324,7 +371,15 @@ def measure(
         process.join(timeout=10.0 if ok else 0.5)
         if process.is_alive():
             process.kill()
+    ranks = agents * workers
+    expected = (
+        (ranks + (ranks - 1) * -(-int(chatter * 100) // 100) + 1 if chatter else ranks)
+        if logs
+        else 0
+    )
+    lines = 0
     if log_dir:
+        lines = _count_lines(log_dir)
         shutil.rmtree(log_dir, ignore_errors=True)
     m = session.marks
     out: dict[str, Any] = {
@@ -334,7 +389,11 @@ def measure(
         "ok": ok,
         "error": error,
         "fake_agent_failures": len(starter.failed),
-        "dropped_handshakes": starter.drops,
+        "retried_agents": starter.retried_agents,
+        "connect_retries": starter.retries,
+        "chatter_s": chatter,
+        "log_lines": lines,
+        "log_lines_expected": expected,
         "fake_agent_failure_example": starter.reasons[0] if starter.reasons else "",
         "total_wall_s": t1 - t0,
         "total_cpu_s": c1 - c0,
@@ -364,12 +423,16 @@ def main() -> None:
     parser.add_argument("--logs", action="store_true", help="one stdout line per worker")
     parser.add_argument("--fake-procs", type=int, default=2, help="processes of fake agents")
     parser.add_argument(
-        "--no-retry",
-        action="store_true",
-        help="fake agents fail on a dropped handshake, as real ones",
+        "--no-retry", action="store_true", help="fake agents try to connect once, no retry"
+    )
+    parser.add_argument(
+        "--chatter",
+        type=float,
+        default=0.0,
+        help="seconds of rank 0's progress bar (100/s) and a line a second from the others",
     )
     a = parser.parse_args()
-    emit(measure(a.agents, a.workers, a.logs, a.fake_procs, not a.no_retry))
+    emit(measure(a.agents, a.workers, a.logs, a.fake_procs, not a.no_retry, chatter=a.chatter))
 
 
 if __name__ == "__main__":

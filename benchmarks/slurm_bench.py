@@ -3,8 +3,9 @@
     salloc -N3 python benchmarks/slurm_bench.py --rounds 5
 
 Alternates ``srun -N3 python -c "import torch"`` and ``slurmrun.launch`` of a function that
-does one all_reduce (gloo, one worker per node) and prints one ``BENCH_JSON`` line with both
-series; ``error`` says why slurmrun could not launch, if it could not.
+does one all_reduce (gloo, one worker per node), then runs the same function rounds + 1 times
+in one warm ``slurmrun.Launcher``; prints one ``BENCH_JSON`` line with the three series;
+``error`` says why slurmrun could not launch, if it could not.
 """
 
 from __future__ import annotations
@@ -50,6 +51,21 @@ def time_launch() -> float:
     return elapsed
 
 
+def time_warm(runs: int) -> list[float]:
+    """Wall time of each run of one warm launcher: the 1st starts the agents (one srun step)."""
+    import slurmrun
+
+    times = []
+    with slurmrun.Launcher(backend="gloo", timeout=120) as launcher:
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            result = launcher.run(trivial)
+            times.append(time.perf_counter() - t0)
+            if sorted(result.values()) != list(range(len(result.values()))):
+                raise RuntimeError(f"unexpected results {result.values()}")
+    return times
+
+
 def main() -> None:
     """Alternates srun and launch for --rounds rounds."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -64,6 +80,7 @@ def main() -> None:
         for _ in range(a.rounds):
             data["srun_s"].append(time_srun())
             data["launch_s"].append(time_launch())
+        data["warm_s"] = time_warm(a.rounds + 1)
     except Exception as e:
         data["error"] = f"{type(e).__name__}: {str(e)[:400]}"
         data["traceback"] = traceback.format_exc()[-2000:]

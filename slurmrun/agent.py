@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import queue
+import random
 import signal
 import socket
 import struct
@@ -37,7 +38,13 @@ from slurmrun.errors import signal_name
 from slurmrun.logs import LineAssembler
 from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT, JOB_TASKS_VAR
 from slurmrun.spawner import Spawner, WorkerProcess, wait_any, wait_readable
-from slurmrun.transport import Connection, Frame, bound_unacknowledged_sends, client_handshake
+from slurmrun.transport import (
+    AuthenticationError,
+    Connection,
+    Frame,
+    bound_unacknowledged_sends,
+    client_handshake,
+)
 from slurmrun.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec
 
 __all__ = ["main"]
@@ -47,6 +54,14 @@ DRAIN_TIMEOUT = 2.0
 OUTPUT_DRAIN_LIMIT = 1.0
 TAIL_LINES = 30
 _POLL = 0.05
+# How long an agent keeps trying to reach its launcher (seconds; the agent then exits with 1,
+# which fails the launch at once, naming this host). A launcher that thousands of agents reach
+# within a second can see its listen backlog full: such connects are refused or time out.
+CONNECT_RETRY_VAR = "SLURMRUN_CONNECT_RETRY"
+CONNECT_RETRY = 60.0
+BACKOFF_FIRST = 0.05
+BACKOFF_CAP = 2.0
+STREAM_CONNECT_RETRY = 2.0
 
 
 def _exit_description(exitcode: int | None) -> tuple[str, str | None]:
@@ -399,6 +414,42 @@ def _expect_heartbeats(sock: socket.socket, silence: float) -> None:
     bound_unacknowledged_sends(sock, silence)
 
 
+def connect_with_backoff(
+    connect_once: Callable[[], socket.socket], budget: float
+) -> tuple[socket.socket, int]:
+    """Calls `connect_once` until it succeeds, for at most `budget` seconds.
+
+    After each failed try (refused, reset, timed out) it waits a random time between half and
+    all of a delay that doubles from `BACKOFF_FIRST` to `BACKOFF_CAP`: agents that met a full
+    backlog together do not come back together. A failed handshake is not retried: a wrong
+    secret stays wrong.
+
+    Returns:
+        The connected socket and the number of tries it took.
+
+    Raises:
+        ConnectionError: the last failure, once `budget` is spent (the message says how many
+            tries over how long).
+    """
+    deadline = time.monotonic() + budget
+    delay = BACKOFF_FIRST
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            return connect_once(), tries
+        except AuthenticationError:
+            raise
+        except (OSError, EOFError) as e:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ConnectionError(
+                    f"{tries} tries over {budget:g} s failed, the last with {type(e).__name__}: {e}"
+                ) from e
+            time.sleep(min(left, random.uniform(delay / 2, delay)))  # noqa: S311 - jitter
+            delay = min(BACKOFF_CAP, delay * 2)
+
+
 def main(secret: bytes, spawner: Spawner | str) -> int:
     """Runs the agent; returns its exit code.
 
@@ -422,7 +473,9 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     silence = heartbeat * HEARTBEATS_PER_TIMEOUT
     hostname = _hostname(os.environ)
 
-    def connect() -> socket.socket:
+    retry = float(os.environ.get(CONNECT_RETRY_VAR, CONNECT_RETRY))
+
+    def connect_once() -> socket.socket:
         sock = socket.create_connection((addr, port), timeout=HANDSHAKE_TIMEOUT)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -432,7 +485,15 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
             raise
         return sock
 
-    sock = connect()
+    def connect() -> socket.socket:
+        # A large result's own connection: a short try, as the agent can relay it instead.
+        return connect_with_backoff(connect_once, min(retry, STREAM_CONNECT_RETRY))[0]
+
+    try:
+        sock = connect_with_backoff(connect_once, retry)[0]
+    except ConnectionError as e:
+        _say(f"cannot reach the launcher at {addr}:{port}: {e}")
+        return 1
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     _expect_heartbeats(sock, silence)
     launcher = Connection(sock)

@@ -20,6 +20,7 @@ from slurmrun.dryrun import DryRun
 from slurmrun.environment import DEFAULT_ENV_VARS, env_file_problem, matching_env
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import AgentFailed, EventHandler, LaunchStarted, Restarting, Trace
+from slurmrun.listener import LISTEN_BACKLOG
 from slurmrun.logs import LogDir, log_level, resolve_log_dir
 from slurmrun.pool import AgentPool
 from slurmrun.protocol import (
@@ -759,9 +760,9 @@ def _wanted_port() -> int | None:
 def _listen(bind: str) -> socket.socket:
     wanted = _wanted_port()
     if wanted is None:
-        return socket.create_server((bind, 0), backlog=1024)
+        return socket.create_server((bind, 0), backlog=LISTEN_BACKLOG)
     try:
-        return socket.create_server((bind, wanted), backlog=1024)
+        return socket.create_server((bind, wanted), backlog=LISTEN_BACKLOG)
     except OSError as e:
         raise OSError(
             e.errno,

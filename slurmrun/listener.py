@@ -27,11 +27,14 @@ from slurmrun.transport import (
     server_handshake,
 )
 
-__all__ = ["Listener"]
+__all__ = ["LISTEN_BACKLOG", "Listener"]
 
 log = logging.getLogger("slurmrun")
 
 HANDSHAKE_TIMEOUT = 10.0
+# Connections the kernel queues before accept (capped by net.core.somaxconn): a big job's
+# agents all connect within a second or two, and agents retry what still meets a full queue.
+LISTEN_BACKLOG = 8192
 # Handshakes in progress at once; more connections wait in the listen backlog (never dropped,
 # so that a thousand agents connecting at once all get in).
 MAX_PENDING_HANDSHAKES = 256

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import queue
 import sys
 import tempfile
 import threading
@@ -40,6 +41,8 @@ LOG_DIR_VAR = "SLURMRUN_LOG_DIR"
 LOG_LEVEL_VAR = "SLURMRUN_LOG_LEVEL"
 PROGRESS = "\r"
 LINE = "\n"
+_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+WRITER_CLOSE_TIMEOUT = 30.0  # what the end of a run waits for queued lines to reach the files
 
 
 # ---------------------------------------------------------------------- directories
@@ -348,31 +351,75 @@ def file_handler(
 
 
 class _WorkerFiles(logging.Handler):
-    """One file per worker, ``<dir>/<host>.<local rank>.log``, found by a dict lookup.
+    """One file per worker, ``<dir>/<host>.<local rank>.log``, written by a thread of its own.
 
-    One filtered handler per worker would test every record against every worker's filter:
-    quadratic in the number of workers.
+    `emit` runs on the launcher's decision thread: it only formats the line and queues it.
+    Opening thousands of files and writing every line there would hold back results and
+    verdicts, and more so on a slow shared filesystem. The writer takes whatever is queued
+    and appends each worker's lines with one write; `close` waits for it, bounded.
     """
 
     def __init__(self, log_dir: str) -> None:
         super().__init__()
         self.log_dir = log_dir
-        self._files: dict[tuple[str, int], _FileHandler] = {}
+        self._queue: queue.SimpleQueue[tuple[tuple[str, int], str] | None] = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+        self.lines_written = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         local_rank = getattr(record, "local_rank", None)
-        if local_rank is None:
-            return  # agents' own output is in <host>.agent.log already
-        key = (str(getattr(record, "hostname", "")), int(local_rank))
-        handler = self._files.get(key)
-        if handler is None:
-            path = worker_log_path(self.log_dir, *key)
-            handler = self._files[key] = _FileHandler(path)
-        handler.emit(record)
+        if local_rank is None or getattr(record, "slurmrun_end", LINE) == PROGRESS:
+            return  # agents' own output is in <host>.agent.log; files keep finished lines
+        text = record.getMessage()
+        if getattr(record, "stream", "") == "logging":
+            text = f"{record.levelname}:{record.name}: {text}"
+        if self._writer is None:
+            self._writer = threading.Thread(
+                target=self._write_loop, name="slurmrun-log-writer", daemon=True
+            )
+            self._writer.start()
+        self._queue.put(((str(getattr(record, "hostname", "")), int(local_rank)), text))
+
+    def _write_loop(self) -> None:
+        failed: set[tuple[str, int]] = set()
+        while True:
+            item = self._queue.get()
+            batch: dict[tuple[str, int], list[str]] = {}
+            while item is not None:
+                batch.setdefault(item[0], []).append(item[1])
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            for key, lines in batch.items():
+                if key not in failed and not self._append(key, lines):
+                    failed.add(key)
+            if item is None:
+                return
+
+    def _append(self, key: tuple[str, int], lines: list[str]) -> bool:
+        # Opened per batch, not kept: 32,768 workers must not hold 32,768 descriptors, and
+        # one line per worker is the common case.
+        data = ("\n".join(lines) + "\n").encode(errors="replace")
+        try:
+            fd = os.open(worker_log_path(self.log_dir, *key), _APPEND, 0o644)
+            try:
+                while data:
+                    data = data[os.write(fd, data) :]
+            finally:
+                os.close(fd)
+        except OSError as e:
+            print(f"slurmrun: cannot write a worker's log: {e}", file=sys.stderr)
+            return False
+        self.lines_written += len(lines)
+        return True
 
     def close(self) -> None:
-        for handler in self._files.values():
-            handler.close()
+        """Writes what is queued and stops the writer (waits at most `WRITER_CLOSE_TIMEOUT`)."""
+        if self._writer is not None:
+            self._queue.put(None)
+            self._writer.join(timeout=WRITER_CLOSE_TIMEOUT)
+            self._writer = None
         super().close()
 
 

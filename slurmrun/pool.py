@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import re
 import shutil
 import socket
 import time
@@ -26,7 +27,7 @@ from slurmrun.errors import AgentFailedError
 from slurmrun.events import AgentConnected, Trace
 from slurmrun.failures import agent_exit_error
 from slurmrun.listener import Listener
-from slurmrun.logs import LogDir
+from slurmrun.logs import LogDir, tail_file
 from slurmrun.starters import AgentStarter
 from slurmrun.transport import Connection, Frame
 
@@ -37,6 +38,7 @@ DRAIN_TIMEOUT = 2.0
 # Once agents closed their connections, how long their processes (or srun) may take to exit.
 STOP_WAIT = 1.0
 TICK = 0.05
+_SRUN_TASK_EXIT = re.compile(r"srun: error: (\S+): task \d+: Exited with exit code (\d+)")
 
 
 @dataclass
@@ -265,8 +267,9 @@ class AgentPool:
             if node_rank is None:
                 agents = [a for a in self.agents.values() if not a.closed]
                 if not agents and len(self.agents) < len(self.hostnames):
-                    # srun ended before every agent connected (e.g. it could not create the step)
-                    raise self.exit_error(None, "the srun step ended early")
+                    # srun ended before every agent connected (e.g. it could not create the
+                    # step, or an agent gave up reaching us): name the agent that ended first
+                    raise self.exit_error(self._first_failed(), "the srun step ended early")
                 if agents and (not running or now - first_seen > DRAIN_TIMEOUT):
                     raise self.exit_error(agents[0].node_rank, "the srun step ended early")
                 continue
@@ -274,6 +277,14 @@ class AgentPool:
             drained = agent is not None and (agent.closed or now - first_seen <= DRAIN_TIMEOUT)
             if not running or not drained:
                 raise self.exit_error(node_rank, "it ended before its workers did")
+
+    def _first_failed(self) -> int | None:
+        """The node rank of the first task srun saw fail on its own (not from its SIGTERM)."""
+        step_log = self.starter.log_file(None)
+        for host, code in _SRUN_TASK_EXIT.findall(tail_file(step_log, 100)):
+            if host in self.hostnames and int(code) != 128 + 15:
+                return self.hostnames.index(host)
+        return None
 
     def check_silence(self, now: float) -> None:
         """Raises for an agent that sent nothing (not even a heartbeat) for `silence` s."""

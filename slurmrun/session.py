@@ -81,6 +81,9 @@ class Session:
         self._shares: dict[int, _Share] = {}
         self._held: tuple[BaseException, float] | None = None
         self._last_result = 0.0
+        # Counted, not recounted per event: 4096 agents x 8 workers would make that quadratic.
+        self._results_left = 0
+        self._done_left = 0
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
 
@@ -170,6 +173,8 @@ class Session:
         for agent, count in zip(order, counts, strict=True):
             share = _Share(agent, count, offset)
             self._shares[agent.node_rank] = share
+            self._results_left += count
+            self._done_left += 1
             start = protocol.Start(
                 workers=count,
                 rank_offset=offset,
@@ -217,6 +222,7 @@ class Session:
         elif frame.kind == protocol.RESULT:
             self._on_result(share, frame, now)
         elif frame.kind == protocol.DONE:
+            self._done_left -= not share.done
             share.done = True
         elif frame.kind == protocol.STARTED:
             self._on_started(share, frame)
@@ -259,6 +265,7 @@ class Session:
             self.trace.mark("workers_started")
 
     def _got_result(self, share: _Share, local_rank: int, frame: Frame, now: float) -> None:
+        self._results_left -= local_rank not in share.results
         share.results[local_rank] = frame
         self._last_result = now
         if self.trace is not None:
@@ -350,11 +357,11 @@ class Session:
         self.pool.check_silence(now)
 
     def _finished(self, now: float) -> bool:
-        if not all(len(s.results) == s.workers for s in self._shares.values()):
+        if self._results_left > 0:
             return False
         # Output written just before returning may still be on its way: wait (briefly) for
         # every agent to say that its workers exited and their output was forwarded.
-        return all(s.done for s in self._shares.values()) or now - self._last_result > DONE_WAIT
+        return self._done_left <= 0 or now - self._last_result > DONE_WAIT
 
     def _collect(self) -> LaunchResult[Any]:
         order = [self._shares[i] for i in range(len(self.pool.hostnames))]

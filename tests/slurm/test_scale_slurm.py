@@ -1,0 +1,39 @@
+"""Agents that cannot reach their launcher, on the 3-node test cluster.
+
+Agents retry a refused connect with bounded, jittered backoff (slurmrun.agent); one that gives
+up exits 1, and the launch fails at once naming its host, not after the connect timeout.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tests.slurm.conftest import REPO
+
+SCRIPT = """
+import slurmrun
+from slurmrun.errors import AgentFailedError
+
+try:
+    slurmrun.launch(lambda: 1, workers_per_host=1, backend="gloo", timeout=600)
+except AgentFailedError as e:
+    print("ERROR", e)
+"""
+
+
+def test_an_agent_that_gives_up_connecting_fails_the_launch_naming_its_host(
+    run_in_allocation, slurm_cluster
+) -> None:
+    # Agents are told to reach the launcher at node3's address, where nothing listens: every
+    # connect is refused. The launch's own connect timeout (600 s) is far beyond the test's.
+    env = {
+        "PYTHONPATH": str(REPO),
+        "SLURMRUN_LAUNCHER_ADDR": "10.199.0.13",
+        "SLURMRUN_CONNECT_RETRY": "2",
+    }
+    cp = run_in_allocation(["-N2"], SCRIPT, timeout=300, env=env)
+    assert "ERROR" in cp.stdout, cp.stdout + cp.stderr
+    error = cp.stdout[cp.stdout.index("ERROR") :]
+    assert "did not connect within" not in error
+    assert re.match(r"ERROR the agent on node[12] failed", error), error
+    assert "cannot reach the launcher at 10.199.0.13" in error, error

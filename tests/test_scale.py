@@ -1,0 +1,160 @@
+"""Small-scale correctness of what lets a launch scale: connect retries and the log writer.
+
+Speed belongs to benchmarks/scale.py; these tests check behaviour with real sockets, a real
+agent process and real files.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import slurmrun
+from slurmrun import protocol
+from slurmrun.agent import CONNECT_RETRY_VAR, connect_with_backoff
+from slurmrun.logs import default_handlers, dispatch, make_record
+from slurmrun.transport import AuthenticationError, client_handshake, new_secret, server_handshake
+
+AGENT_EXIT_WITHIN = 120.0  # a bound for a loaded 2-core machine, not a speed claim
+
+
+def _refusing_port() -> socket.socket:
+    """A bound socket that does not listen yet: connects to its port are refused."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def test_connect_retries_refused_connects_until_the_launcher_listens() -> None:
+    server = _refusing_port()
+    port = server.getsockname()[1]
+    calls = 0
+
+    def once() -> socket.socket:
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            server.listen()  # the launcher's backlog has room again
+        return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+    with server:
+        sock, tries = connect_with_backoff(once, budget=120.0)
+        sock.close()
+    assert tries == 4
+
+
+def test_connect_gives_up_after_its_budget_saying_how_often_it_tried() -> None:
+    with _refusing_port() as server:
+        port = server.getsockname()[1]
+        with pytest.raises(ConnectionError, match=r"tries over 0.5 s failed.*ConnectionRefused"):
+            connect_with_backoff(
+                lambda: socket.create_connection(("127.0.0.1", port), timeout=10), 0.5
+            )
+
+
+def test_a_failed_handshake_is_not_retried() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    calls = 0
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn, pytest.raises(AuthenticationError):
+            server_handshake(conn, new_secret(), 10)
+
+    def once() -> socket.socket:
+        nonlocal calls
+        calls += 1
+        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            client_handshake(sock, new_secret(), 10)  # not the launcher's secret
+        finally:
+            sock.close()
+        return sock
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with server, pytest.raises(AuthenticationError):
+        connect_with_backoff(once, budget=5.0)
+    thread.join(timeout=30)
+    assert calls == 1
+
+
+def test_an_agent_that_cannot_reach_its_launcher_exits_1_naming_its_host() -> None:
+    """The real agent process: the launcher's pool turns that exit into its error at once."""
+    with _refusing_port() as server:
+        env = {
+            **os.environ,
+            protocol.SECRET_VAR: new_secret().hex(),
+            protocol.LAUNCHER_ADDR_VAR: "127.0.0.1",
+            protocol.PORT_VAR: str(server.getsockname()[1]),
+            protocol.PRELOAD_VAR: "",
+            protocol.HOSTNAME_VAR: "refused-node",
+            CONNECT_RETRY_VAR: "1",
+        }
+        proc = subprocess.run(
+            [sys.executable, "-m", "slurmrun.agent_main"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=AGENT_EXIT_WITHIN,
+            check=False,
+        )
+    assert proc.returncode == 1, proc.stderr
+    assert "slurmrun agent on refused-node: cannot reach the launcher at 127.0.0.1:" in proc.stderr
+    assert "tries over 1 s failed" in proc.stderr
+
+
+def _record(hostname: str, local_rank: int | None, msg: str, end: str = "\n") -> logging.LogRecord:
+    header = {"local_rank": local_rank, "stream": "stdout", "level": 20, "msg": msg, "end": end}
+    return make_record(header, hostname, None if local_rank is None else local_rank)
+
+
+def test_worker_files_get_every_finished_line_in_order(tmp_path: os.PathLike[str]) -> None:
+    """The writer thread: every line of every worker, in order, once the handlers close."""
+    hosts = [f"node{i}" for i in range(64)]
+    handlers = default_handlers(hosts, str(tmp_path), logging.INFO)
+    handlers = handlers[2:]  # the files alone: the live view is not under test here
+    for line in range(20):
+        for host in hosts:
+            for local_rank in range(4):
+                dispatch(_record(host, local_rank, f"{host}:{local_rank} line {line}"), handlers)
+    dispatch(_record("node0", 0, "50% [bar]", "\r"), handlers)  # a progress state: not kept
+    dispatch(_record("node0", None, "the agent's own line"), handlers)  # in its own file
+    for handler in handlers:
+        handler.close()
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 64 * 4
+    for host in hosts:
+        for local_rank in range(4):
+            with open(os.path.join(tmp_path, f"{host}.{local_rank}.log")) as f:
+                lines = f.read().splitlines()
+            assert lines == [f"{host}:{local_rank} line {i}" for i in range(20)]
+
+
+def chatty() -> int:
+    import torch.distributed as dist
+
+    for i in range(200):
+        print(f"rank {dist.get_rank()} line {i}", flush=True)
+    return dist.get_rank()
+
+
+def test_a_launch_writes_every_line_of_every_rank_to_its_file(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    result = slurmrun.launch(chatty, workers_per_host=2, backend="gloo", timeout=120)
+    assert result.return_values == [[0, 1]]
+    (run_dir,) = os.listdir(tmp_path)
+    for local_rank in range(2):
+        path = os.path.join(tmp_path, run_dir, f"{result.hostnames[0]}.{local_rank}.log")
+        with open(path) as f:
+            lines = f.read().splitlines()
+        assert lines == [f"rank {local_rank} line {i}" for i in range(200)]
