@@ -32,14 +32,19 @@ fi
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/slurmrun-gpu.XXXXXX")"
 VENV="${SLURMRUN_GPU_VENV:-$WORK/venv}"
 say "venv $VENV (--system-site-packages: the machine's torch), wheels from $WHEELS"
-if ! "$PYTHON" -m venv --system-site-packages "$VENV"; then
-  say "ERROR: could not create a venv with $PYTHON (Debian: apt-get install python3-venv)"
+PY="$VENV/bin/python"
+if "$PYTHON" -m venv --system-site-packages "$VENV" 2>/dev/null; then
+  pip_install() { "$PY" -m pip install -q "$@"; }
+elif "$PYTHON" -m venv --without-pip --system-site-packages "$VENV"; then
+  # No ensurepip (Debian without python3-venv): the system's pip installs into the venv.
+  pip_install() { "$PYTHON" -m pip --python "$PY" install -q "$@"; }
+else
+  say "ERROR: could not create a venv with $PYTHON"
   exit 2
 fi
-PY="$VENV/bin/python"
-"$PY" -m pip install -q --no-index --find-links "$WHEELS" -r tests/gpu/requirements.txt
-# No build isolation: that would fetch setuptools from the network; the system's is used.
-"$PY" -m pip install -q --no-index --no-deps --no-build-isolation .
+pip_install --no-index --find-links "$WHEELS" -r tests/gpu/requirements.txt
+# No build isolation (it would fetch setuptools): the venv's, from the wheels, builds it.
+pip_install --no-index --no-deps --no-build-isolation .
 
 export SLURMRUN_GPU_REPORT="$WORK/measurements.txt"
 export SLURMRUN_LOG_DIR="$WORK/logs"

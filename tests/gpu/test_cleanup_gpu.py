@@ -94,6 +94,7 @@ TWO_LAUNCHES = textwrap.dedent(
 )
 
 
+@pytest.mark.timeout(900)
 def test_two_launches_in_one_script(tmp_path) -> None:
     n = need_gpus(1)
     baseline = gpu_memory()

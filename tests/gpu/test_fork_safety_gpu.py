@@ -88,6 +88,7 @@ DRIVER = textwrap.dedent(
 )
 
 
+@pytest.mark.timeout(900)
 def test_a_module_that_initialises_cuda_at_import_works(tmp_path) -> None:
     n = need_gpus(1)
     (tmp_path / "cudamod.py").write_text(CUDA_AT_IMPORT)
