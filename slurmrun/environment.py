@@ -8,9 +8,6 @@ import signal
 import subprocess
 from collections.abc import Iterable, Mapping
 
-# Names of variables the launcher sets for agents, kept importable from here.
-from slurmrun.protocol import ENV_FILE_VAR, HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT  # noqa: F401
-
 __all__ = [
     "DEFAULT_ENV_VARS",
     "FORWARDED_SIGNALS",

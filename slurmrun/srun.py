@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 
 from slurmrun.allocation import SlurmAllocation, scontrol_gpus
 from slurmrun.logs import agent_log_path
-from slurmrun.protocol import JOB_TASKS_VAR  # noqa: F401 - its home was here
 from slurmrun.starters import SrunAgents, agent_command
 
 __all__ = [
