@@ -103,7 +103,15 @@ def test_dry_run_text_matches_golden_file(monkeypatch, tmp_path, name):
 
 def test_dry_run_shows_no_secret_value_and_names_the_variables_agents_get(monkeypatch, tmp_path):
     # A secret inherited from an outer launch must not show either.
-    _environ(monkeypatch, tmp_path, SLURMRUN_SECRET=SECRET_VALUE, MY_TOKEN="t0ken", **JOB)
+    # The address is given: node1 resolves only while the test cluster is up.
+    _environ(
+        monkeypatch,
+        tmp_path,
+        SLURMRUN_SECRET=SECRET_VALUE,
+        MY_TOKEN="t0ken",
+        SLURMRUN_LAUNCHER_ADDR="10.0.0.1",
+        **JOB,
+    )
     plan = slurmrun.Launcher(extra_env_vars=("MY_*",)).dry_run(work)
     for text in (str(plan), plan.to_json()):
         assert SECRET_VALUE not in text
@@ -166,7 +174,9 @@ def test_dry_run_refuses_what_run_refuses_with_the_same_error(monkeypatch, tmp_p
 
 def test_dry_run_starts_nothing(monkeypatch, tmp_path):
     logs = tmp_path / "logs"
-    _environ(monkeypatch, tmp_path, SLURMRUN_LOG_DIR=str(logs), **JOB)
+    _environ(
+        monkeypatch, tmp_path, SLURMRUN_LOG_DIR=str(logs), SLURMRUN_LAUNCHER_ADDR="10.0.0.1", **JOB
+    )
     before = {c.fd for c in psutil.Process().net_connections()}
     plan = slurmrun.Launcher().dry_run(work)
     assert plan.log_dir is not None
