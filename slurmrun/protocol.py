@@ -65,6 +65,9 @@ NODE_RANK_VAR = "SLURMRUN_NODE_RANK"
 HOSTNAME_VAR = "SLURMRUN_HOSTNAME"
 # Set by the launcher for workers (through `Start.env`):
 RESTART_VAR = "SLURMRUN_RESTART_COUNT"
+# Set in a submitted job: signals (names, comma-separated) that workers keep ignored, as their
+# agent set them, instead of restoring the default action (SLURM's --signal=USR2@90).
+IGNORED_SIGNALS_VAR = "SLURMRUN_IGNORED_SIGNALS"
 
 # Heartbeats (each way) per heartbeat timeout: the interval is the timeout divided by this.
 HEARTBEATS_PER_TIMEOUT = 5

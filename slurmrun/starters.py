@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from slurmrun.logs import agent_log_path
+from slurmrun.protocol import HOSTNAME_VAR, NODE_RANK_VAR
 from slurmrun.spawner import wait_readable
 
 __all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command", "local_agent_env"]
@@ -32,7 +33,7 @@ def package_pythonpath(environ: Mapping[str, str]) -> str:
 
 def local_agent_env(rank: int, host: str) -> dict[str, str]:
     """What a local agent gets on top of the launch's environment: which agent it is."""
-    return {"SLURMRUN_NODE_RANK": str(rank), "SLURMRUN_HOSTNAME": host}
+    return {NODE_RANK_VAR: str(rank), HOSTNAME_VAR: host}
 
 
 class AgentStarter(Protocol):

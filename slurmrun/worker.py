@@ -243,7 +243,7 @@ def run_worker(
     _redirect_output(stdout, stderr)
     # The agent ignores them; the user's code decides, unless the launch says they stay
     # ignored (a submitted job: SLURM's --signal=USR2@90 must not kill its workers).
-    keep = os.environ.get("SLURMRUN_IGNORED_SIGNALS", "").split(",")
+    keep = os.environ.get(protocol.IGNORED_SIGNALS_VAR, "").split(",")
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         if signum.name not in keep:
             signal.signal(signum, signal.SIG_DFL)

@@ -34,12 +34,10 @@ from slurmrun.batch.requeue import (
 from slurmrun.errors import RemoteTraceback
 from slurmrun.launcher import Launcher
 from slurmrun.logs import LOG_DIR_VAR, _FileHandler, stream_handler
+from slurmrun.protocol import IGNORED_SIGNALS_VAR
 from slurmrun.transport import dumps_inband, loads
 
-__all__ = ["IGNORED_SIGNALS_VAR", "JobCall", "Outcome"]
-
-IGNORED_SIGNALS_VAR = "SLURMRUN_IGNORED_SIGNALS"
-"""Signals (names, comma-separated) that workers keep ignored, as their agent set them."""
+__all__ = ["JobCall", "Outcome"]
 
 
 @dataclass
