@@ -205,6 +205,20 @@ def _safe_str(obj: object) -> str:
         return f"<{type(obj).__name__} whose str() failed>"
 
 
+def _check_gpu_of_own(spec: WorkerSpec, gpus: int) -> None:
+    """NCCL needs a GPU per worker of a host (two ranks on one GPU is an NCCL error)."""
+    if spec.local_rank < gpus:
+        return
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    shown = f"{gpus} GPU(s)" + ("" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})")
+    raise RuntimeError(
+        f"backend 'nccl' needs one GPU per worker, but host {spec.hostname} runs "
+        f"{spec.local_world_size} worker(s) and this worker (local rank {spec.local_rank}) "
+        f"sees {shown}. Use workers_per_host='auto' (one worker per GPU), at most {gpus} "
+        "worker(s) on this host, or backend='gloo' for CPU workers."
+    )
+
+
 def _init_process_group(spec: WorkerSpec) -> bool:
     if spec.backend is None:
         return False
@@ -215,6 +229,7 @@ def _init_process_group(spec: WorkerSpec) -> bool:
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
+        _check_gpu_of_own(spec, torch.cuda.device_count())
         torch.cuda.set_device(spec.local_rank)
     dist.init_process_group(
         backend=backend,

@@ -287,6 +287,15 @@ def test_gloo_all_reduce_sums_over_all_workers():
     assert result.values() == [("gloo", 3.0), ("gloo", 3.0)]
 
 
+def test_nccl_without_a_gpu_per_worker_is_a_clear_error():
+    # This machine has no GPU: every worker lacks one. On a GPU machine tests/gpu checks the
+    # same rule with one worker more than there are GPUs.
+    with pytest.raises(RuntimeError, match="backend 'nccl' needs one GPU per worker") as raised:
+        slurmrun.launch(all_reduce_sum, workers_per_host=2, backend="nccl", timeout=60)
+    message = str(raised.value)
+    assert "sees 0 GPU(s)" in message and "backend='gloo'" in message, message
+
+
 def test_launcher_class_runs_lambdas_closures_and_kwargs():
     offset = 100
 

@@ -8,12 +8,14 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 GIB = 1 << 30
+REPO = Path(__file__).resolve().parents[2]
 
 # Bounds for GPU memory to be released and processes to go: generous, for a loaded machine.
 FREED_WITHIN = 60.0
@@ -84,3 +86,10 @@ def wait_memory_back(baseline: list[tuple[int, int]], slack: int = GIB // 2) -> 
         if all(e <= slack for e in extra) or time.monotonic() > deadline:
             return extra
         time.sleep(1.0)
+
+
+def script_env() -> dict[str, str]:
+    """The environment of a script the test runs: this checkout first on PYTHONPATH, and
+    whatever was there already (run.sh puts the carried wheels' folder there) after it."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}

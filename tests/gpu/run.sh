@@ -5,11 +5,11 @@
 #
 # WHEEL_DIR holds the wheels of tests/gpu/requirements.txt, downloaded beforehand on a machine
 # with network (tests/gpu/README.md has the one command). The machine's own torch (a CUDA
-# build) is used, never installed: a venv with --system-site-packages sees it, gets the wheels
-# (--no-index) and slurmrun from this tree (--no-deps), then runs `pytest tests/gpu -m gpu`
-# and prints a summary: GPUs, torch/CUDA/NCCL versions, pass/fail/skip counts, measurements.
+# build) is used, never installed: the wheels (--no-index) and slurmrun from this tree go into a
+# --target folder put first on PYTHONPATH; then it runs `pytest tests/gpu -m gpu` and prints a
+# summary: GPUs, torch/CUDA/NCCL versions, pass/fail/skip counts, measurements.
 #
-# SLURMRUN_GPU_VENV: where the venv goes (default: a fresh temporary directory).
+# SLURMRUN_GPU_OUT: a folder that gets the pytest log, junit XML and summary (optional).
 # Exit status: pytest's (2 when no CUDA GPU is visible, so nothing could run).
 set -euo pipefail
 
@@ -30,21 +30,18 @@ if ! "$PYTHON" -c "import torch" 2>/dev/null; then
 fi
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/slurmrun-gpu.XXXXXX")"
-VENV="${SLURMRUN_GPU_VENV:-$WORK/venv}"
-say "venv $VENV (--system-site-packages: the machine's torch), wheels from $WHEELS"
-PY="$VENV/bin/python"
-if "$PYTHON" -m venv --system-site-packages "$VENV" 2>/dev/null; then
-  pip_install() { "$PY" -m pip install -q "$@"; }
-elif "$PYTHON" -m venv --without-pip --system-site-packages "$VENV"; then
-  # No ensurepip (Debian without python3-venv): the system's pip installs into the venv.
-  pip_install() { "$PYTHON" -m pip --python "$PY" install -q "$@"; }
-else
-  say "ERROR: could not create a venv with $PYTHON"
-  exit 2
-fi
-pip_install --no-index --find-links "$WHEELS" -r tests/gpu/requirements.txt
-# No build isolation (it would fetch setuptools): the venv's, from the wheels, builds it.
-pip_install --no-index --no-deps --no-build-isolation .
+# No venv: the machine's python3 may itself be a venv (torch in /opt/torch/.venv), and a venv
+# made from it with --system-site-packages sees the base interpreter's packages, not torch.
+# The wheels and slurmrun go into a --target folder put first on PYTHONPATH instead (agents
+# and workers inherit it); the machine's own packages, torch among them, stay visible.
+SITE="$WORK/site"
+say "packages into $SITE (PYTHONPATH, before $PYTHON's own), wheels from $WHEELS"
+pip_install() { "$PYTHON" -m pip install -q --no-index --no-compile --target "$SITE" "$@"; }
+pip_install --find-links "$WHEELS" -r tests/gpu/requirements.txt
+# No build isolation (it would fetch setuptools): the wheels' setuptools builds it.
+PYTHONPATH="$SITE" pip_install --no-deps --no-build-isolation .
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+PY="$PYTHON"
 
 export SLURMRUN_GPU_REPORT="$WORK/measurements.txt"
 export SLURMRUN_LOG_DIR="$WORK/logs"
@@ -66,6 +63,7 @@ else
   rc=2
 fi
 
+{
 echo
 echo "================ slurmrun GPU suite: summary ================"
 echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ)   host: $(hostname)"
@@ -114,4 +112,11 @@ if [ -s "$SLURMRUN_GPU_REPORT" ]; then
   sed 's/^/  /' "$SLURMRUN_GPU_REPORT"
 fi
 echo "pytest exit status: $rc   (full output: $WORK/pytest.log, worker logs: $WORK/logs)"
+} 2>&1 | tee "$WORK/summary.txt"
+if [ -n "${SLURMRUN_GPU_OUT:-}" ]; then
+  mkdir -p "$SLURMRUN_GPU_OUT"
+  cp "$WORK/summary.txt" "$SLURMRUN_GPU_OUT/"
+  for f in pytest.log junit.xml measurements.txt; do [ -e "$WORK/$f" ] && cp "$WORK/$f" "$SLURMRUN_GPU_OUT/"; done
+  [ -d "$WORK/logs" ] && tar -czf "$SLURMRUN_GPU_OUT/worker-logs.tar.gz" -C "$WORK" logs
+fi
 exit "$rc"

@@ -8,17 +8,15 @@ import signal
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from gpu_helpers import GIB, compute_app_pids, gpu_memory, need_gpus, wait_memory_back
+from gpu_helpers import GIB, compute_app_pids, gpu_memory, need_gpus, script_env, wait_memory_back
 
 import slurmrun
 from slurmrun.errors import WorkerFailedError
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parents[2]
 
 OPTIONS = {"timeout": 300}
 HOLD_GIB = 10
@@ -107,7 +105,7 @@ def test_two_launches_in_one_script(tmp_path) -> None:
         text=True,
         timeout=600,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=script_env(),
     )
     assert out.returncode == 0, out.stderr[-4000:]
     assert f"RESULTS {[float(n)] * n} {[2.0 * n] * n}" in out.stdout, out.stdout[-2000:]

@@ -8,26 +8,27 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
-from gpu_helpers import compute_app_pids, need_gpus
+from gpu_helpers import compute_app_pids, need_gpus, script_env
 
 import slurmrun
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parents[2]
 OPTIONS = {"timeout": 300}
-# The driver library, mapped by cuInit; libcudart and libtorch_cuda are mapped by `import torch`.
 LIBCUDA = re.compile(r"/libcuda\.so")
 
 
 def spawner_facts() -> dict[str, object]:
-    """What the worker sees of its parent, the spawner, after its own CUDA work."""
+    """What a worker sees of itself and of its parent, the spawner, while it holds a CUDA
+    context: the processes nvidia-smi lists as holding one, and the spawner's state at fork."""
     import torch
     import torch.distributed as dist
 
+    # Before any CUDA call of this worker's own beyond the process group's set-up: had the
+    # spawner initialised CUDA through torch, the fork would have left torch "in a bad fork".
+    bad_fork = torch.cuda._is_in_bad_fork()
     t = torch.ones(1, device="cuda")
     dist.all_reduce(t)
     torch.cuda.synchronize()
@@ -35,25 +36,35 @@ def spawner_facts() -> dict[str, object]:
     with open(f"/proc/{spawner}/comm") as f:
         name = f.read().strip()
     with open(f"/proc/{spawner}/maps") as f:
-        libcuda = sorted({line.split()[-1] for line in f if LIBCUDA.search(line)})
-    with open(f"/proc/{os.getpid()}/maps") as f:
-        mine = any(LIBCUDA.search(line) for line in f)
-    return {"spawner": spawner, "name": name, "libcuda": libcuda, "worker_has_libcuda": mine}
+        libcuda = any(LIBCUDA.search(line) for line in f)
+    return {
+        "worker": os.getpid(),
+        "spawner": spawner,
+        "name": name,
+        "bad_fork": bad_fork,
+        "apps": sorted(compute_app_pids()),  # asked while this worker holds its context
+        "spawner_maps_libcuda": libcuda,
+    }
 
 
-def test_the_spawner_never_initialises_cuda() -> None:
+def test_the_spawner_never_initialises_cuda(report) -> None:
     need_gpus(1)
     # A warm launcher keeps its spawners: the second run looks at a spawner that already
     # forked a generation of CUDA workers.
     with slurmrun.Launcher(**OPTIONS) as launcher:
-        for _ in range(2):
+        for run in range(2):
             facts = launcher.run(spawner_facts).values()
             for f in facts:
                 assert f["name"] == "slurmrun-spawn", f"the worker's parent is not the spawner: {f}"
-                assert f["worker_has_libcuda"], "the check must see libcuda where CUDA is used"
-                assert f["libcuda"] == [], f"the spawner mapped the CUDA driver: {f}"
-            apps = compute_app_pids()
-            assert not apps & {f["spawner"] for f in facts}, "nvidia-smi lists a spawner"
+                assert not f["bad_fork"], f"the spawner had initialised CUDA before the fork: {f}"
+                assert f["worker"] in f["apps"], f"nvidia-smi must list a worker's context: {f}"
+                assert f["spawner"] not in f["apps"], f"the spawner holds a CUDA context: {f}"
+            report(
+                f"run {run + 1}: nvidia-smi lists workers {sorted(f['worker'] for f in facts)}, "
+                f"not the spawner(s) {sorted({f['spawner'] for f in facts})}; the spawner maps "
+                f"libcuda: {sorted({f['spawner_maps_libcuda'] for f in facts})} (loading the "
+                "library is not initialising CUDA; `import torch` alone may load it)"
+            )
 
 
 CUDA_AT_IMPORT = textwrap.dedent(
@@ -100,7 +111,7 @@ def test_a_module_that_initialises_cuda_at_import_works(tmp_path) -> None:
         text=True,
         timeout=600,
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=script_env(),
     )
     assert out.returncode == 0, out.stderr[-4000:]
     total = n * (n + 1) / 2

@@ -114,3 +114,13 @@ def test_hiding_every_gpu_gives_gloo_workers_without_gpus(monkeypatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     result = slurmrun.launch(backend_and_gpus, workers_per_host=2, **OPTIONS)
     assert result.values() == [("gloo", 0)] * 2
+
+
+def test_more_workers_than_gpus_is_a_clear_error() -> None:
+    # Two NCCL ranks on one GPU is an NCCL error, and set_device(n) on n GPUs a CUDA one:
+    # slurmrun says which rule was broken and what to do instead.
+    n = need_gpus(1)
+    with pytest.raises(RuntimeError, match="backend 'nccl' needs one GPU per worker") as raised:
+        slurmrun.launch(where_am_i, workers_per_host=n + 1, **OPTIONS)
+    message = str(raised.value)
+    assert f"local rank {n}" in message and f"sees {n} GPU(s)" in message, message

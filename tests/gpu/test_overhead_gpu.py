@@ -7,7 +7,6 @@ launch ran. Each variant runs one NCCL all_reduce on every GPU and exits.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -16,11 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
-from gpu_helpers import need_gpus
+from gpu_helpers import need_gpus, script_env
 
 pytestmark = pytest.mark.gpu
 
-REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 3
 
 TORCHRUN_JOB = textwrap.dedent(
@@ -84,7 +82,7 @@ def _run(argv: list[str], cwd: Path) -> tuple[float, str]:
         text=True,
         timeout=600,
         cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=script_env(),
     )
     took = time.perf_counter() - start
     assert out.returncode == 0, f"{argv} failed:\n{out.stderr[-4000:]}"

@@ -16,7 +16,8 @@ OPTIONS = {"timeout": 300}
 
 
 def made_on_gpu(dtype_name: str, mib: int) -> dict[str, object]:
-    """A tensor of `mib` MiB on this worker's GPU, its `.cpu()` copy, and the copy's speed."""
+    """A tensor of `mib` MiB on this worker's GPU and a strided view of it, with their
+    `.cpu()` copies made here to compare against."""
     import torch
 
     dtype = getattr(torch, dtype_name)
@@ -24,32 +25,16 @@ def made_on_gpu(dtype_name: str, mib: int) -> dict[str, object]:
     rank = int(__import__("os").environ["RANK"])
     gen = torch.Generator(device="cuda").manual_seed(rank)
     t = torch.randn(n, device="cuda", generator=gen).to(dtype)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    copy = t.cpu()
-    copy_s = time.perf_counter() - start
-    # A view too: only its bytes travel, and it still equals its .cpu()
-    view = t[n // 4 : n // 2 : 3]
-    return {
-        "gpu": t,
-        "cpu": copy,
-        "view": view,
-        "view_cpu": view.cpu(),
-        "copy_s": copy_s,
-        "sent_at": time.time(),
-    }
+    view = t[n // 4 : n // 2 : 3]  # only the bytes it spans travel
+    return {"gpu": t, "gpu_cpu": t.cpu(), "view": view, "view_cpu": view.cpu()}
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "bfloat16"])
-def test_cuda_tensors_arrive_on_the_cpu_with_equal_values(dtype_name: str, report) -> None:
+def test_cuda_tensors_arrive_on_the_cpu_with_equal_values(dtype_name: str) -> None:
     import torch
 
     n = need_gpus(1)
-    mib = 256
-    started = time.time()
-    result = slurmrun.launch(made_on_gpu, (dtype_name, mib), **OPTIONS)
-    received = time.time()
-    values = result.values()
+    values = slurmrun.launch(made_on_gpu, (dtype_name, 64), **OPTIONS).values()
     assert len(values) == n
     for v in values:
         for key in ("gpu", "view"):
@@ -57,18 +42,42 @@ def test_cuda_tensors_arrive_on_the_cpu_with_equal_values(dtype_name: str, repor
             assert t.device.type == "cpu", f"{key} arrived on {t.device}"
             assert t.dtype == getattr(torch, dtype_name)
             assert torch.equal(t, v[f"{key}_cpu"]), f"{key} differs from .cpu() in the worker"
-    # Printed, not asserted: the launch's transfer (all workers in parallel) next to each
-    # worker's own tensor.cpu().
-    first_sent = min(v["sent_at"] for v in values)
-    last_result = started + result.timings.get("last_result", received - started)
-    transfer_s = max(last_result - first_sent, 1e-9)
-    # the GPU tensor (its view shares its storage), its CPU copy and the view's (1/12)
-    total_mib = n * mib * (2 + 1 / 12)
-    copy_rate = [mib / max(v["copy_s"], 1e-9) for v in values]
+        assert v["view"].stride() == (3,), "the view arrives as a view"
+
+
+def timed_return(mib: int, on_gpu: bool) -> dict[str, object]:
+    """A float32 tensor of `mib` MiB returned from the GPU (`on_gpu`) or after this worker's
+    own `.cpu()`; how long that `.cpu()` took; when the value was handed to slurmrun."""
+    import torch
+
+    t = torch.rand(mib * MIB // 4, device="cuda")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    copy = t.cpu()
+    copy_s = time.perf_counter() - start
+    return {"t": t if on_gpu else copy, "copy_s": copy_s, "sent_at": time.time()}
+
+
+@pytest.mark.parametrize("mib", [256, 1024])
+def test_cuda_tensor_return_speed(mib: int, report) -> None:
+    # Printed, not asserted: from the moment the worker returns to the launch's last result,
+    # for a tensor left on the GPU (slurmrun copies it to the host) and for one the worker
+    # copied itself, next to that worker's own tensor.cpu().
+    n = need_gpus(1)
+    rates = {}
+    for on_gpu in (True, False):
+        started = time.time()
+        result = slurmrun.launch(timed_return, (mib, on_gpu), **OPTIONS)
+        values = result.values()
+        assert all(tuple(v["t"].shape) == (mib * MIB // 4,) for v in values)
+        assert all(v["t"].device.type == "cpu" for v in values)
+        transfer_s = started + result.timings["last_result"] - min(v["sent_at"] for v in values)
+        rates[on_gpu] = n * mib / max(transfer_s, 1e-9)
+        copy = [mib / max(v["copy_s"], 1e-9) for v in values]
     report(
-        f"{dtype_name}: {n} worker(s) x {mib} MiB on GPU: returned at {total_mib / transfer_s:.0f}"
-        f" MiB/s in all (launch, {total_mib:.0f} MiB incl. the CPU copies, in {transfer_s:.2f} s);"
-        f" tensor.cpu() in the worker {min(copy_rate):.0f}-{max(copy_rate):.0f} MiB/s per GPU"
+        f"{n} worker(s) x {mib} MiB float32, returned to the launcher: from the GPU "
+        f"{rates[True]:.0f} MiB/s, already on the CPU {rates[False]:.0f} MiB/s; "
+        f"tensor.cpu() in the worker {min(copy):.0f} MiB/s"
     )
 
 
