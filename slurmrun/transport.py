@@ -23,7 +23,8 @@ that wraps the received buffer. Every dtype works (bfloat16, bool, complex, floa
 so do views: tensors of one storage in one pickled object share one buffer, and arrive sharing
 one storage again. A Parameter stays a Parameter; ``requires_grad`` is kept (a non-leaf
 arrives as a leaf, as after ``detach().requires_grad_()``); a conjugate view stays one. GPU
-tensors arrive on the CPU: each storage's bytes are copied to the host once. Tensors that
+tensors arrive on the CPU: each CUDA storage's bytes go to the host in pinned chunks while
+they are sent (`slurmrun.device_bytes`; in an in-band pickle, in one copy). Tensors that
 are not plain dense ones (sparse, quantized, nested, subclasses, with attributes of their own)
 are pickled as torch pickles them.
 
@@ -57,17 +58,21 @@ from typing import Any
 
 import cloudpickle
 
+from slurmrun.device_bytes import DeviceBytes
+
 __all__ = [
     "AuthenticationError",
     "Connection",
     "Frame",
     "FrameError",
     "FrameHead",
+    "OutOfBand",
     "bound_unacknowledged_sends",
     "client_handshake",
     "dumps",
     "dumps_inband",
     "loads",
+    "nbytes",
     "new_secret",
     "server_handshake",
 ]
@@ -84,6 +89,8 @@ _RELAY_CHUNK = 1 << 22
 LARGE_BUFFER_BYTES = 1 << 20
 
 Buffer = bytearray | mmap.mmap
+# An out-of-band buffer as `dumps` returns it: CPU bytes, or a CUDA storage's, sent in chunks.
+OutOfBand = pickle.PickleBuffer | DeviceBytes
 
 # Counts every call of `loads`: tests use it to prove that hostile peers never reach unpickling.
 unpickle_count = 0
@@ -186,6 +193,7 @@ _ALIGN = 16  # the largest element size (complex128): rebased offsets stay whole
 TRIM_MIN_BYTES = LARGE_BUFFER_BYTES  # unused storage bytes worth a second pickling pass
 
 _StorageKey = tuple[str, int, int]  # device, address, bytes
+_Deferred = dict[int, tuple[bytearray, DeviceBytes]]  # id(placeholder) -> (placeholder, bytes)
 
 
 class _Storage:
@@ -196,8 +204,14 @@ class _Storage:
         self.lo = lo
         self.hi = hi
 
-    def reduce(self, torch: Any) -> tuple[Any, ...]:
+    def reduce(self, torch: Any, deferred: _Deferred | None) -> tuple[Any, ...]:
+        """`deferred`: where CUDA storages go instead of being copied (out-of-band pickles)."""
         storage, lo, n = self.storage, self.lo, self.hi - self.lo
+        if deferred is not None and storage.device.type == "cuda":
+            # An empty placeholder buffer, which the buffer callback swaps for the device's bytes.
+            marker = bytearray()
+            deferred[id(marker)] = (marker, DeviceBytes(storage, lo, n))
+            return (_rebuild_storage, (pickle.PickleBuffer(marker),))
         if storage.device.type != "cpu":
             # One copy of the used bytes to the CPU; every view of the storage rebuilds on it.
             part = torch.empty((0,), dtype=torch.uint8, device=storage.device)
@@ -254,6 +268,7 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
         file: io.BytesIO,
         buffer_callback: Any = None,
         spans: dict[_StorageKey, tuple[int, int]] | None = None,
+        deferred: _Deferred | None = None,
     ) -> None:
         super().__init__(file, protocol=5, buffer_callback=buffer_callback)
         self.spans = spans
@@ -261,15 +276,19 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
         self.placeholders = False
         self._in_band = buffer_callback is None
         self._storages: dict[_StorageKey, _Storage] = {}
+        # Out of band, CUDA storages go here and are sent from the device in chunks, uncopied.
+        self.deferred = None if self._in_band else deferred
 
     def reducer_override(self, obj: Any) -> Any:
         torch = sys.modules.get("torch")
         if torch is not None:
             if type(obj) is _Storage:
-                if self.spans is None and (self._in_band or obj.storage.device.type != "cpu"):
+                # The first pass sends a placeholder where the real thing would cost a copy.
+                copies = self._in_band or obj.storage.device.type not in {"cpu", "cuda"}
+                if self.spans is None and copies:
                     self.placeholders = True
                     return (_rebuild_storage, (pickle.PickleBuffer(bytearray()),))
-                return obj.reduce(torch)
+                return obj.reduce(torch, self.deferred)
             if type(obj) in (torch.Tensor, torch.nn.Parameter) and _plain_tensor(torch, obj):
                 return self._reduce_tensor(torch, obj)
         return super().reducer_override(obj)
@@ -319,12 +338,25 @@ def _plain_tensor(torch: Any, obj: Any) -> bool:
     )
 
 
-def _dump(obj: Any, out_of_band: bool) -> tuple[bytes, list[pickle.PickleBuffer]]:
+class _Collect:
+    """The pickler's buffer callback: out-of-band buffers in order, CUDA ones as DeviceBytes."""
+
+    def __init__(self) -> None:
+        self.buffers: list[OutOfBand] = []
+        self.deferred: _Deferred = {}
+
+    def __call__(self, buffer: pickle.PickleBuffer) -> None:
+        placeholder = self.deferred.get(id(buffer.raw().obj))
+        self.buffers.append(buffer if placeholder is None else placeholder[1])
+
+
+def _dump(obj: Any, out_of_band: bool) -> tuple[bytes, list[OutOfBand]]:
     spans = None
     for _ in range(2):
-        buffers: list[pickle.PickleBuffer] = []
+        collect = _Collect()
+        buffers = collect.buffers
         out = io.BytesIO()
-        pickler = _Pickler(out, buffers.append if out_of_band else None, spans)
+        pickler = _Pickler(out, collect if out_of_band else None, spans, collect.deferred)
         pickler.dump(obj)
         if spans is not None:
             break
@@ -334,8 +366,11 @@ def _dump(obj: Any, out_of_band: bool) -> tuple[bytes, list[pickle.PickleBuffer]
     return out.getvalue(), buffers
 
 
-def dumps(obj: Any) -> tuple[bytes, list[pickle.PickleBuffer]]:
-    """Pickles `obj` with cloudpickle (protocol 5), keeping large buffers out of band."""
+def dumps(obj: Any) -> tuple[bytes, list[OutOfBand]]:
+    """Pickles `obj` with cloudpickle (protocol 5), keeping large buffers out of band.
+
+    CUDA tensors' bytes stay on the device as `DeviceBytes` until `Connection.send` sends them.
+    """
     return _dump(obj, out_of_band=True)
 
 
@@ -420,6 +455,19 @@ def _read_prefix(sock: socket.socket) -> tuple[dict[str, Any], int, list[int]] |
     return header, body_len, lens
 
 
+def nbytes(buffer: OutOfBand | memoryview) -> int:
+    """The length of an out-of-band buffer, on the host or on a GPU."""
+    if isinstance(buffer, DeviceBytes):
+        return buffer.nbytes
+    return (buffer.raw() if isinstance(buffer, pickle.PickleBuffer) else buffer).nbytes
+
+
+def _view(buffer: OutOfBand | memoryview | bytes | bytearray) -> DeviceBytes | memoryview:
+    if isinstance(buffer, DeviceBytes):
+        return buffer
+    return buffer.raw() if isinstance(buffer, pickle.PickleBuffer) else memoryview(buffer)
+
+
 class Connection:
     """A socket that carries frames; sending is thread-safe, receiving is for one reader."""
 
@@ -432,11 +480,11 @@ class Connection:
         self,
         header: dict[str, Any],
         body: bytes | bytearray | memoryview = b"",
-        buffers: Sequence[pickle.PickleBuffer | memoryview | bytes | bytearray] = (),
+        buffers: Sequence[OutOfBand | memoryview | bytes | bytearray] = (),
     ) -> None:
-        """Sends one frame; buffers are written from their own memory."""
-        views = [b.raw() if isinstance(b, pickle.PickleBuffer) else memoryview(b) for b in buffers]
-        prefix = _encode_prefix(header, len(body), [v.nbytes for v in views])
+        """Sends one frame; buffers are written from their own memory (a GPU's in chunks)."""
+        views = [_view(b) for b in buffers]
+        prefix = _encode_prefix(header, len(body), [nbytes(v) for v in views])
         with self._send_lock:
             if len(body) < 1 << 16:
                 self.sock.sendall(prefix + bytes(body))
@@ -444,7 +492,10 @@ class Connection:
                 self.sock.sendall(prefix)
                 self.sock.sendall(body)
             for v in views:
-                self.sock.sendall(v.cast("B") if v.ndim != 1 or v.format != "B" else v)
+                if isinstance(v, DeviceBytes):
+                    v.send_to(self.sock)
+                else:
+                    self.sock.sendall(v.cast("B") if v.ndim != 1 or v.format != "B" else v)
 
     def recv(self) -> Frame | None:
         """Receives one frame; None when the peer closed the connection between frames."""

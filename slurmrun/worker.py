@@ -12,7 +12,6 @@ import contextlib
 import faulthandler
 import logging
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -23,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.transport import Connection, dumps, loads
+from slurmrun.transport import Connection, OutOfBand, dumps, loads, nbytes
 
 __all__ = ["STREAM_GRANTED", "STREAM_MIN_BYTES", "STREAM_REFUSED", "WorkerSpec", "run_worker"]
 
@@ -171,7 +170,7 @@ def _send_result(
     streams: socket.socket,
     spec: WorkerSpec,
     body: bytes,
-    buffers: list[pickle.PickleBuffer],
+    buffers: list[OutOfBand],
 ) -> None:
     """Sends the pickled result: large ones over a connection of their own, others via `conn`.
 
@@ -180,7 +179,7 @@ def _send_result(
     into it straight from the result's memory, and then announces it through the agent, so
     that the announcement arrives behind everything the worker printed before.
     """
-    size = len(body) + sum(b.raw().nbytes for b in buffers)
+    size = len(body) + sum(nbytes(b) for b in buffers)
     if size >= STREAM_MIN_BYTES:
         conn.send({"t": protocol.STREAM})
         streams.settimeout(STREAM_WAIT)

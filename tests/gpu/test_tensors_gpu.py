@@ -112,3 +112,35 @@ def test_a_state_dict_on_gpu_arrives_on_the_cpu_with_equal_values() -> None:
         model.to(torch.bfloat16)
         model[0].to(torch.float32)
         model.load_state_dict(state)  # usable as it came
+
+
+def odd_spans() -> dict[str, object]:
+    """Byte tensors around the pinned chunk's size, at odd offsets, and their CPU copies."""
+    import torch
+
+    from slurmrun.device_bytes import CHUNK_BYTES
+
+    sizes = [1, 4095, CHUNK_BYTES - 1, CHUNK_BYTES, CHUNK_BYTES + 1, 3 * CHUNK_BYTES + 5]
+    spans = {}
+    for n in sizes:  # a storage each, cut to the bytes its view spans (from a 16-byte boundary)
+        at = n % 7 + 17
+        own = torch.randint(0, 256, (n + 64,), dtype=torch.uint8, device="cuda")
+        spans[f"{n}@{at}"] = own[at : at + n]
+    small = torch.arange(10, device="cuda")  # alone it would be sent through the agent
+    return {"spans": spans, "cpu": {k: v.cpu() for k, v in spans.items()}, "small": small}
+
+
+@pytest.mark.parametrize("streamed", [True, False])
+def test_chunk_boundaries_and_offsets_arrive_whole(streamed: bool) -> None:
+    import torch
+
+    need_gpus(1)
+    if streamed:
+        values = slurmrun.launch(odd_spans, **OPTIONS).values()
+    else:
+        # Under the stream threshold: the frame goes through the agent's connection.
+        values = slurmrun.launch(lambda: {"small": odd_spans()["small"]}, **OPTIONS).values()
+    for v in values:
+        assert torch.equal(v["small"], torch.arange(10))
+        for key, t in v.get("spans", {}).items():
+            assert t.device.type == "cpu" and torch.equal(t, v["cpu"][key]), key
