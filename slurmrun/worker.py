@@ -246,6 +246,24 @@ def _init_process_group(spec: WorkerSpec) -> bool:
     return True
 
 
+def _end_process_group() -> None:
+    """Ends the process group before the worker exits (unless `func` did, as torchrun scripts do).
+
+    NCCL's ``destroy_process_group`` takes about 0.5 s (measured on an H100: it joins the
+    watchdog threads), a third of a warm launch. The worker exits right after and the exit
+    frees every NCCL and CUDA resource, so NCCL workers only wait for their GPU's queued work.
+    """
+    import torch  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if not dist.is_initialized():
+        return
+    if dist.get_backend() == "nccl":
+        torch.cuda.synchronize()
+    else:
+        dist.destroy_process_group()
+
+
 def run_worker(
     spec: WorkerSpec,
     sock: socket.socket,
@@ -297,10 +315,7 @@ def run_worker(
                 _send_result(conn, streams, spec, body, buffers)
                 del body, buffers, result
                 if initialised:
-                    import torch.distributed as dist  # noqa: PLC0415
-
-                    if dist.is_initialized():  # unless func destroyed it (a torchrun script)
-                        dist.destroy_process_group()
+                    _end_process_group()
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
