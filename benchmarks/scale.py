@@ -8,11 +8,13 @@ the real agent's retry, `slurmrun.agent.connect_with_backoff`), HMAC handshake, 
 then after ``start`` one ``result`` frame per worker (a pickled int), a heartbeat and
 ``done``; END: ``idle``; CLOSE. Connects that had to be retried are counted; with
 ``--no-retry`` a fake agent tries once and fails (and so does the launch) as a real agent
-with ``SLURMRUN_CONNECT_RETRY=0`` would. With ``--logs`` every worker also sends one line of
-stdout first and the run uses its default log handlers (rank 0 live, a file per worker), as a
-real launch does. With ``--chatter S`` (implies ``--logs``), for S seconds before its result
-rank 0 sends a progress bar state 100 times a second and every other worker one line a
-second; the result then counts the lines that reached the files.
+with ``SLURMRUN_CONNECT_RETRY=0`` would. With ``--logs`` every worker also prints one line
+first and the run uses its default log handlers, as a real launch does: as srun agents do, the
+fake agents write each worker's file into the log directory (`slurmrun.logs.WorkerLog`, their
+processes' time) and send the launcher only rank 0's lines, which it shows live. With
+``--chatter S`` (implies ``--logs``), for S seconds before its result rank 0 prints a progress
+bar state 100 times a second and every other worker one line a second; the result then counts
+the lines that reached the files.
 
 This process is the launcher: it measures wall and CPU time (``time.process_time``: all its
 threads) of each phase, and its memory (peak RSS minus RSS before the launch). Prints one
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -42,6 +45,7 @@ from _harness import current_rss_bytes, emit, peak_rss_bytes
 
 from slurmrun.agent import connect_with_backoff
 from slurmrun.listener import LISTEN_BACKLOG
+from slurmrun.logs import WorkerLog
 from slurmrun.pool import AgentPool
 from slurmrun.session import Session
 from slurmrun.transport import (
@@ -68,6 +72,7 @@ class FakeSpec:
     logs: bool
     retry: bool
     chatter: float = 0.0
+    agent_files: bool = True  # False: lines the agents would write are counted, not written
 
 
 def _connect(spec: FakeSpec, retried: list[int]) -> Connection:
@@ -89,31 +94,61 @@ def _connect(spec: FakeSpec, retried: list[int]) -> Connection:
     return Connection(sock)
 
 
-def _log(conn: Connection, local_rank: int, msg: str, end: str = "\n") -> None:
-    conn.send(
-        {"t": "log", "local_rank": local_rank, "stream": "stdout", "level": 20, "msg": msg}
-        | {"end": end}
-    )
+class _Output:
+    """Where a fake agent's workers' lines go, as START says (the real agent's rule): into
+    their files when it names a log directory, and to the launcher for the ranks it forwards
+    (all of them when it names none)."""
+
+    def __init__(
+        self, conn: Connection, start: Any, hostname: str, spec: FakeSpec, counted: list[int]
+    ) -> None:
+        self.conn = conn
+        log_dir = start.header.get("log_dir")
+        self.count = bool(log_dir) and not spec.agent_files
+        self.counted = counted
+        self.files = (
+            {r: WorkerLog(log_dir, hostname, r, logging.INFO) for r in range(spec.workers)}
+            if log_dir and spec.agent_files
+            else {}
+        )
+        self.forward = start.header.get("forward_ranks")
+
+    def line(self, local_rank: int, msg: str, end: str = "\n") -> None:
+        if local_rank in self.files:
+            self.files[local_rank].write("stdout", logging.INFO, "", msg, end)
+        elif self.count and end == "\n":
+            self.counted.append(1)
+        if self.forward is None or local_rank in self.forward:
+            self.conn.send(
+                {"t": "log", "local_rank": local_rank, "stream": "stdout", "level": 20}
+                | {"msg": msg, "end": end}
+            )
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
 
 
-def _chatter(conn: Connection, offset: int, workers: int, seconds: float) -> None:
+def _chatter(out: _Output, offset: int, workers: int, seconds: float) -> None:
     """Rank 0: a progress bar state every 10 ms; every other worker: a line a second."""
     start = time.monotonic()
     ticks = int(seconds * 100)
     per_tick = 1 if offset == 0 else 100  # only rank 0's agent wakes up 100 times a second
     for tick in range(0, ticks, per_tick):
         if offset == 0:
-            _log(conn, 0, f"{tick + 1}/{ticks} [bar]", "\r")
+            out.line(0, f"{tick + 1}/{ticks} [bar]", "\r")
         if tick % 100 == 0:
             for local_rank in range(1 if offset == 0 else 0, workers):
-                _log(conn, local_rank, f"worker {offset + local_rank} second {tick // 100}")
-            conn.send({"t": "hb"})
+                out.line(local_rank, f"worker {offset + local_rank} second {tick // 100}")
+            out.conn.send({"t": "hb"})
         time.sleep(max(0.0, start + (tick + per_tick) / 100 - time.monotonic()))
     if offset == 0:
-        _log(conn, 0, f"{ticks}/{ticks} [bar] done")
+        out.line(0, f"{ticks}/{ticks} [bar] done")
 
 
-def _fake_agent(node_rank: int, spec: FakeSpec, go: threading.Event, retried: list[int]) -> None:
+def _fake_agent(
+    node_rank: int, spec: FakeSpec, go: threading.Event, retried: list[int], counted: list[int]
+) -> None:
     """One agent: connect, hello, wait for start, send W results + hb + done; END: idle; CLOSE."""
     go.wait()
     workers = spec.workers
@@ -135,13 +170,15 @@ def _fake_agent(node_rank: int, spec: FakeSpec, go: threading.Event, retried: li
         conn.close()
         return
     offset = int(start.header["rank_offset"])
+    out = _Output(conn, start, f"node{node_rank}", spec, counted)
     if spec.chatter:
-        _chatter(conn, offset, workers, spec.chatter)
+        _chatter(out, offset, workers, spec.chatter)
     for local_rank in range(workers):
         if spec.logs:
-            _log(conn, local_rank, f"worker {offset + local_rank} ready")
+            out.line(local_rank, f"worker {offset + local_rank} ready")
         body, buffers = dumps(offset + local_rank)
         conn.send({"t": "result", "local_rank": local_rank}, body, buffers)
+    out.close()
     conn.send({"t": "hb"})
     conn.send({"t": "done"})
     while (frame := conn.recv()) is not None and frame.kind != "close":
@@ -157,10 +194,11 @@ def _fake_agents_main(
     go = threading.Event()
     failures: queue.Queue[tuple[int, str]] = queue.Queue()
     retried: list[int] = []  # list.append is atomic: one entry per agent that had to retry
+    counted: list[int] = []  # one entry per line an agent would have written (no files)
 
     def guarded(rank: int) -> None:
         try:
-            _fake_agent(rank, spec, go, retried)
+            _fake_agent(rank, spec, go, retried, counted)
         except Exception as e:
             failures.put((rank, f"{type(e).__name__}: {e}"))
 
@@ -177,7 +215,7 @@ def _fake_agents_main(
         except queue.Empty:
             continue
         pipe.send(("fail", rank, why))
-    pipe.send(("finished", len(retried), sum(retried)))
+    pipe.send(("finished", len(retried), sum(retried), len(counted)))
 
 
 # ------------------------------------------------------------------ launcher side (this process)
@@ -192,6 +230,7 @@ class FakeStarter:
     reasons: list[str] = dataclasses.field(default_factory=list)
     finished: set[int] = dataclasses.field(default_factory=set)
     retried_agents: int = 0
+    counted_lines: int = 0
     retries: int = 0
 
     def _poll(self, timeout: float = 0.0) -> None:
@@ -206,6 +245,7 @@ class FakeStarter:
                 elif msg[0] == "finished":
                     self.finished.add(self.pipes.index(pipe))
                     self.retried_agents += int(msg[1])
+                    self.counted_lines += int(msg[3]) if len(msg) > 3 else 0
                     self.retries += int(msg[2])
                     break
 
@@ -291,6 +331,7 @@ def _session(
         "local_master": False,
         "handlers": None if log_dir else [],
         "log_dir": log_dir,
+        "agents_write_logs": True,  # as srun agents do: they see the (shared) log directory
     }
     names = {f.name for f in dataclasses.fields(Session)}
     session = TimedSession(**{k: v for k, v in wanted.items() if k in names})
@@ -341,15 +382,21 @@ def measure(
     retry: bool = True,
     *,
     chatter: float = 0.0,
+    agent_files: bool = True,
 ) -> dict[str, Any]:
     """Runs one simulated launch and returns its timings and memory."""
     _raise_fd_limit()
     logs = logs or chatter > 0
     server = socket.create_server(("127.0.0.1", 0), backlog=LISTEN_BACKLOG)
     secret = new_secret()
-    spec = FakeSpec(server.getsockname()[1], secret, workers, logs, retry, chatter)
+    spec = FakeSpec(server.getsockname()[1], secret, workers, logs, retry, chatter, agent_files)
     pipes, processes = start_fake_agents(agents, spec, procs)
-    log_dir = tempfile.mkdtemp(prefix="slurmrun-scale-") if logs else None
+    # Where a real launch puts its logs by default (./slurmrun_logs), not /tmp: on the
+    # reference machine creating a file in /tmp takes ~750 us, elsewhere on the same disk 25 us.
+    logs_base = os.path.join(os.getcwd(), "slurmrun_logs")
+    if logs:
+        os.makedirs(logs_base, exist_ok=True)
+    log_dir = tempfile.mkdtemp(prefix="scale-", dir=logs_base) if logs else None
     starter = FakeStarter(pipes)
     session = _session(agents, secret, starter, server, log_dir)
     rss_before = current_rss_bytes()
@@ -379,7 +426,7 @@ def measure(
     )
     lines = 0
     if log_dir:
-        lines = _count_lines(log_dir)
+        lines = _count_lines(log_dir) + starter.counted_lines
         shutil.rmtree(log_dir, ignore_errors=True)
     m = session.marks
     out: dict[str, Any] = {
@@ -392,6 +439,7 @@ def measure(
         "retried_agents": starter.retried_agents,
         "connect_retries": starter.retries,
         "chatter_s": chatter,
+        "agent_files": agent_files,
         "log_lines": lines,
         "log_lines_expected": expected,
         "fake_agent_failure_example": starter.reasons[0] if starter.reasons else "",
@@ -431,8 +479,24 @@ def main() -> None:
         default=0.0,
         help="seconds of rank 0's progress bar (100/s) and a line a second from the others",
     )
+    parser.add_argument(
+        "--no-agent-files",
+        action="store_true",
+        help="fake agents count the lines they would write instead of creating the files "
+        "(on a cluster each node creates its own; here all share 2 cores and one directory)",
+    )
     a = parser.parse_args()
-    emit(measure(a.agents, a.workers, a.logs, a.fake_procs, not a.no_retry, chatter=a.chatter))
+    emit(
+        measure(
+            a.agents,
+            a.workers,
+            a.logs,
+            a.fake_procs,
+            not a.no_retry,
+            chatter=a.chatter,
+            agent_files=not a.no_agent_files,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from slurmrun import allocation, protocol
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.errors import signal_name
-from slurmrun.logs import LineAssembler
+from slurmrun.logs import LINE, LineAssembler, WorkerLog
 from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT, JOB_TASKS_VAR
 from slurmrun.spawner import Spawner, WorkerProcess, wait_any, wait_readable
 from slurmrun.transport import (
@@ -92,6 +92,8 @@ class _Worker:
     relay: threading.Thread | None = None
     delivered: bool = False
     judged: bool = False
+    log: WorkerLog | None = None  # its log file, when this agent writes it
+    forward: bool = True  # whether its output and logging records go to the launcher
 
 
 @dataclass
@@ -165,6 +167,8 @@ class Agent:
             for thread in [worker.relay, *worker.readers]:
                 if thread is not None:
                     thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            if worker.log is not None:
+                worker.log.close()
         self.workers = []
 
     def _relay(self, worker: _Worker) -> None:
@@ -177,6 +181,10 @@ class Agent:
                     self._grant_stream(worker)
                     continue
                 head.header["local_rank"] = worker.local_rank
+                if head.kind == protocol.LOG:
+                    forward = self._logged(worker, head.header)
+                    if not forward and not head.payload_bytes:
+                        continue  # in its file, and not for the launcher
                 final = head.kind in (protocol.RESULT, protocol.ERROR)
                 if final:
                     self._drain_output(worker)  # what it printed first reaches the launcher first
@@ -185,6 +193,19 @@ class Agent:
                     worker.delivered = True
         except (OSError, EOFError, ValueError):
             pass
+
+    @staticmethod
+    def _logged(worker: _Worker, header: dict[str, object]) -> bool:
+        """Writes a worker's logging record to its file; True if it goes to the launcher too."""
+        if worker.log is not None:
+            level = header.get("level", logging.INFO)
+            worker.log.write(
+                "logging",
+                level if isinstance(level, int) else logging.INFO,
+                str(header.get("name", "")),
+                str(header.get("msg", "")),
+            )
+        return worker.forward
 
     def _grant_stream(self, worker: _Worker) -> None:
         """Hands the worker a connection of its own to the launcher, for one large result.
@@ -226,8 +247,12 @@ class Agent:
         """Turns a worker's fd-level output into records for the launcher."""
 
         def emit(text: str, end: str) -> None:
-            if end == "\n":
+            if end == LINE:
                 worker.last_lines.append(text)
+            if worker.log is not None:
+                worker.log.write(stream, logging.INFO, "", text, end)
+            if not worker.forward:
+                return
             with contextlib.suppress(OSError):
                 self.launcher.send(
                     {
@@ -291,6 +316,9 @@ class Agent:
                     theirs.close()
             worker = _Worker(local_rank, process, Connection(pairs[0][0]), pairs[3][0])
             worker.outputs = [mine for mine, _ in pairs[1:3]]
+            if start.log_dir is not None:
+                worker.log = WorkerLog(start.log_dir, self.hostname, local_rank, start.log_level)
+            worker.forward = start.forward_ranks is None or local_rank in start.forward_ranks
             for (mine, _), stream in zip(pairs[1:3], ("stdout", "stderr"), strict=True):
                 reader = threading.Thread(
                     target=self._forward_output, args=(worker, mine, stream), daemon=True

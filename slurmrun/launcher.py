@@ -927,6 +927,7 @@ def _run_session(  # noqa: PLR0917 - private, called once
         local_master=plan.local,
         handlers=cfg.log_handlers,
         log_dir=log_dir.path if log_dir is not None and log_dir.keep else None,
+        agents_write_logs=isinstance(pool.starter, (LocalAgents, SrunAgents)),
         log_level=log_level(),
         trace=trace,
     )

@@ -1,10 +1,13 @@
 """The launcher's network threads: they move bytes and take no decision.
 
-An accept thread authenticates connections; one reader thread per connection turns frames
-into events on one queue (``("frame", conn, frame)``, then ``("eof", conn, why)``) and notes
-when each connection last delivered a frame; a heartbeat thread tells agents that the launcher
-is alive. `slurmrun.pool.AgentPool` and the run on it (`slurmrun.session.Session`) make every
-decision from the queue.
+One reader thread accepts, authenticates and reads every connection through one selector
+(epoll on Linux): a connection is a `slurmrun.incoming.Incoming`, fed what arrives without
+ever blocking the others. It turns frames into events on one queue (``("frame", conn,
+frame)``, then ``("eof", conn, why)``) and notes when each connection last delivered a frame.
+A large payload is received by a short-lived thread of its own, so big results still arrive
+in parallel. A heartbeat thread tells agents that the launcher is alive.
+`slurmrun.pool.AgentPool` and the run on it (`slurmrun.session.Session`) make every decision
+from the queue.
 """
 
 from __future__ import annotations
@@ -12,20 +15,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import selectors
 import socket
 import threading
 import time
 from typing import Any
 
 from slurmrun import protocol
+from slurmrun.incoming import Incoming
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
-from slurmrun.transport import (
-    AuthenticationError,
-    Connection,
-    FrameError,
-    bound_unacknowledged_sends,
-    server_handshake,
-)
+from slurmrun.transport import AuthenticationError, Connection, FrameError
 
 __all__ = ["LISTEN_BACKLOG", "Listener"]
 
@@ -36,15 +35,18 @@ HANDSHAKE_TIMEOUT = 10.0
 # agents all connect within a second or two, and agents retry what still meets a full queue.
 LISTEN_BACKLOG = 8192
 # Handshakes in progress at once; more connections wait in the listen backlog (never dropped,
-# so that a thousand agents connecting at once all get in).
-MAX_PENDING_HANDSHAKES = 256
+# so that thousands of agents connecting at once all get in).
+MAX_PENDING_HANDSHAKES = 1024
+_SWEEP = 0.2  # how often handshakes are checked against their deadline
+_SERVER = "server"
+_WAKE = "wake"
 
 
 class Listener:
     """Accepts and reads the connections of a pool of agents, and sends heartbeats to agents.
 
     Args:
-        server: the listening socket (closed by `close`).
+        server: the listening socket (closed by `join`).
         secret: the launch secret that every connection must prove.
         silence: the agents' heartbeat timeout: a connection whose sent data stays
             unacknowledged that long is dropped, and agents get `HEARTBEATS_PER_TIMEOUT`
@@ -57,18 +59,29 @@ class Listener:
         self.silence = silence
         self.events: queue.Queue[tuple[str, Any, Any]] = queue.Queue()
         self.closing = threading.Event()
-        self._handshakes = threading.BoundedSemaphore(MAX_PENDING_HANDSHAKES)
-        # When each connection's reader last got a frame: liveness is judged by what arrived,
+        # When each connection last delivered a frame: liveness is judged by what arrived,
         # not by what the (possibly backlogged) event queue got round to.
         self._heard: dict[int, float] = {}
         self._agents: list[Connection] = []
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        # Work for the reader thread from others: connections back from a handoff, "close".
+        self._todo: queue.SimpleQueue[Incoming | str] = queue.SimpleQueue()
+        self._pending: dict[Incoming, None] = {}  # handshakes in progress, oldest first
+        self._accepting = False
+        self._stop = False
         self._threads = [
-            threading.Thread(target=self._accept_loop, daemon=True),
-            threading.Thread(target=self._heartbeat, daemon=True),
+            threading.Thread(target=self._read_loop, name="slurmrun-listener", daemon=True),
+            threading.Thread(target=self._heartbeat, name="slurmrun-heartbeat", daemon=True),
         ]
 
     def start(self) -> None:
-        """Starts accepting connections and sending heartbeats."""
+        """Starts accepting and reading connections, and sending heartbeats."""
+        self.server.setblocking(False)
+        self._selector.register(self.server, selectors.EVENT_READ, _SERVER)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, _WAKE)
+        self._accepting = True
         for thread in self._threads:
             thread.start()
 
@@ -81,57 +94,190 @@ class Listener:
         self._agents.append(conn)
 
     def close(self) -> None:
-        """Stops accepting (at once) and sending heartbeats."""
+        """Stops accepting (at once) and sending heartbeats; connections are still read."""
         self.closing.set()
-        with contextlib.suppress(OSError):
-            self.server.shutdown(socket.SHUT_RDWR)  # wakes the accept thread at once
+        self._post("close")
 
     def join(self) -> None:
-        """Waits (briefly) for the accept and heartbeat threads, and closes the server."""
+        """Stops reading, closes what is left and the server, and waits (briefly) for threads."""
+        self.closing.set()
+        self._stop = True
+        self._post("stop")
         for thread in self._threads:
-            thread.join(timeout=2.0)
+            if thread.ident is not None:
+                thread.join(timeout=2.0)
+        if self._threads[0].ident is None:  # never started: nothing else closes these
+            self._shut_down()
         with contextlib.suppress(OSError):
             self.server.close()
 
-    def _accept_loop(self) -> None:
-        self.server.settimeout(0.2)
-        while not self.closing.is_set():
+    def _post(self, item: Incoming | str) -> None:
+        self._todo.put(item)
+        with contextlib.suppress(OSError):  # full: the reader is awake already
+            self._wake_w.send(b"x")
+
+    # ------------------------------------------------------------------ the reader thread
+    def _read_loop(self) -> None:
+        next_sweep = time.monotonic() + _SWEEP
+        try:
+            while not self._stop:
+                for key, _ in self._selector.select(timeout=_SWEEP):
+                    if key.data is _SERVER:
+                        self._accept()
+                    elif key.data is _WAKE:
+                        self._take_todo()
+                    else:
+                        self._on_readable(key.data)
+                now = time.monotonic()
+                if now >= next_sweep:
+                    self._sweep(now)
+                    next_sweep = now + _SWEEP
+                if not self._accepting and not self.closing.is_set():
+                    self._resume_accepting()
+        finally:
+            self._shut_down()
+
+    def _accept(self) -> None:
+        while self._accepting and len(self._pending) < MAX_PENDING_HANDSHAKES:
             try:
                 sock, peer = self.server.accept()
-            except TimeoutError:
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError:
-                break
-            while not self._handshakes.acquire(timeout=0.2):
-                if self.closing.is_set():
-                    sock.close()
-                    return
-            threading.Thread(target=self._serve, args=(sock, peer), daemon=True).start()
+                self._stop_accepting()
+                return
+            incoming = Incoming(
+                sock, peer, self.secret, self.silence, time.monotonic() + HANDSHAKE_TIMEOUT
+            )
+            try:
+                incoming.greet()
+            except (AuthenticationError, OSError) as e:
+                self._reject(incoming, str(e))
+                continue
+            self._pending[incoming] = None
+            self._register(incoming)
+        if self._accepting:  # a full house: the kernel's backlog holds the rest meanwhile
+            self._selector.unregister(self.server)
+            self._accepting = False
 
-    def _serve(self, sock: socket.socket, peer: Any) -> None:
+    def _stop_accepting(self) -> None:
+        if self._accepting:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.unregister(self.server)
+            self._accepting = False
+
+    def _reject(self, incoming: Incoming, why: str) -> None:
+        log.warning("slurmrun: rejected a connection from %s: %s", incoming.peer, why)
+        self._pending.pop(incoming, None)
+        self._forget(incoming)
+        incoming.sock.close()
+
+    def _register(self, incoming: Incoming) -> None:
+        """Reads `incoming` from now on.
+
+        Its descriptor may be the number of a connection that was closed by its owner while
+        registered (the kernel forgot that one; the selector did not): that one has ended.
+        """
+        stale = self._selector.get_map().get(incoming.sock.fileno())
+        if stale is not None and isinstance(stale.data, Incoming):
+            self._ended(stale.data, "closed")
+        self._selector.register(incoming.sock, selectors.EVENT_READ, incoming)
+
+    def _forget(self, incoming: Incoming) -> None:
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._selector.unregister(incoming.sock)
+
+    def _on_readable(self, incoming: Incoming) -> None:
+        was_pending = incoming.conn is None
         try:
-            server_handshake(sock, self.secret, HANDSHAKE_TIMEOUT)
+            frames, still_open = incoming.read()
         except AuthenticationError as e:
-            log.warning("slurmrun: rejected a connection from %s: %s", peer, e)
-            sock.close()
+            self._reject(incoming, str(e))
             return
-        finally:
-            self._handshakes.release()
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        bound_unacknowledged_sends(sock, self.silence)
-        conn = Connection(sock)
-        try:
-            while True:
-                frame = conn.recv()
-                if frame is None:
-                    break
-                self._heard[id(conn)] = time.monotonic()
-                self.events.put(("frame", conn, frame))
         except (OSError, EOFError, FrameError) as e:
-            self.events.put(("eof", conn, str(e)))
+            self._ended(incoming, str(e) or type(e).__name__)
             return
-        self.events.put(("eof", conn, ""))
+        conn = incoming.conn
+        if conn is None:
+            return  # still in its handshake
+        if was_pending:
+            self._pending.pop(incoming, None)
+            self._heard[id(conn)] = time.monotonic()
+        if frames:
+            self._heard[id(conn)] = time.monotonic()
+            for frame in frames:
+                self.events.put(("frame", conn, frame))
+        if not still_open:
+            self._ended(incoming, "")
+        elif incoming.handoff:
+            self._forget(incoming)
+            threading.Thread(
+                target=self._receive_rest, args=(incoming,), name="slurmrun-receive", daemon=True
+            ).start()
 
+    def _resume_accepting(self) -> None:
+        if len(self._pending) < MAX_PENDING_HANDSHAKES and self.server.fileno() >= 0:
+            self._selector.register(self.server, selectors.EVENT_READ, _SERVER)
+            self._accepting = True
+
+    def _ended(self, incoming: Incoming, why: str) -> None:
+        self._forget(incoming)
+        if incoming.conn is None:
+            self._reject(incoming, f"handshake broke off: {why}")
+            return
+        self.events.put(("eof", incoming.conn, why))
+
+    def _receive_rest(self, incoming: Incoming) -> None:
+        """A large payload's rest, on a thread of its own; then the reader takes it back."""
+        assert incoming.conn is not None  # noqa: S101 - only authenticated ones hand off
+        try:
+            frame = incoming.receive_rest()
+        except (OSError, EOFError) as e:
+            self.events.put(("eof", incoming.conn, str(e) or type(e).__name__))
+            return
+        self._heard[id(incoming.conn)] = time.monotonic()
+        self.events.put(("frame", incoming.conn, frame))
+        self._post(incoming)
+
+    def _take_todo(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._wake_r.recv(4096, socket.MSG_DONTWAIT):
+                pass
+        while True:
+            try:
+                item = self._todo.get_nowait()
+            except queue.Empty:
+                return
+            if item == "close":
+                self._stop_accepting()
+            elif isinstance(item, Incoming) and not self._stop:
+                try:
+                    self._register(item)
+                except (KeyError, ValueError, OSError):
+                    # Closed meanwhile (by the pool): nothing more will come from it.
+                    assert item.conn is not None  # noqa: S101 - handed back after a frame
+                    self.events.put(("eof", item.conn, "closed"))
+
+    def _sweep(self, now: float) -> None:
+        """Ends handshakes past their deadline."""
+        for incoming in list(self._pending):
+            if now < incoming.deadline:
+                break  # oldest first: the rest are younger
+            self._reject(incoming, "handshake broke off: timed out")
+
+    def _shut_down(self) -> None:
+        """Closes what is left: connections nobody took (their owners closed their own)."""
+        self._stop_accepting()
+        for key in list(self._selector.get_map().values()):
+            if isinstance(key.data, Incoming):
+                self._forget(key.data)
+                key.data.sock.close()
+        self._pending.clear()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # ------------------------------------------------------------------ heartbeats
     def _heartbeat(self) -> None:
         """Tells every agent that the launcher is alive (agents stop their workers otherwise).
 

@@ -9,11 +9,17 @@ into plain records: JSON fields, never pickles. The launcher turns each record i
 - ``slurmrun_end``: ``"\\n"`` for a finished line, ``"\\r"`` for the current state of a line that
   is still being rewritten (a progress bar, or text not yet ended by a newline).
 
-The default handlers print agent 0 and worker rank 0 live, and write one file per worker.
+The default handlers print agent 0 and worker rank 0 live, and a file per worker holds its
+finished lines. Where the agents see the launcher's log directory (srun and local agents),
+each agent writes its own workers' files (`WorkerLog`) and sends the launcher only what it
+shows: 32,768 workers' lines and files would otherwise all pass through one process. Agents
+over ssh may not share the directory: their lines come to the launcher, which writes them
+(`_WorkerFiles`). Custom handlers get every record.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import os
@@ -28,6 +34,7 @@ from typing import IO, Any
 __all__ = [
     "LineAssembler",
     "LogDir",
+    "WorkerLog",
     "add_filter_to_handler",
     "default_handlers",
     "file_handler",
@@ -122,6 +129,11 @@ def tail_file(path: str | None, lines: int = 20, max_bytes: int = 16384) -> str:
     return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
+def file_line(stream: str, levelname: str, name: str, msg: str) -> str:
+    """A record as a worker's log file holds it: output as printed, logging records prefixed."""
+    return f"{levelname}:{name}: {msg}" if stream == "logging" else msg
+
+
 # ---------------------------------------------------------------------- agent side
 
 
@@ -166,6 +178,49 @@ class LineAssembler:
         if self._line:
             self._emit(self._line, LINE)
             self._line = ""
+
+
+class WorkerLog:
+    """One worker's log file, ``<dir>/<host>.<local rank>.log``, written by its agent.
+
+    It holds the same finished lines as the launcher's files would (progress states dropped,
+    logging records prefixed with their level and logger, and only records at the launch's
+    log level or above: stdout and stderr lines count as INFO). Each line is one ``write`` of an
+    ``O_APPEND`` descriptor, so stdout, stderr and logging records, written from different
+    threads, never interleave within a line. A file that cannot be written is reported once
+    on the agent's stderr (its own log) and then left alone: output must not fail a run.
+    """
+
+    def __init__(self, log_dir: str, hostname: str, local_rank: int, level: int) -> None:
+        self.path = worker_log_path(log_dir, hostname, local_rank)
+        self.level = level
+        self._fd: int | None = None
+        self._failed = False
+        self._lock = threading.Lock()
+
+    def write(self, stream: str, level: int, name: str, msg: str, end: str = LINE) -> None:
+        """Appends one record (dropped when it is a progress state, or below the level)."""
+        if end == PROGRESS or level < self.level or self._failed:
+            return
+        line = file_line(stream, logging.getLevelName(level), name, msg)
+        data = (line + "\n").encode(errors="replace")
+        with self._lock:
+            try:
+                if self._fd is None:
+                    self._fd = os.open(self.path, _APPEND, 0o644)
+                while data:
+                    data = data[os.write(self._fd, data) :]
+            except OSError as e:
+                self._failed = True
+                print(f"slurmrun: cannot write a worker's log: {e}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Closes the file (other nodes see its lines once it is closed: NFS's rule)."""
+        with self._lock:
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(self._fd)
+                self._fd = None
 
 
 # ---------------------------------------------------------------------- launcher side
@@ -299,9 +354,9 @@ class _FileHandler(logging.Handler):
             return
         if self._file is None:
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        text = record.getMessage()
-        if getattr(record, "stream", "") == "logging":
-            text = f"{record.levelname}:{record.name}: {text}"
+        text = file_line(
+            str(getattr(record, "stream", "")), record.levelname, record.name, record.getMessage()
+        )
         self._file.write(text + "\n")
         self._file.flush()
 
@@ -370,9 +425,9 @@ class _WorkerFiles(logging.Handler):
         local_rank = getattr(record, "local_rank", None)
         if local_rank is None or getattr(record, "slurmrun_end", LINE) == PROGRESS:
             return  # agents' own output is in <host>.agent.log; files keep finished lines
-        text = record.getMessage()
-        if getattr(record, "stream", "") == "logging":
-            text = f"{record.levelname}:{record.name}: {text}"
+        text = file_line(
+            str(getattr(record, "stream", "")), record.levelname, record.name, record.getMessage()
+        )
         if self._writer is None:
             self._writer = threading.Thread(
                 target=self._write_loop, name="slurmrun-log-writer", daemon=True

@@ -147,6 +147,12 @@ class Start(_Message):
     sys_path: list[str]
     cwd: str
     env: dict[str, str]  # set in every worker, on top of the agent's environment
+    # Where the agent writes each worker's finished lines (`slurmrun.logs.WorkerLog`); None:
+    # it does not (the launcher writes files, or there are none).
+    log_dir: str | None = None
+    # The local ranks whose output and logging records go to the launcher (None: every
+    # rank's). The agent's own always do.
+    forward_ranks: list[int] | None = None
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,9 @@ class Session:
     local_master: bool = False
     handlers: list[logging.Handler] | None = None  # None: the defaults (see logs.py)
     log_dir: str | None = None  # where the default handlers write one file per worker
+    # The agents see `log_dir` and write their workers' files themselves (srun and local
+    # agents); with the default handlers they then send only the records shown live.
+    agents_write_logs: bool = False
     log_level: int = logging.INFO
     trace: Trace | None = None  # the launch's events and milestones
 
@@ -166,8 +169,14 @@ class Session:
             else [a.hello.auto_workers for a in order]
         )
         world_size = sum(counts)
-        if self._own_handlers:
-            self._handlers = default_handlers(pool.hostnames, self.log_dir, self.log_level)
+        # The default handlers show rank 0; each worker's file is written by its agent where
+        # the agents see the log directory, else here (then every line must come here).
+        own = self._own_handlers
+        agent_files = own and self.agents_write_logs and self.log_dir is not None
+        forward_all = not own or (self.log_dir is not None and not agent_files)
+        if own:
+            files_here = None if agent_files else self.log_dir
+            self._handlers = default_handlers(pool.hostnames, files_here, self.log_level)
         master_addr = "127.0.0.1" if self.local_master else order[0].hello.addr
         offset = 0
         for agent, count in zip(order, counts, strict=True):
@@ -189,9 +198,15 @@ class Session:
                 sys_path=list(self.start_header["sys_path"]),
                 cwd=str(self.start_header["cwd"]),
                 env=dict(self.start_header["env"]),
+                log_dir=self.log_dir if agent_files else None,
+                forward_ranks=None if forward_all else self._shown_ranks(agent),
             )
             pool.send(agent, start.header(), self.payload)
             offset += count
+
+    def _shown_ranks(self, agent: PoolAgent) -> list[int]:
+        """The local ranks of `agent` that the default handlers show: rank 0 of the first host."""
+        return [0] if agent.hostname == self.pool.hostnames[0] else []
 
     # ------------------------------------------------------------------ events
     def _share_of(self, conn: Connection) -> _Share | None:

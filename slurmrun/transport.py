@@ -61,12 +61,15 @@ import cloudpickle
 from slurmrun.device_bytes import DeviceBytes
 
 __all__ = [
+    "PREFIX_BYTES",
     "AuthenticationError",
     "Connection",
     "Frame",
     "FrameError",
     "FrameHead",
     "OutOfBand",
+    "ServerChallenge",
+    "alloc",
     "bound_unacknowledged_sends",
     "client_handshake",
     "dumps",
@@ -74,6 +77,9 @@ __all__ = [
     "loads",
     "nbytes",
     "new_secret",
+    "parse_header",
+    "parse_lengths",
+    "parse_prefix",
     "server_handshake",
 ]
 
@@ -85,6 +91,7 @@ MAX_HEADER_BYTES = 1 << 20
 MAX_BUFFERS = 1 << 16
 MAX_PAYLOAD_BYTES = 1 << 40
 _PREFIX = struct.Struct("!4sIQI")
+PREFIX_BYTES = _PREFIX.size
 _RELAY_CHUNK = 1 << 22
 LARGE_BUFFER_BYTES = 1 << 20
 
@@ -113,7 +120,7 @@ def _mac(secret: bytes, role: bytes, nonce_server: bytes, nonce_client: bytes) -
     return hmac.new(secret, role + nonce_server + nonce_client, hashlib.sha256).digest()
 
 
-def _alloc(n: int) -> Buffer:
+def alloc(n: int) -> Buffer:
     """A writable buffer of `n` bytes; large ones are mappings that skip the zero-fill pass."""
     if n >= LARGE_BUFFER_BYTES:
         with contextlib.suppress(OSError):  # e.g. vm.max_map_count reached: fall back
@@ -128,7 +135,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
 
 
 def _recv_buffer(sock: socket.socket, n: int) -> Buffer:
-    buf = _alloc(n)
+    buf = alloc(n)
     _recv_into(sock, memoryview(buf))
     return buf
 
@@ -157,19 +164,37 @@ def _handshake_io(sock: socket.socket, timeout: float) -> Iterator[None]:
         sock.settimeout(None)
 
 
+class ServerChallenge:
+    """The server's side of the handshake as two steps, for readers that cannot block.
+
+    Send `greeting`; read exactly `REPLY_BYTES`; `answer` checks them and returns what to
+    send back (or raises AuthenticationError). Nothing else from the peer is read before.
+    """
+
+    REPLY_BYTES = NONCE_BYTES + MAC_BYTES
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+        self._nonce = secrets.token_bytes(NONCE_BYTES)
+        self.greeting = HANDSHAKE_MAGIC + self._nonce
+
+    def answer(self, reply: bytes | bytearray) -> bytes:
+        """The server's proof, once the peer's `reply` proved the secret."""
+        nonce_c, mac_c = bytes(reply[:NONCE_BYTES]), bytes(reply[NONCE_BYTES:])
+        if not hmac.compare_digest(mac_c, _mac(self._secret, b"client", self._nonce, nonce_c)):
+            raise AuthenticationError("peer failed the HMAC challenge")
+        return _mac(self._secret, b"server", self._nonce, nonce_c)
+
+
 def server_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
     """Challenges a freshly accepted peer; raises AuthenticationError if it fails.
 
     The fields read are all fixed-size, and the whole exchange is bounded by `timeout`.
     """
     with _handshake_io(sock, timeout):
-        nonce_s = secrets.token_bytes(NONCE_BYTES)
-        sock.sendall(HANDSHAKE_MAGIC + nonce_s)
-        reply = _recv_exact(sock, NONCE_BYTES + MAC_BYTES)
-        nonce_c, mac_c = bytes(reply[:NONCE_BYTES]), bytes(reply[NONCE_BYTES:])
-        if not hmac.compare_digest(mac_c, _mac(secret, b"client", nonce_s, nonce_c)):
-            raise AuthenticationError("peer failed the HMAC challenge")
-        sock.sendall(_mac(secret, b"server", nonce_s, nonce_c))
+        challenge = ServerChallenge(secret)
+        sock.sendall(challenge.greeting)
+        sock.sendall(challenge.answer(_recv_exact(sock, ServerChallenge.REPLY_BYTES)))
 
 
 def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
@@ -430,6 +455,39 @@ def _encode_prefix(header: dict[str, Any], body_len: int, buffer_lens: Sequence[
     return _PREFIX.pack(MAGIC, len(header_bytes), body_len, len(buffer_lens)) + lens + header_bytes
 
 
+def parse_prefix(raw: bytes | bytearray | memoryview) -> tuple[int, int, int]:
+    """A frame's fixed-size prefix (`PREFIX_BYTES`) -> header length, body length, buffers.
+
+    Raises:
+        FrameError: wrong magic, or lengths beyond the protocol's limits.
+    """
+    magic, header_len, body_len, nbuf = _PREFIX.unpack(raw)
+    if magic != MAGIC:
+        raise FrameError("bad frame magic")
+    if header_len > MAX_HEADER_BYTES or nbuf > MAX_BUFFERS or body_len > MAX_PAYLOAD_BYTES:
+        raise FrameError("frame lengths beyond protocol limits")
+    return header_len, body_len, nbuf
+
+
+def parse_lengths(raw: bytes | bytearray | memoryview, body_len: int) -> list[int]:
+    """The buffer lengths that follow the prefix (8 bytes each), checked against the limits."""
+    lens = list(struct.unpack(f"!{len(raw) // 8}Q", raw)) if raw else []
+    if sum(lens) + body_len > MAX_PAYLOAD_BYTES:
+        raise FrameError("frame payload beyond protocol limits")
+    return lens
+
+
+def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """A frame's JSON header, which must be an object."""
+    try:
+        header = json.loads(bytes(raw))
+    except ValueError as e:
+        raise FrameError(f"frame header is not JSON: {e}") from e
+    if not isinstance(header, dict):
+        raise FrameError("frame header is not a JSON object")
+    return header
+
+
 def _read_prefix(sock: socket.socket) -> tuple[dict[str, Any], int, list[int]] | None:
     try:
         first = sock.recv(1)
@@ -437,22 +495,9 @@ def _read_prefix(sock: socket.socket) -> tuple[dict[str, Any], int, list[int]] |
         return None
     if not first:
         return None
-    raw = first + bytes(_recv_exact(sock, _PREFIX.size - 1))
-    magic, header_len, body_len, nbuf = _PREFIX.unpack(raw)
-    if magic != MAGIC:
-        raise FrameError("bad frame magic")
-    if header_len > MAX_HEADER_BYTES or nbuf > MAX_BUFFERS or body_len > MAX_PAYLOAD_BYTES:
-        raise FrameError("frame lengths beyond protocol limits")
-    lens = list(struct.unpack(f"!{nbuf}Q", _recv_exact(sock, 8 * nbuf))) if nbuf else []
-    if sum(lens) + body_len > MAX_PAYLOAD_BYTES:
-        raise FrameError("frame payload beyond protocol limits")
-    try:
-        header = json.loads(bytes(_recv_exact(sock, header_len)))
-    except ValueError as e:
-        raise FrameError(f"frame header is not JSON: {e}") from e
-    if not isinstance(header, dict):
-        raise FrameError("frame header is not a JSON object")
-    return header, body_len, lens
+    header_len, body_len, nbuf = parse_prefix(first + bytes(_recv_exact(sock, PREFIX_BYTES - 1)))
+    lens = parse_lengths(_recv_exact(sock, 8 * nbuf), body_len) if nbuf else []
+    return parse_header(_recv_exact(sock, header_len)), body_len, lens
 
 
 def nbytes(buffer: OutOfBand | memoryview) -> int:

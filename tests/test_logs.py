@@ -81,6 +81,30 @@ def test_rank0_output_is_live_with_prefixes_and_every_rank_has_a_file(capfd, tmp
     assert (launch_dir / "localhost.agent.log").exists()
 
 
+def test_agents_write_the_files_and_send_the_launcher_only_what_it_shows(tmp_path, monkeypatch):
+    # With the default handlers the launcher shows rank 0 alone: 32,768 workers' lines need
+    # not all pass through it. The agents, which see the log directory, write the files.
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    received: list[logging.LogRecord] = []
+    real = slurmrun.session.dispatch
+
+    def spy(record, handlers):
+        received.append(record)
+        real(record, handlers)
+
+    monkeypatch.setattr(slurmrun.session, "dispatch", spy)
+    result = slurmrun.launch(print_lines_then_return, (300, 1024), workers_per_host=3)
+    assert result.world_size == 3
+    assert {r.rank for r in received} == {0}, "only rank 0's records reach the launcher"
+    assert [r.getMessage() for r in received if "line" in r.getMessage()] == [
+        f"rank 0 line {i}" for i in range(300)
+    ]
+    (launch_dir,) = tmp_path.iterdir()
+    for rank in range(3):  # every line in its file, in order, by the time launch returned
+        lines = (launch_dir / f"localhost.{rank}.log").read_text().splitlines()
+        assert lines == [f"rank {rank} line {i}" for i in range(300)]
+
+
 def test_log_level_and_empty_log_dir(capfd, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SLURMRUN_LOG_DIR", "")
