@@ -200,6 +200,24 @@ class Launcher:
             ...     first = launcher.run(lambda: 1)
             ...     second = launcher.run(lambda: 2)  # ~10x faster: no agent starts
         """
+        return self.open()
+
+    def open(self) -> Launcher:
+        """Keeps the agents from one `run` to the next until `close`: a ``with`` block's start.
+
+        For a notebook, where a ``with`` block cannot span cells: open the launcher in one
+        cell, run in the next ones, close it at the end (a kernel that exits or restarts ends
+        the agents too). The agents start with the first `run`.
+
+        Example:
+            >>> import slurmrun
+            >>> launcher = slurmrun.Launcher(workers_per_host=2, backend="gloo").open()
+            >>> launcher.run(lambda: 1).rank(0)
+            1
+            >>> launcher.run(lambda: 2).rank(1)  # the same agents
+            2
+            >>> launcher.close()
+        """
         if _warm_of(self) is None:
             setattr(self, _WARM_ATTR, _Warm())  # not a dataclass field: tyro reads those
         return self

@@ -65,7 +65,7 @@ def sleep_forever(pid_dir: str) -> None:
         f.write(str(os.getpid()))
     time.sleep(3600)
 """,
-    "launcher = slurmrun.Launcher({kwargs})\nlauncher.__enter__()  # keeps the agents until close",
+    "launcher = slurmrun.Launcher({kwargs}).open()  # keeps the agents until close",
     "result = launcher.run(hello, (30,))\nprint('ranks:', result.values())",
     "first = launcher.run(agent_pid).values()\nprint('agents:', sorted(set(first)))",
     "launcher.run(sleep_forever, ({pid_dir!r},))",

@@ -68,6 +68,20 @@ def test_runs_share_agents_and_fork_fresh_workers_each_time() -> None:
     assert psutil.Process().children() == []
 
 
+def test_open_keeps_the_agents_without_a_with_block_until_close() -> None:
+    # A notebook's way: the launcher is opened in one cell and used in the next ones.
+    launcher = slurmrun.Launcher(**OPTIONS).open()
+    try:
+        first, second = launcher.run(pids), launcher.run(pids)
+        assert agent_pids(first) == agent_pids(second), "the same agent for both runs"
+        assert worker_pids(first).isdisjoint(worker_pids(second))
+    finally:
+        launcher.close()
+    assert gone(agent_pids(first)), "close() ends the agents"
+    cold = slurmrun.Launcher(**OPTIONS).run(pids)  # after close: cold again, nothing kept
+    assert gone(agent_pids(cold))
+
+
 def raise_on_rank_1() -> None:
     if os.environ["RANK"] == "1":
         raise KeyError("rank one")

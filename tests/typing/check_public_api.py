@@ -30,6 +30,10 @@ assert_type(result.return_values, list[list[int]])
 launcher = slurmrun.Launcher(hostnames=["localhost"], workers_per_host=[2], backend="gloo")
 assert_type(launcher.run(name), slurmrun.LaunchResult[str])
 assert_type(launcher.run(name).values(), list[str])
+kept = launcher.open()
+assert_type(kept, slurmrun.Launcher)
+assert_type(kept.run(double, (21,)).rank(0), int)
+kept.close()
 
 error: type[Exception] = slurmrun.WorkerFailedError
 agent_error: type[Exception] = slurmrun.AgentFailedError
