@@ -727,9 +727,10 @@ def scenario_scale(cfg: Config, report: Report) -> None:
         Case(f"scale/{n}", [cfg.python, script("scale.py"), "--agents", str(n)]) for n in counts
     ]
     # The agents write their workers' files (srun agents do, on the shared filesystem): on a
-    # cluster each node creates its own, here 4096 threads on 2 cores create 32,768 files in
-    # one directory (~6 s). The launcher's share is measured with the agents counting the
-    # lines instead (--no-agent-files); the "+files" rows have them write, for the lines.
+    # cluster each node creates its own 8, here 2 processes of fake agents create all 32,768
+    # in one directory on the launcher's 2 cores (~5 s). The launcher's share is measured with
+    # the agents counting the lines instead (--no-agent-files); the "+files" rows have them
+    # write, for the lines.
     no_files = ["--no-agent-files"]
     chatter_args = ["--chatter", str(CHATTER_S), *no_files]
     cases += [
@@ -839,19 +840,20 @@ def scenario_scale(cfg: Config, report: Report) -> None:
         for e in sorted(errors):
             table.notes.append(f"{key}: a run failed: {e}")
     table.notes += [
-        "Fake agents are threads in 2 separate processes (their CPU is not counted). CPU = "
+        "Fake agents run in 2 separate processes, each one event loop for all of its agents "
+        "(their CPU is not counted, but they share the 2 cores with the launcher). CPU = "
         "time.process_time() of the launcher process (all its threads). hand-out+gather = "
         "from the first start frame to the results unpickled. launch wall/CPU = the whole "
         "Session.run (connect, handshakes, hand-out, gather, stop).",
         "logs: each worker prints one line and the run uses its default log handlers, as a "
         "real launch does: agents write their workers' files and send the launcher rank 0's "
         "lines. Without 'files' the fake agents count the lines they would write (on a "
-        "cluster each node creates its own files; here 4096 threads share 2 cores and one "
-        "directory); with 'files' they write them. chatter: for "
+        "cluster each node creates its own files; here 2 processes create all of them, in "
+        "one directory, on the launcher's 2 cores); with 'files' they write them. chatter: for "
         f"{CHATTER_S:g} s before its result rank 0 prints a progress-bar state every 10 ms "
         "and every other worker a line a second (hand-out+gather includes those seconds).",
         "agents that retried connect: fake agents connect with the real agent's bounded, "
-        "jittered backoff (slurmrun.agent.connect_with_backoff); most in one run, and runs "
+        "jittered backoff (slurmrun.agent.Backoff); most in one run, and runs "
         "with any. log lines lost: expected lines minus lines found in the files (or "
         "counted by the agents).",
     ]

@@ -2,9 +2,10 @@
 
     python benchmarks/scale.py --agents 4096 --workers 8 [--logs] [--chatter S] [--no-retry]
 
-The fake agents are threads in separate, forked processes (2 by default; their CPU time is
-not the launcher's). Each speaks the real protocol of `slurmrun.transport`: TCP connect (with
-the real agent's retry, `slurmrun.agent.connect_with_backoff`), HMAC handshake, ``hello``,
+The fake agents (`fake_agents.py`) run in separate, forked processes (2 by default; their CPU
+time is not the launcher's), thousands per process in one event loop. Each speaks the real
+protocol of `slurmrun.transport`: TCP connect (with the real agent's retry schedule,
+`slurmrun.agent.Backoff`), HMAC handshake, ``hello``,
 then after ``start`` one ``result`` frame per worker (a pickled int), a heartbeat and
 ``done``; END: ``idle``; CLOSE. Connects that had to be retried are counted; with
 ``--no-retry`` a fake agent tries once and fails (and so does the launch) as a real agent
@@ -25,198 +26,26 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import queue
 import resource
 import shutil
 import socket
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import current_rss_bytes, emit, peak_rss_bytes
+from fake_agents import CONNECT_TIMEOUT, FakeSpec, fake_agents_main
 
-from slurmrun.agent import connect_with_backoff
 from slurmrun.listener import LISTEN_BACKLOG
-from slurmrun.logs import WorkerLog
 from slurmrun.pool import AgentPool
 from slurmrun.session import Session
-from slurmrun.transport import (
-    Connection,
-    client_handshake,
-    dumps,
-    dumps_inband,
-    new_secret,
-)
-
-CONNECT_TIMEOUT = 120.0
-
-
-# ------------------------------------------------------------------ fake agents (other process)
-
-
-@dataclasses.dataclass(frozen=True)
-class FakeSpec:
-    """What every fake agent needs to know."""
-
-    port: int
-    secret: bytes
-    workers: int
-    logs: bool
-    retry: bool
-    chatter: float = 0.0
-    agent_files: bool = True  # False: lines the agents would write are counted, not written
-
-
-def _connect(spec: FakeSpec, retried: list[int]) -> Connection:
-    """Connects and authenticates as a real agent does (`connect_with_backoff`)."""
-
-    def once() -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", spec.port), timeout=CONNECT_TIMEOUT)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            client_handshake(sock, spec.secret, CONNECT_TIMEOUT)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    sock, tries = connect_with_backoff(once, CONNECT_TIMEOUT if spec.retry else 0.0)
-    if tries > 1:
-        retried.append(tries - 1)
-    return Connection(sock)
-
-
-class _Output:
-    """Where a fake agent's workers' lines go, as START says (the real agent's rule): into
-    their files when it names a log directory, and to the launcher for the ranks it forwards
-    (all of them when it names none)."""
-
-    def __init__(
-        self, conn: Connection, start: Any, hostname: str, spec: FakeSpec, counted: list[int]
-    ) -> None:
-        self.conn = conn
-        log_dir = start.header.get("log_dir")
-        self.count = bool(log_dir) and not spec.agent_files
-        self.counted = counted
-        self.files = (
-            {r: WorkerLog(log_dir, hostname, r, logging.INFO) for r in range(spec.workers)}
-            if log_dir and spec.agent_files
-            else {}
-        )
-        self.forward = start.header.get("forward_ranks")
-
-    def line(self, local_rank: int, msg: str, end: str = "\n") -> None:
-        if local_rank in self.files:
-            self.files[local_rank].write("stdout", logging.INFO, "", msg, end)
-        elif self.count and end == "\n":
-            self.counted.append(1)
-        if self.forward is None or local_rank in self.forward:
-            self.conn.send(
-                {"t": "log", "local_rank": local_rank, "stream": "stdout", "level": 20}
-                | {"msg": msg, "end": end}
-            )
-
-    def close(self) -> None:
-        for f in self.files.values():
-            f.close()
-
-
-def _chatter(out: _Output, offset: int, workers: int, seconds: float) -> None:
-    """Rank 0: a progress bar state every 10 ms; every other worker: a line a second."""
-    start = time.monotonic()
-    ticks = int(seconds * 100)
-    per_tick = 1 if offset == 0 else 100  # only rank 0's agent wakes up 100 times a second
-    for tick in range(0, ticks, per_tick):
-        if offset == 0:
-            out.line(0, f"{tick + 1}/{ticks} [bar]", "\r")
-        if tick % 100 == 0:
-            for local_rank in range(1 if offset == 0 else 0, workers):
-                out.line(local_rank, f"worker {offset + local_rank} second {tick // 100}")
-            out.conn.send({"t": "hb"})
-        time.sleep(max(0.0, start + (tick + per_tick) / 100 - time.monotonic()))
-    if offset == 0:
-        out.line(0, f"{ticks}/{ticks} [bar] done")
-
-
-def _fake_agent(
-    node_rank: int, spec: FakeSpec, go: threading.Event, retried: list[int], counted: list[int]
-) -> None:
-    """One agent: connect, hello, wait for start, send W results + hb + done; END: idle; CLOSE."""
-    go.wait()
-    workers = spec.workers
-    conn = _connect(spec, retried)
-    conn.send(
-        {
-            "t": "hello",
-            "hostname": f"node{node_rank}",
-            "node_rank": node_rank,
-            "addr": "127.0.0.1",
-            "auto_workers": workers,
-            "master_port": 1234,
-            "pid": os.getpid(),
-        }
-    )
-    while (start := conn.recv()) is not None and start.kind == "hb":
-        pass  # the launcher's heartbeats, until hand-out
-    if start is None or start.kind != "start":
-        conn.close()
-        return
-    offset = int(start.header["rank_offset"])
-    out = _Output(conn, start, f"node{node_rank}", spec, counted)
-    if spec.chatter:
-        _chatter(out, offset, workers, spec.chatter)
-    for local_rank in range(workers):
-        if spec.logs:
-            out.line(local_rank, f"worker {offset + local_rank} ready")
-        body, buffers = dumps(offset + local_rank)
-        conn.send({"t": "result", "local_rank": local_rank}, body, buffers)
-    out.close()
-    conn.send({"t": "hb"})
-    conn.send({"t": "done"})
-    while (frame := conn.recv()) is not None and frame.kind != "close":
-        if frame.kind == "end":
-            conn.send({"t": "idle", "master_port": 1234})
-    conn.close()
-
-
-def _fake_agents_main(
-    pipe: multiprocessing.connection.Connection, ranks: list[int], spec: FakeSpec
-) -> None:
-    """Starts the fake agents `ranks` on "go"; reports failures and "finished"."""
-    go = threading.Event()
-    failures: queue.Queue[tuple[int, str]] = queue.Queue()
-    retried: list[int] = []  # list.append is atomic: one entry per agent that had to retry
-    counted: list[int] = []  # one entry per line an agent would have written (no files)
-
-    def guarded(rank: int) -> None:
-        try:
-            _fake_agent(rank, spec, go, retried, counted)
-        except Exception as e:
-            failures.put((rank, f"{type(e).__name__}: {e}"))
-
-    threading.stack_size(256 * 1024)
-    threads = [threading.Thread(target=guarded, args=(i,), daemon=True) for i in ranks]
-    for t in threads:
-        t.start()
-    pipe.send(("ready",))
-    pipe.recv()  # "go"
-    go.set()
-    while any(t.is_alive() for t in threads) or not failures.empty():
-        try:
-            rank, why = failures.get(timeout=0.05)
-        except queue.Empty:
-            continue
-        pipe.send(("fail", rank, why))
-    pipe.send(("finished", len(retried), sum(retried), len(counted)))
-
+from slurmrun.transport import dumps_inband, new_secret
 
 # ------------------------------------------------------------------ launcher side (this process)
 
@@ -349,7 +178,7 @@ def start_fake_agents(
     for p in range(min(procs, agents)):
         mine, theirs = ctx.Pipe()
         ranks = list(range(p, agents, procs))
-        process = ctx.Process(target=_fake_agents_main, args=(theirs, ranks, spec), daemon=True)
+        process = ctx.Process(target=fake_agents_main, args=(theirs, ranks, spec), daemon=True)
         process.start()
         pipes.append(mine)
         processes.append(process)

@@ -442,15 +442,45 @@ def _expect_heartbeats(sock: socket.socket, silence: float) -> None:
     bound_unacknowledged_sends(sock, silence)
 
 
-def connect_with_backoff(
-    connect_once: Callable[[], socket.socket], budget: float
-) -> tuple[socket.socket, int]:
-    """Calls `connect_once` until it succeeds, for at most `budget` seconds.
+class Backoff:
+    """When an agent tries to reach its launcher again, for at most `budget` seconds.
 
     After each failed try (refused, reset, timed out) it waits a random time between half and
     all of a delay that doubles from `BACKOFF_FIRST` to `BACKOFF_CAP`: agents that met a full
-    backlog together do not come back together. A failed handshake is not retried: a wrong
-    secret stays wrong.
+    backlog together do not come back together.
+    """
+
+    def __init__(self, budget: float) -> None:
+        self.budget = budget
+        self.tries = 0  # tries that failed so far
+        self._deadline = time.monotonic() + budget
+        self._delay = BACKOFF_FIRST
+
+    def failed(self, error: BaseException) -> float:
+        """Counts a failed try; returns how long to wait before the next one.
+
+        Raises:
+            ConnectionError: `error`, once the budget is spent (the message says how many
+                tries over how long).
+        """
+        self.tries += 1
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise ConnectionError(
+                f"{self.tries} tries over {self.budget:g} s failed, the last with "
+                f"{type(error).__name__}: {error}"
+            ) from error
+        wait = min(left, random.uniform(self._delay / 2, self._delay))  # noqa: S311 - jitter
+        self._delay = min(BACKOFF_CAP, self._delay * 2)
+        return wait
+
+
+def connect_with_backoff(
+    connect_once: Callable[[], socket.socket], budget: float
+) -> tuple[socket.socket, int]:
+    """Calls `connect_once` until it succeeds, for at most `budget` seconds (see `Backoff`).
+
+    A failed handshake is not retried: a wrong secret stays wrong.
 
     Returns:
         The connected socket and the number of tries it took.
@@ -459,23 +489,14 @@ def connect_with_backoff(
         ConnectionError: the last failure, once `budget` is spent (the message says how many
             tries over how long).
     """
-    deadline = time.monotonic() + budget
-    delay = BACKOFF_FIRST
-    tries = 0
+    backoff = Backoff(budget)
     while True:
-        tries += 1
         try:
-            return connect_once(), tries
+            return connect_once(), backoff.tries + 1
         except AuthenticationError:
             raise
         except (OSError, EOFError) as e:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise ConnectionError(
-                    f"{tries} tries over {budget:g} s failed, the last with {type(e).__name__}: {e}"
-                ) from e
-            time.sleep(min(left, random.uniform(delay / 2, delay)))  # noqa: S311 - jitter
-            delay = min(BACKOFF_CAP, delay * 2)
+            time.sleep(backoff.failed(e))
 
 
 def main(secret: bytes, spawner: Spawner | str) -> int:

@@ -14,6 +14,7 @@ workers still arrive in parallel.
 from __future__ import annotations
 
 import socket
+import threading
 from typing import Any
 
 from slurmrun.transport import (
@@ -36,6 +37,16 @@ __all__ = ["HANDOFF_BYTES", "Incoming"]
 HANDOFF_BYTES = LARGE_BUFFER_BYTES  # payload left to receive that a thread of its own takes
 READ_BYTES = 1 << 18  # read-ahead per recv
 _DIRECT_BYTES = 1 << 16  # payload left that is received straight into its buffer
+# Where each reading thread receives into: ``recv(READ_BYTES)`` would allocate (and map) a
+# fresh READ_BYTES object per call, about five times the cost of the small reads it serves.
+_scratch = threading.local()
+
+
+def _scratch_view() -> memoryview:
+    view: memoryview | None = getattr(_scratch, "view", None)
+    if view is None:
+        view = _scratch.view = memoryview(bytearray(READ_BYTES))
+    return view
 
 
 class Incoming:
@@ -145,9 +156,10 @@ class Incoming:
         elif self._pos > READ_BYTES:
             del self._ahead[: self._pos]  # rarely: a header that arrives in pieces
             self._pos = 0
-        data = self.sock.recv(READ_BYTES, socket.MSG_DONTWAIT)
-        self._ahead += data
-        return len(data)
+        scratch = _scratch_view()
+        got = self.sock.recv_into(scratch, READ_BYTES, socket.MSG_DONTWAIT)
+        self._ahead += scratch[:got]
+        return got
 
     def _cut(self) -> list[Frame]:
         frames: list[Frame] = []
@@ -166,6 +178,10 @@ class Incoming:
                     lens = parse_lengths(view[start + PREFIX_BYTES : lens_end], body_len)
                     header = parse_header(view[lens_end:end])
                 self._pos = end
+                payload = body_len + sum(lens)
+                if payload < _DIRECT_BYTES and len(ahead) - end >= payload:
+                    frames.append(self._whole(header, body_len, lens))  # most frames
+                    continue
                 self._begin(header, body_len, lens)
             self._take_ahead()
             if self._part == len(self._parts):
@@ -176,6 +192,18 @@ class Incoming:
             self.handoff = left >= HANDOFF_BYTES
             break
         return frames
+
+    def _whole(self, header: dict[str, Any], body_len: int, lens: list[int]) -> Frame:
+        """A small frame whose payload is all in the read-ahead buffer: sliced off it."""
+        ahead, pos = self._ahead, self._pos
+        body = ahead[pos : pos + body_len]
+        pos += body_len
+        buffers: list[Buffer] = []
+        for n in lens:
+            buffers.append(ahead[pos : pos + n])
+            pos += n
+        self._pos = pos
+        return Frame(header, body, buffers)
 
     def _begin(self, header: dict[str, Any], body_len: int, lens: list[int]) -> None:
         self._header = header

@@ -84,6 +84,7 @@ class AgentPool:
         self._by_conn: dict[int, PoolAgent] = {}
         self._exited_at: dict[int | None, float] = {}
         self._dead: set[int] = set()  # node ranks declared dead (no heartbeat): not waited for
+        self._next_silence_check = 0.0
         self._opened = False
 
     # ------------------------------------------------------------------ life
@@ -287,7 +288,14 @@ class AgentPool:
         return None
 
     def check_silence(self, now: float) -> None:
-        """Raises for an agent that sent nothing (not even a heartbeat) for `silence` s."""
+        """Raises for an agent that sent nothing (not even a heartbeat) for `silence` s.
+
+        It looks at most every `silence` / 10 s (and at least every second): each look goes
+        over every agent, and a run calls it every `TICK`.
+        """
+        if now < self._next_silence_check:
+            return
+        self._next_silence_check = now + min(1.0, self.silence / 10)
         for agent in self.agents.values():
             if agent.closed or agent.conn.receiving:
                 continue

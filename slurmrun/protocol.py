@@ -103,8 +103,12 @@ class _Message:
     KIND: ClassVar[str]
 
     def header(self) -> dict[str, Any]:
-        """The frame header that carries this message."""
-        return {"t": self.KIND, **dataclasses.asdict(self)}
+        """The frame header that carries this message.
+
+        Its values are the message's own (not copies, as `dataclasses.asdict` would make):
+        a header is only encoded, and a run sends one START per agent.
+        """
+        return {"t": self.KIND} | {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_header(cls: type[M], header: dict[str, Any]) -> M:

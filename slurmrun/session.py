@@ -137,7 +137,9 @@ class Session:
             except AgentFailedError:
                 return
         deadline = time.monotonic() + self.grace + IDLE_WAIT
-        while any(not s.idle for s in waiting):
+        # Counted down, not rescanned per event: 4096 agents would make that quadratic.
+        busy = {s.agent.node_rank for s in waiting if not s.idle}
+        while busy:
             if time.monotonic() > deadline:
                 late = [s.hostname for s in waiting if not s.idle]
                 self.pool.broken = f"the agents on {late} did not end the run in time"
@@ -154,6 +156,7 @@ class Session:
             elif share is None:
                 conn.close()  # a streamed result of a failed run
             elif data.kind == protocol.IDLE:
+                busy.discard(share.agent.node_rank)
                 share.idle = True
                 share.agent.master_port = protocol.Idle.from_header(data.header).master_port
             elif data.kind == protocol.LOG:
@@ -178,30 +181,36 @@ class Session:
             files_here = None if agent_files else self.log_dir
             self._handlers = default_handlers(pool.hostnames, files_here, self.log_level)
         master_addr = "127.0.0.1" if self.local_master else order[0].hello.addr
+        # What every agent's START shares is built once; each gets its own share on top.
+        shared = protocol.Start(
+            workers=0,
+            rank_offset=0,
+            world_size=world_size,
+            node_rank=0,
+            master_addr=master_addr,
+            master_port=order[0].master_port,
+            backend=self.backend,
+            timeout=self.timeout,
+            grace=self.grace,
+            log_level=self.log_level,
+            sys_path=list(self.start_header["sys_path"]),
+            cwd=str(self.start_header["cwd"]),
+            env=dict(self.start_header["env"]),
+            log_dir=self.log_dir if agent_files else None,
+        ).header()
         offset = 0
         for agent, count in zip(order, counts, strict=True):
             share = _Share(agent, count, offset)
             self._shares[agent.node_rank] = share
             self._results_left += count
             self._done_left += 1
-            start = protocol.Start(
-                workers=count,
-                rank_offset=offset,
-                world_size=world_size,
-                node_rank=agent.node_rank,
-                master_addr=master_addr,
-                master_port=order[0].master_port,
-                backend=self.backend,
-                timeout=self.timeout,
-                grace=self.grace,
-                log_level=self.log_level,
-                sys_path=list(self.start_header["sys_path"]),
-                cwd=str(self.start_header["cwd"]),
-                env=dict(self.start_header["env"]),
-                log_dir=self.log_dir if agent_files else None,
-                forward_ranks=None if forward_all else self._shown_ranks(agent),
-            )
-            pool.send(agent, start.header(), self.payload)
+            own_share = {
+                "workers": count,
+                "rank_offset": offset,
+                "node_rank": agent.node_rank,
+                "forward_ranks": None if forward_all else self._shown_ranks(agent),
+            }
+            pool.send(agent, shared | own_share, self.payload)
             offset += count
 
     def _shown_ranks(self, agent: PoolAgent) -> list[int]:

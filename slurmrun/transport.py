@@ -63,6 +63,7 @@ from slurmrun.device_bytes import DeviceBytes
 __all__ = [
     "PREFIX_BYTES",
     "AuthenticationError",
+    "ClientChallenge",
     "Connection",
     "Frame",
     "FrameError",
@@ -74,6 +75,7 @@ __all__ = [
     "client_handshake",
     "dumps",
     "dumps_inband",
+    "encode_frame",
     "loads",
     "nbytes",
     "new_secret",
@@ -94,6 +96,7 @@ _PREFIX = struct.Struct("!4sIQI")
 PREFIX_BYTES = _PREFIX.size
 _RELAY_CHUNK = 1 << 22
 LARGE_BUFFER_BYTES = 1 << 20
+_JSON = json.JSONDecoder()
 
 Buffer = bytearray | mmap.mmap
 # An out-of-band buffer as `dumps` returns it: CPU bytes, or a CUDA storage's, sent in chunks.
@@ -197,18 +200,42 @@ def server_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None
         sock.sendall(challenge.answer(_recv_exact(sock, ServerChallenge.REPLY_BYTES)))
 
 
+class ClientChallenge:
+    """The client's side of the handshake as two steps, for callers that cannot block.
+
+    Read exactly `GREETING_BYTES`; send what `reply` returns; read exactly `PROOF_BYTES`;
+    `check` them (each raises AuthenticationError when the server fails).
+    """
+
+    GREETING_BYTES = len(HANDSHAKE_MAGIC) + NONCE_BYTES
+    PROOF_BYTES = MAC_BYTES
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+        self._nonces = (b"", b"")
+
+    def reply(self, greeting: bytes | bytearray) -> bytes:
+        """What to send the server, proving the secret, for its `greeting`."""
+        if bytes(greeting[: len(HANDSHAKE_MAGIC)]) != HANDSHAKE_MAGIC:
+            raise AuthenticationError("server did not speak the slurmrun handshake")
+        nonce_s = bytes(greeting[len(HANDSHAKE_MAGIC) :])
+        nonce_c = secrets.token_bytes(NONCE_BYTES)
+        self._nonces = (nonce_s, nonce_c)
+        return nonce_c + _mac(self._secret, b"client", nonce_s, nonce_c)
+
+    def check(self, proof: bytes | bytearray) -> None:
+        """Checks that the server, whose `proof` this is, knows the secret too."""
+        expected = _mac(self._secret, b"server", *self._nonces)
+        if not self._nonces[0] or not hmac.compare_digest(bytes(proof), expected):
+            raise AuthenticationError("server failed the HMAC challenge")
+
+
 def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
     """Answers the server's challenge and checks that the server knows the secret too."""
     with _handshake_io(sock, timeout):
-        hello = _recv_exact(sock, len(HANDSHAKE_MAGIC) + NONCE_BYTES)
-        if bytes(hello[: len(HANDSHAKE_MAGIC)]) != HANDSHAKE_MAGIC:
-            raise AuthenticationError("server did not speak the slurmrun handshake")
-        nonce_s = bytes(hello[len(HANDSHAKE_MAGIC) :])
-        nonce_c = secrets.token_bytes(NONCE_BYTES)
-        sock.sendall(nonce_c + _mac(secret, b"client", nonce_s, nonce_c))
-        mac_s = bytes(_recv_exact(sock, MAC_BYTES))
-        if not hmac.compare_digest(mac_s, _mac(secret, b"server", nonce_s, nonce_c)):
-            raise AuthenticationError("server failed the HMAC challenge")
+        challenge = ClientChallenge(secret)
+        sock.sendall(challenge.reply(_recv_exact(sock, ClientChallenge.GREETING_BYTES)))
+        challenge.check(_recv_exact(sock, ClientChallenge.PROOF_BYTES))
 
 
 # ----------------------------------------------------------------------------- pickling
@@ -447,6 +474,11 @@ class FrameHead:
         return self.body_len + sum(self.buffer_lens)
 
 
+def encode_frame(header: dict[str, Any], body: bytes = b"") -> bytes:
+    """One whole frame without out-of-band buffers, as bytes (for senders that cannot block)."""
+    return _encode_prefix(header, len(body), []) + body
+
+
 def _encode_prefix(header: dict[str, Any], body_len: int, buffer_lens: Sequence[int]) -> bytes:
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     if len(header_bytes) > MAX_HEADER_BYTES:
@@ -480,9 +512,13 @@ def parse_lengths(raw: bytes | bytearray | memoryview, body_len: int) -> list[in
 def parse_header(raw: bytes | bytearray | memoryview) -> dict[str, Any]:
     """A frame's JSON header, which must be an object."""
     try:
-        header = json.loads(bytes(raw))
+        # Not json.loads: its checks around the decoder cost more than decoding a header.
+        text = str(raw, "utf-8")
+        header, end = _JSON.raw_decode(text)
     except ValueError as e:
         raise FrameError(f"frame header is not JSON: {e}") from e
+    if end != len(text):
+        raise FrameError("frame header is not JSON: extra data after the object")
     if not isinstance(header, dict):
         raise FrameError("frame header is not a JSON object")
     return header

@@ -4,9 +4,12 @@ straight into their buffers, or handed to a thread when large."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import pickle
 import selectors
 import socket
+import struct
 import threading
 import time
 
@@ -15,9 +18,11 @@ import pytest
 from slurmrun.incoming import HANDOFF_BYTES, Incoming
 from slurmrun.transport import (
     AuthenticationError,
+    ClientChallenge,
     Connection,
     Frame,
     FrameError,
+    ServerChallenge,
     client_handshake,
     dumps,
     loads,
@@ -170,3 +175,72 @@ def test_a_close_between_frames_ends_the_connection_cleanly(pair) -> None:
     client.sock.shutdown(socket.SHUT_WR)
     (frame,) = _read_all(incoming)
     assert frame.kind == "hb"
+
+
+def test_a_burst_of_small_frames_with_buffers_is_cut_from_one_read(pair) -> None:
+    """Small frames that arrive whole are sliced off the read-ahead buffer, buffers included."""
+    incoming, client = _accepted(pair, new_secret())
+    raw = socket.socketpair()
+    values = [
+        (i, pickle.PickleBuffer(bytearray([i % 256]) * (i % 50)), b"z" * i) for i in range(500)
+    ]
+    chunks: list[bytes] = []
+    collector = threading.Thread(
+        target=lambda: chunks.extend(iter(lambda: raw[1].recv(1 << 20), b""))
+    )
+    collector.start()
+    try:
+        for i, value in enumerate(values):
+            body, buffers = dumps(value)
+            assert buffers, "out-of-band buffers are what this test is about"
+            Connection(raw[0]).send({"t": "x", "i": i}, body, buffers)
+    finally:
+        raw[0].close()
+        collector.join()
+        raw[1].close()
+    data = b"".join(chunks)
+
+    def send() -> None:
+        client.sock.sendall(data)  # one write: most frames are whole in one read
+        client.sock.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    frames = _read_all(incoming)
+    sender.join()
+    assert [f.header["i"] for f in frames] == list(range(500))
+    got = [loads(f.body, f.buffers) for f in frames]
+    assert [(i, bytes(buf), z) for i, buf, z in got] == [
+        (i, bytes(buf.raw()), z) for i, buf, z in values
+    ]
+    # Each frame owns its bytes (the read-ahead buffer is reused): writable, and unchanged
+    # by what came after it.
+    assert all(isinstance(f.body, bytearray) for f in frames)
+    assert all(isinstance(b, bytearray) for f in frames for b in f.buffers)
+
+
+def test_a_header_with_data_after_its_json_object_is_a_frame_error(pair) -> None:
+    incoming, client = _accepted(pair, new_secret())
+    header = b'{"t":"x"} {"t":"y"}'
+    client.sock.sendall(struct.pack("!4sIQI", b"SRF1", len(header), 0, 0) + header)
+    with pytest.raises(FrameError, match="extra data"):
+        _read_all(incoming)
+
+
+def test_the_client_side_refuses_a_server_that_does_not_know_the_secret() -> None:
+    secret = new_secret()
+    server = ServerChallenge(b"another secret")
+    client = ClientChallenge(secret)
+    reply = client.reply(server.greeting)
+    with pytest.raises(AuthenticationError):
+        server.answer(reply)  # the server sees the client's proof is not for its secret...
+    impostor_proof = hashlib.sha256(reply).digest()
+    with pytest.raises(AuthenticationError, match="HMAC"):
+        client.check(impostor_proof)  # ...and the client refuses a proof without the secret
+    with pytest.raises(AuthenticationError, match="handshake"):
+        ClientChallenge(secret).reply(b"HTTP/1.1 200 OK\r\n" + bytes(19))
+    with pytest.raises(AuthenticationError, match="HMAC"):
+        ClientChallenge(secret).check(bytes(32))  # no greeting was answered yet
+    good = ServerChallenge(secret)
+    ok = ClientChallenge(secret)
+    ok.check(good.answer(ok.reply(good.greeting)))  # the same secret on both sides passes
