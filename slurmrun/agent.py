@@ -36,8 +36,8 @@ from slurmrun import allocation, protocol
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.errors import signal_name
 from slurmrun.logs import LINE, LineAssembler, WorkerLog
-from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT, JOB_TASKS_VAR
-from slurmrun.spawner import Spawner, WorkerProcess, wait_any, wait_readable
+from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
+from slurmrun.spawner import Spawner, WorkerProcess, wait_any
 from slurmrun.transport import (
     AuthenticationError,
     Connection,
@@ -45,6 +45,7 @@ from slurmrun.transport import (
     bound_unacknowledged_sends,
     client_handshake,
 )
+from slurmrun.waiting import wait_readable
 from slurmrun.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec
 
 __all__ = ["main"]
@@ -409,20 +410,6 @@ def _hostname(environ: Mapping[str, str]) -> str:
     )
 
 
-def _auto_workers(environ: Mapping[str, str], hostname: str) -> int:
-    # The agent is a task of the agents' step, where SLURM_TASKS_PER_NODE describes that step:
-    # the job's own layout comes from the launcher. The node list is job-level; scontrol is
-    # not asked here (every agent of a large job would ask the controller at once).
-    environ = dict(environ)
-    job_tasks = environ.get(JOB_TASKS_VAR)
-    if job_tasks:
-        environ["SLURM_TASKS_PER_NODE"] = job_tasks
-    else:
-        environ.pop("SLURM_TASKS_PER_NODE", None)
-    node_index = allocation.job_node_index(environ, hostname)
-    return allocation.auto_workers_per_host(environ, node_index)
-
-
 def _say(message: str) -> None:
     """A line for the agent's own log (srun's output file, or the local agent's log)."""
     print(f"slurmrun agent on {_hostname(os.environ)}: {message}", file=sys.stderr, flush=True)
@@ -550,7 +537,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         hostname=hostname,
         node_rank=int(os.environ.get(protocol.NODE_RANK_VAR, "-1")),
         addr=sock.getsockname()[0],
-        auto_workers=_auto_workers(os.environ, hostname) if problem is None else 0,
+        auto_workers=allocation.agent_auto_workers(os.environ, hostname) if problem is None else 0,
         master_port=_free_port(),
         pid=os.getpid(),
         slurm_job=os.environ.get("SLURM_JOB_ID", ""),

@@ -16,9 +16,12 @@ from pathlib import Path
 
 import hostlist
 
+from slurmrun.protocol import JOB_TASKS_VAR
+
 __all__ = [
     "DriverStep",
     "SlurmAllocation",
+    "agent_auto_workers",
     "auto_workers_per_host",
     "expand_counts",
     "job_node_index",
@@ -468,6 +471,23 @@ def auto_workers_per_host(
             f"it has no entry for node index {node_index}"
         )
     return tasks[node_index]
+
+
+def agent_auto_workers(environ: Mapping[str, str], hostname: str) -> int:
+    """`auto_workers_per_host` for an agent on `hostname`, from the agent's environment.
+
+    An srun agent is a task of the agents' step, where ``SLURM_TASKS_PER_NODE`` describes
+    that step: the job's own layout comes from the launcher (`protocol.JOB_TASKS_VAR`). The
+    node list is job-level; scontrol is not asked here (every agent of a large job would ask
+    the controller at once).
+    """
+    environ = dict(environ)
+    job_tasks = environ.get(JOB_TASKS_VAR)
+    if job_tasks:
+        environ["SLURM_TASKS_PER_NODE"] = job_tasks
+    else:
+        environ.pop("SLURM_TASKS_PER_NODE", None)
+    return auto_workers_per_host(environ, job_node_index(environ, hostname))
 
 
 def _job_id(env: Mapping[str, str]) -> str | None:

@@ -634,10 +634,8 @@ def _expected_workers(plan: _Plan, env: Mapping[str, str], gpus: int) -> tuple[l
         where = "it sees" if plan.local else f"of its step (--gres=gpu:{gpus})"
         return [gpus] * len(plan.hostnames), f"one per GPU {where}"
     if plan.local:
-        from slurmrun.agent import _auto_workers  # noqa: PLC0415 - the agents' own rule
-
         counts = [
-            _auto_workers({**env, **local_agent_env(rank, host)}, host)
+            allocation.agent_auto_workers({**env, **local_agent_env(rank, host)}, host)
             for rank, host in enumerate(plan.hostnames)
         ]
         if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):

@@ -29,7 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any", "wait_readable"]
+from slurmrun.waiting import wait_readable
+
+__all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -94,17 +96,6 @@ def forget_variable(name: str) -> None:
         del value
         del os.environb[key]
     _scrub_exec_environment(name)
-
-
-def wait_readable(fds: Sequence[int], timeout: float) -> bool:
-    """Waits up to `timeout` seconds until one of `fds` is readable (or closed at the far end).
-
-    poll(), not select(): a launcher or agent with many connections may hold fds past 1024.
-    """
-    poller = select.poll()
-    for fd in fds:
-        poller.register(fd, select.POLLIN)
-    return bool(poller.poll(max(0.0, timeout) * 1000))
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import IO, Any, Protocol
 
 from slurmrun.logs import agent_log_path
 from slurmrun.protocol import HOSTNAME_VAR, NODE_RANK_VAR
-from slurmrun.spawner import wait_readable
+from slurmrun.waiting import wait_readable
 
 __all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command", "local_agent_env"]
 
