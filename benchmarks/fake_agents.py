@@ -1,7 +1,7 @@
 """Fake agents for `scale.py`: thousands per process, each a state machine in one event loop.
 
 A fake agent speaks the real protocol with the product's own pieces: it connects with the
-real agent's retry schedule (`slurmrun.agent.Backoff`), answers the HMAC challenge
+real agent's retry schedule (`slurmrun.node.agent.Backoff`), answers the HMAC challenge
 (`slurmrun.transport.ClientChallenge`), and sends frames that `slurmrun.transport` encodes.
 After ``hello`` it waits for ``start``, then sends one ``result`` per worker (a pickled int), a
 heartbeat and ``done``; on ``end`` it answers ``idle``; on ``close`` it hangs up. With logs it
@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from slurmrun.agent import Backoff
 from slurmrun.logs import WorkerLog
+from slurmrun.node.agent import Backoff
 from slurmrun.transport import (
     PREFIX_BYTES,
     AuthenticationError,

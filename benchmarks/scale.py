@@ -5,7 +5,7 @@
 The fake agents (`fake_agents.py`) run in separate, forked processes (2 by default; their CPU
 time is not the launcher's), thousands per process in one event loop. Each speaks the real
 protocol of `slurmrun.transport`: TCP connect (with the real agent's retry schedule,
-`slurmrun.agent.Backoff`), HMAC handshake, ``hello``,
+`slurmrun.node.agent.Backoff`), HMAC handshake, ``hello``,
 then after ``start`` one ``result`` frame per worker (a pickled int), a heartbeat and
 ``done``; END: ``idle``; CLOSE. Connects that had to be retried are counted; with
 ``--no-retry`` a fake agent tries once and fails (and so does the launch) as a real agent
@@ -42,9 +42,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _harness import current_rss_bytes, emit, peak_rss_bytes
 from fake_agents import CONNECT_TIMEOUT, FakeSpec, fake_agents_main
 
-from slurmrun.listener import LISTEN_BACKLOG
-from slurmrun.pool import AgentPool
-from slurmrun.session import Session
+from slurmrun.launcher.listener import LISTEN_BACKLOG
+from slurmrun.launcher.pool import AgentPool
+from slurmrun.launcher.session import Session
 from slurmrun.transport import dumps_inband, new_secret
 
 # ------------------------------------------------------------------ launcher side (this process)

@@ -15,7 +15,7 @@ here. With ``hostnames="auto"`` the launcher asks every provider in increasing `
 third-party provider picks its place with its priority (below 10 to come before SLURM).
 
 `Hosts.agents` says how agents are started: ``"srun"`` (one step of the SLURM job),
-``"ssh"`` (one ``ssh`` per host, `slurmrun.ssh`) or ``"local"`` (subprocesses of the
+``"ssh"`` (one ``ssh`` per host, `slurmrun.launcher.ssh`) or ``"local"`` (subprocesses of the
 launcher; every host must be this machine).
 """
 

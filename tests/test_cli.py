@@ -370,6 +370,6 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "localhost" in out.stdout
-    assert "slurmrun.agent_main" in out.stdout  # the agent command it would run
+    assert "slurmrun.node.agent_main" in out.stdout  # the agent command it would run
     assert not marker.exists()
     assert not (tmp_path / "logs").exists()

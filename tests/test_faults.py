@@ -154,7 +154,7 @@ def hang_in_a_collective(path: str) -> str:
 
 def agent_of_this_worker() -> psutil.Process:
     agent = psutil.Process().parent().parent()  # worker -> spawner -> agent
-    assert "slurmrun.agent" in " ".join(agent.cmdline())
+    assert "slurmrun.node.agent" in " ".join(agent.cmdline())
     return agent
 
 
@@ -562,9 +562,9 @@ def open_fds() -> int:
 
 
 def test_a_spawner_that_died_leaves_no_socket_of_the_agent_open() -> None:
-    from slurmrun.agent import Agent
+    from slurmrun.node.agent import Agent
+    from slurmrun.node.spawner import Spawner, SpawnError
     from slurmrun.protocol import Start
-    from slurmrun.spawner import Spawner, SpawnError
     from slurmrun.transport import Connection
 
     to_spawner, spawner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -606,7 +606,7 @@ def test_an_agent_that_exited_is_not_reaped_before_its_group_is_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The agent's pid is its group's id: reaped, it could be reused by another group."""
-    from slurmrun import starters
+    from slurmrun.launcher import starters
 
     child = tmp_path / "child"
     # An agent that exits at once and leaves a process (its spawner, say) in its group.
@@ -631,7 +631,7 @@ def test_an_agent_that_exited_is_not_reaped_before_its_group_is_killed(
 def test_srun_interrupted_while_stopping_still_cancels_the_step_and_closes_its_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from slurmrun.starters import SrunAgents
+    from slurmrun.launcher.starters import SrunAgents
 
     cancelled = tmp_path / "cancelled"
     bin_dir = tmp_path / "bin"

@@ -1,5 +1,5 @@
-"""The launcher's non-blocking reader of one connection (slurmrun/incoming.py), over real TCP:
-the handshake first, then frames of every size, cut from a read-ahead buffer, received
+"""The launcher's non-blocking reader of one connection (slurmrun/launcher/incoming.py), over real
+TCP: the handshake first, then frames of every size, cut from a read-ahead buffer, received
 straight into their buffers, or handed to a thread when large."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from slurmrun.incoming import HANDOFF_BYTES, Incoming
+from slurmrun.launcher.incoming import HANDOFF_BYTES, Incoming
 from slurmrun.transport import (
     AuthenticationError,
     ClientChallenge,

@@ -17,8 +17,8 @@ import pytest
 import slurmrun
 from slurmrun import transport
 from slurmrun.errors import RemoteTraceback
-from slurmrun.session import Session
-from slurmrun.worker import STREAM_MIN_BYTES
+from slurmrun.launcher.session import Session
+from slurmrun.node.worker import STREAM_MIN_BYTES
 
 # ---------------------------------------------------------------- functions run on workers
 
@@ -78,7 +78,7 @@ def exit_on_rank_1(how: str):
 def kill_own_agent():
     # worker -> spawner -> agent
     agent = psutil.Process().parent().parent()
-    assert "slurmrun.agent" in " ".join(agent.cmdline())
+    assert "slurmrun.node.agent" in " ".join(agent.cmdline())
     if os.environ["LOCAL_RANK"] == "0":
         agent.kill()
     time.sleep(60)
@@ -241,7 +241,7 @@ def look_for_the_secret(raw_halves, hex_halves):
         check(value, f"os.environ[{name!r}]")
     spawner = psutil.Process().parent()
     agent = spawner.parent()
-    assert agent is not None and "slurmrun.agent" in " ".join(agent.cmdline())
+    assert agent is not None and "slurmrun.node.agent" in " ".join(agent.cmdline())
     for who, pid in (("worker", os.getpid()), ("spawner", spawner.pid)):
         with open(f"/proc/{pid}/environ", "rb") as f:
             check(f.read(), f"/proc/<{who}>/environ")
@@ -550,7 +550,7 @@ def test_the_secret_is_nowhere_in_a_worker_or_its_spawner(monkeypatch, tmp_path,
     rank0, rank1 = result.values()
     assert rank0["places"] == [] and rank1["places"] == []
     assert rank0["in_agent_memory"], "the scan did not find the secret in the agent"
-    assert any("slurmrun.agent" in line for line in rank0["command_lines"])
+    assert any("slurmrun.node.agent" in line for line in rank0["command_lines"])
     for line in rank0["command_lines"]:
         assert hexed not in line.lower()
 
@@ -637,7 +637,7 @@ def test_waiting_for_an_agent_works_with_more_than_1024_open_files():
     """A launcher with a thousand agents connected holds fds past select()'s limit."""
     import resource
 
-    from slurmrun.starters import wait_exit
+    from slurmrun.launcher.starters import wait_exit
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2048:

@@ -1,5 +1,5 @@
-"""The launcher's one reader thread (slurmrun/listener.py), with real sockets: handshakes that
-never finish neither block the others nor stay, a connection closed by its owner leaves no
+"""The launcher's one reader thread (slurmrun/launcher/listener.py), with real sockets: handshakes
+that never finish neither block the others nor stay, a connection closed by its owner leaves no
 trace, and large frames from many connections arrive together."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from slurmrun import listener as listener_module
-from slurmrun.listener import Listener
+from slurmrun.launcher import listener as listener_module
+from slurmrun.launcher.listener import Listener
 from slurmrun.transport import Connection, client_handshake, dumps, loads, new_secret
 
 

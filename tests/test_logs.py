@@ -13,8 +13,8 @@ import warnings
 import pytest
 
 import slurmrun
+from slurmrun.launcher.session import Session
 from slurmrun.logs import LINE, PROGRESS, LineAssembler
-from slurmrun.session import Session
 
 # ---------------------------------------------------------------- functions run on workers
 
@@ -86,13 +86,13 @@ def test_agents_write_the_files_and_send_the_launcher_only_what_it_shows(tmp_pat
     # not all pass through it. The agents, which see the log directory, write the files.
     monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
     received: list[logging.LogRecord] = []
-    real = slurmrun.session.dispatch
+    real = slurmrun.launcher.session.dispatch
 
     def spy(record, handlers):
         received.append(record)
         real(record, handlers)
 
-    monkeypatch.setattr(slurmrun.session, "dispatch", spy)
+    monkeypatch.setattr(slurmrun.launcher.session, "dispatch", spy)
     result = slurmrun.launch(print_lines_then_return, (300, 1024), workers_per_host=3)
     assert result.world_size == 3
     assert {r.rank for r in received} == {0}, "only rank 0's records reach the launcher"

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 import slurmrun
-from slurmrun.agent import Agent, _Worker
+from slurmrun.node.agent import Agent, _Worker
 from slurmrun.transport import Connection
 
 # ---------------------------------------------------------------- functions run on workers
@@ -51,7 +51,7 @@ def busy_long_after_the_others(seconds: float) -> int:
 def print_flat_out_while_rank_0_stops_its_agent(path: str, seconds: float) -> None:
     if rank() == 0:
         agent = psutil.Process().parent().parent()  # worker -> spawner -> agent
-        assert "slurmrun.agent" in " ".join(agent.cmdline())
+        assert "slurmrun.node.agent" in " ".join(agent.cmdline())
         with open(path, "w") as f:
             f.write(repr(time.time()))
         agent.suspend()  # SIGSTOP: alive, but it sends nothing any more

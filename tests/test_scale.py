@@ -17,8 +17,8 @@ import pytest
 
 import slurmrun
 from slurmrun import protocol
-from slurmrun.agent import CONNECT_RETRY_VAR, connect_with_backoff
 from slurmrun.logs import default_handlers, dispatch, make_record
+from slurmrun.node.agent import CONNECT_RETRY_VAR, connect_with_backoff
 from slurmrun.transport import AuthenticationError, client_handshake, new_secret, server_handshake
 
 AGENT_EXIT_WITHIN = 120.0  # a bound for a loaded 2-core machine, not a speed claim
@@ -99,7 +99,7 @@ def test_an_agent_that_cannot_reach_its_launcher_exits_1_naming_its_host() -> No
             CONNECT_RETRY_VAR: "1",
         }
         proc = subprocess.run(
-            [sys.executable, "-m", "slurmrun.agent_main"],
+            [sys.executable, "-m", "slurmrun.node.agent_main"],
             env=env,
             capture_output=True,
             text=True,

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from slurmrun import launcher, protocol, srun
+from slurmrun import launcher, protocol
 from slurmrun.allocation import SlurmAllocation
+from slurmrun.launcher import srun
+from slurmrun.launcher.plan import Plan, agent_starter
+from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import LogDir
-from slurmrun.starters import SrunAgents
 
 GOLDEN = Path(__file__).parent / "golden"
 EXPORT = ["HOME", "PATH", "SLURMRUN_SECRET"]
@@ -45,9 +47,11 @@ CASES = {
 def test_agents_step_command_matches_golden_file(name):
     alloc, hosts, log_dir = CASES[name]
     cmd = srun.agents_step_command(alloc, hosts, log_dir, EXPORT, srun="srun")
-    assert cmd[-3:] == [sys.executable, "-m", "slurmrun.agent_main"]
+    assert cmd[-3:] == [sys.executable, "-m", "slurmrun.node.agent_main"]
     text = (
-        shlex.join([*cmd[:-3], "PYTHON", "-m", "slurmrun.agent_main"]).replace(" --", " \\\n  --")
+        shlex.join([*cmd[:-3], "PYTHON", "-m", "slurmrun.node.agent_main"]).replace(
+            " --", " \\\n  --"
+        )
         + "\n"
     )
     _golden(f"srun_{name}.txt", text)
@@ -121,7 +125,7 @@ def test_srun_environment_outside_a_step_keeps_the_batch_node_gpus():
 
 
 def _launch_starter(monkeypatch, tmp_path, log_dir_keep=True):
-    """The starter and srun environment `_run_plan` builds for a launch on the job's nodes."""
+    """The starter and srun environment `run_attempt` builds for a launch on the job's nodes."""
     if shutil.which("srun") is None:  # pragma: no cover - the SLURM client is installed here
         fake = tmp_path / "bin" / "srun"
         fake.parent.mkdir()
@@ -133,11 +137,11 @@ def _launch_starter(monkeypatch, tmp_path, log_dir_keep=True):
             monkeypatch.setenv(name, value)
     cfg = launcher.Launcher(extra_env_vars={"FROM_MAPPING": "mapped value"})
     alloc = _alloc([2, 2, 2], [4, 4, 4])
-    plan = launcher._Plan(["node1", "node2", "node3"], None, alloc, local=False)
+    plan = Plan(["node1", "node2", "node3"], None, alloc, local=False)
     secret = "5ec7e7" * 10
     control = {"SLURMRUN_SECRET": secret, "SLURMRUN_LAUNCHER_PORT": "1234"}
     log_dir = LogDir(str(tmp_path), keep=log_dir_keep)
-    starter, env = launcher._starter(cfg, plan, log_dir, control)
+    starter, env = agent_starter(cfg, plan, log_dir, control)
     assert isinstance(starter, SrunAgents)
     return starter, env, secret
 

@@ -14,7 +14,7 @@ import torch
 
 import slurmrun
 from slurmrun import transport
-from slurmrun.worker import STREAM_MIN_BYTES
+from slurmrun.node.worker import STREAM_MIN_BYTES
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:ComplexHalf support is experimental", "ignore:Sparse invariant checks"

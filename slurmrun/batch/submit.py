@@ -15,7 +15,8 @@ from slurmrun.batch.call import JobCall
 from slurmrun.batch.folder import base_folder
 from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.batch.requeue import Requeue
-from slurmrun.launcher import Launcher, check_call
+from slurmrun.launcher import Launcher
+from slurmrun.launcher.checks import check_call
 from slurmrun.transport import dumps_inband
 
 __all__ = ["JobSpec", "SubmitDryRun", "submit"]

@@ -17,7 +17,8 @@ from typing import Any
 import hostlist
 
 from slurmrun import allocation, launcher
-from slurmrun.dryrun import DryRun
+from slurmrun.launcher.dryrun import DryRun
+from slurmrun.launcher.plan import make_plan, plan_dry_run
 
 __all__ = ["gather", "main", "render"]
 
@@ -106,11 +107,11 @@ def _launch_section(warnings: list[str]) -> dict[str, Any] | None:
     cfg = launcher.Launcher()
     try:
         try:
-            plan = launcher._plan(cfg)
+            plan = make_plan(cfg)
         except RuntimeError:
             # A step of several tasks: _slurm_section said so. Show what one task would do.
-            plan = launcher._plan(cfg, check_driver_step=False)
-        return launcher.plan_dry_run(cfg, plan).as_dict()
+            plan = make_plan(cfg, check_driver_step=False)
+        return plan_dry_run(cfg, plan).as_dict()
     except (RuntimeError, ValueError, OSError) as e:
         what = "does not resolve" if "resolve" in str(e) else "cannot be planned"
         warnings.append(f"launch() would fail: the launch {what}: {e}")

@@ -194,7 +194,7 @@ def _parse_launcher(args: list[str]) -> Launcher:
 def run_command(launcher: Launcher, cmd: Command) -> int:
     """Runs (or, for ``--dry-run``, shows) the script on every worker; returns the exit status."""
     from slurmrun.cli.script import run_script  # noqa: PLC0415
-    from slurmrun.launcher import check_call  # noqa: PLC0415
+    from slurmrun.launcher.checks import check_call  # noqa: PLC0415
 
     target = cmd.target if cmd.module else os.path.abspath(cmd.target)
     func_args = (target, cmd.script_args)

@@ -153,7 +153,7 @@ def test_heterogeneous_workers_per_host(run_in_allocation):
 
 
 LARGE_RESULTS = """
-from slurmrun.session import Session
+from slurmrun.launcher.session import Session
 
 streamed = []
 real = Session._on_streamed
@@ -205,7 +205,7 @@ import psutil, signal
 def kill_agent_on_node2():
     if os.environ["SLURMD_NODENAME"] == "node2" and os.environ["LOCAL_RANK"] == "0":
         agent = psutil.Process().parent().parent()
-        assert "slurmrun.agent" in " ".join(agent.cmdline())
+        assert "slurmrun.node.agent" in " ".join(agent.cmdline())
         agent.send_signal(signal.SIGKILL)
     time.sleep(120)
 

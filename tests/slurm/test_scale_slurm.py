@@ -1,6 +1,6 @@
 """Agents that cannot reach their launcher, on the 3-node test cluster.
 
-Agents retry a refused connect with bounded, jittered backoff (slurmrun.agent); one that gives
+Agents retry a refused connect with bounded, jittered backoff (slurmrun.node.agent); one that gives
 up exits 1, and the launch fails at once naming its host, not after the connect timeout.
 """
 

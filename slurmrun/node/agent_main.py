@@ -1,9 +1,9 @@
-"""The agent process's entry point (``python -m slurmrun.agent_main``).
+"""The agent process's entry point (``python -m slurmrun.node.agent_main``).
 
 Importing torch dominates a launch, so the agent's first act is to fork the spawner that
-imports it (`slurmrun.spawner`); the rest of the agent (`slurmrun.agent`, about 0.1 s of
+imports it (`slurmrun.node.spawner`); the rest of the agent (`slurmrun.node.agent`, about 0.1 s of
 imports) loads while the spawner works. This module therefore imports only the standard
-library, `slurmrun.environment`, `slurmrun.protocol` and `slurmrun.spawner` before the fork.
+library, `slurmrun.environment`, `slurmrun.protocol` and `slurmrun.node.spawner` before the fork.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sys
 import threading
 
 from slurmrun.environment import FORWARDED_SIGNALS, EnvFileError, source_env_file
+from slurmrun.node.spawner import Spawner, forget_variable
 from slurmrun.protocol import ENV_FILE_VAR, PRELOAD_VAR, SECRET_STDIN_VAR, SECRET_VAR
-from slurmrun.spawner import Spawner, forget_variable
 
 __all__ = ["main"]
 
@@ -61,10 +61,10 @@ def main() -> int:
     # forked: workers are forks of the spawner and would inherit it (a str cannot be wiped).
     # os.environb hands out the bytes object the interpreter made at startup, not a copy; the
     # spawner wipes that object and its environment blocks (forget_variable).
-    from_stdin = os.environ.get(SECRET_STDIN_VAR) == "1"  # an ssh agent (slurmrun.ssh)
+    from_stdin = os.environ.get(SECRET_STDIN_VAR) == "1"  # an ssh agent (slurmrun.launcher.ssh)
     if not from_stdin and not os.environb.get(_SECRET_KEY):
         print(
-            f"slurmrun.agent: {SECRET_VAR} is not set; agents are started by slurmrun.launch",
+            f"slurmrun.node.agent: {SECRET_VAR} is not set; agents are started by slurmrun.launch",
             file=sys.stderr,
         )
         return 2
@@ -89,7 +89,7 @@ def main() -> int:
     else:
         secret = bytes.fromhex(os.environb[_SECRET_KEY].decode("ascii"))
         forget_variable(SECRET_VAR)  # out of /proc/<agent>/environ too
-    from slurmrun import agent  # noqa: PLC0415 - loads while the spawner imports torch
+    from slurmrun.node import agent  # noqa: PLC0415 - loads while the spawner imports torch
 
     return agent.main(secret, spawner)
 

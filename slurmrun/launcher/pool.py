@@ -1,13 +1,13 @@
 """The launcher's agents, connected once and kept: started, watched, closed.
 
 A pool lives as long as a warm launcher (`Launcher` used as a context manager), or one call
-of a cold one; each run (`slurmrun.session.Session`) borrows its agents. The pool judges what
-concerns agents whatever the run: an agent process that exited, an agent silent for longer
-than its heartbeat timeout, a connection that closed. Once such a failure was seen the pool is
-`broken`: the launcher closes it, and the next run starts new agents.
+of a cold one; each run (`slurmrun.launcher.session.Session`) borrows its agents. The pool
+judges what concerns agents whatever the run: an agent process that exited, an agent silent
+for longer than its heartbeat timeout, a connection that closed. Once such a failure was seen
+the pool is `broken`: the launcher closes it, and the next run starts new agents.
 
-Threads only move bytes (`slurmrun.listener`): every decision is taken by the calling thread
-from the listener's single event queue.
+Threads only move bytes (`slurmrun.launcher.listener`): every decision is taken by the calling
+thread from the listener's single event queue.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from typing import Any
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import AgentConnected, Trace
-from slurmrun.failures import agent_exit_error
-from slurmrun.listener import Listener
+from slurmrun.launcher.failures import agent_exit_error
+from slurmrun.launcher.listener import Listener
+from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import LogDir, tail_file
-from slurmrun.starters import AgentStarter
 from slurmrun.transport import Connection, Frame
 
 __all__ = ["AgentPool", "PoolAgent"]

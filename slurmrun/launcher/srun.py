@@ -9,8 +9,8 @@ import socket
 from collections.abc import Mapping, Sequence
 
 from slurmrun.allocation import SlurmAllocation, scontrol_gpus
+from slurmrun.launcher.starters import SrunAgents, agent_command
 from slurmrun.logs import agent_log_path
-from slurmrun.starters import SrunAgents, agent_command
 
 __all__ = [
     "address_toward",

@@ -21,13 +21,11 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import IO, Any
+from collections.abc import Mapping
+from dataclasses import dataclass
 
-from slurmrun.logs import agent_log_path
+from slurmrun.launcher.starters import HostAgents, agent_command, local_agent_env, wait_exit
 from slurmrun.protocol import SECRET_STDIN_VAR, SECRET_VAR
-from slurmrun.starters import agent_command, local_agent_env, wait_exit
 
 __all__ = ["SshAgents", "ssh_command", "ssh_hostname"]
 
@@ -63,23 +61,13 @@ def ssh_hostname(host: str, config_file: str | None) -> str:
 
 
 @dataclass
-class SshAgents:
-    """One agent per host, each the remote command of an ``ssh`` subprocess."""
+class SshAgents(HostAgents):
+    """One agent per host, each the remote command of an ``ssh`` subprocess.
 
-    hostnames: Sequence[str]
-    log_dir: str
+    Each host's log file (`log_file`) holds ssh's own messages too.
+    """
+
     config_file: str | None = None
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    _logs: list[IO[bytes]] = field(default_factory=list)
-
-    def log_file(self, node_rank: int | None) -> str | None:
-        """See `slurmrun.starters.AgentStarter` (ssh's own messages are in it too)."""
-        if node_rank is None:
-            return None
-        return agent_log_path(self.log_dir, self.hostnames[node_rank])
-
-    def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
-        """See `slurmrun.starters.AgentStarter`."""
 
     def commands(self, env: Mapping[str, str]) -> list[list[str]]:
         """The ssh command line of each agent."""
@@ -89,13 +77,10 @@ class SshAgents:
         ]
 
     def start(self, env: Mapping[str, str]) -> None:
-        """See `slurmrun.starters.AgentStarter`."""
+        """See `slurmrun.launcher.starters.AgentStarter`."""
         secret = env[SECRET_VAR].encode("ascii") + b"\n"
         for rank, command in enumerate(self.commands(env)):
-            log_path = self.log_file(rank)
-            assert log_path is not None  # noqa: S101 - rank is not None here
-            log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-            self._logs.append(log)
+            log = self._open_log(rank)
             try:
                 proc = subprocess.Popen(
                     command,
@@ -113,11 +98,11 @@ class SshAgents:
                 proc.stdin.flush()
 
     def exit_codes(self) -> dict[int | None, int]:
-        """See `slurmrun.starters.AgentStarter` (255: ssh could not connect, or lost it)."""
+        """See `AgentStarter` in `slurmrun.launcher.starters` (255: ssh could not connect)."""
         return {r: p.returncode for r, p in enumerate(self.procs) if p.poll() is not None}
 
     def stop(self, grace: float) -> None:
-        """See `slurmrun.starters.AgentStarter`.
+        """See `slurmrun.launcher.starters.AgentStarter`.
 
         After `grace`, the agents' stdin is closed (they stop their workers and exit on
         end-of-file); ssh processes still running after that are killed, which drops their
@@ -140,5 +125,4 @@ class SshAgents:
                         os.killpg(proc.pid, signal.SIGKILL)
                     wait_exit(proc, 5.0)
         finally:
-            for log in self._logs:
-                log.close()
+            self._close_logs()

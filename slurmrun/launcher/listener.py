@@ -1,13 +1,13 @@
 """The launcher's network threads: they move bytes and take no decision.
 
 One reader thread accepts, authenticates and reads every connection through one selector
-(epoll on Linux): a connection is a `slurmrun.incoming.Incoming`, fed what arrives without
+(epoll on Linux): a connection is a `slurmrun.launcher.incoming.Incoming`, fed what arrives without
 ever blocking the others. It turns frames into events on one queue (``("frame", conn,
 frame)``, then ``("eof", conn, why)``) and notes when each connection last delivered a frame.
 A large payload is received by a short-lived thread of its own, so big results still arrive
 in parallel. A heartbeat thread tells agents that the launcher is alive.
-`slurmrun.pool.AgentPool` and the run on it (`slurmrun.session.Session`) make every decision
-from the queue.
+`slurmrun.launcher.pool.AgentPool` and the run on it (`slurmrun.launcher.session.Session`) make
+every decision from the queue.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.incoming import Incoming
+from slurmrun.launcher.incoming import Incoming
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
 from slurmrun.transport import AuthenticationError, Connection, FrameError
 

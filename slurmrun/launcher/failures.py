@@ -19,8 +19,8 @@ from slurmrun.errors import (
     add_note,
     signal_name,
 )
+from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import tail_file
-from slurmrun.starters import AgentStarter
 from slurmrun.transport import Frame, loads
 
 __all__ = ["WorkerPlace", "agent_exit_error", "srun_verdict", "worker_died", "worker_error"]

@@ -1,6 +1,6 @@
 """One run on the pool's agents: hand out the call, gather results, judge failures.
 
-A run borrows the agents of a `slurmrun.pool.AgentPool`: it sends each its share (START),
+A run borrows the agents of a `slurmrun.launcher.pool.AgentPool`: it sends each its share (START),
 takes every event of the pool's queue until every result is in or something failed, and ends
 by telling every agent to stop its workers and waiting until each says IDLE. Whether the pool
 lives on afterwards (a warm launcher) or is closed (a cold launch) is the launcher's business.
@@ -22,9 +22,9 @@ from typing import Any
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError, add_note
 from slurmrun.events import Trace, WorkerFailed, WorkersStarted
-from slurmrun.failures import WorkerPlace, worker_died, worker_error
+from slurmrun.launcher.failures import WorkerPlace, worker_died, worker_error
+from slurmrun.launcher.pool import TICK, AgentPool, PoolAgent
 from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
-from slurmrun.pool import TICK, AgentPool, PoolAgent
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame, loads
 

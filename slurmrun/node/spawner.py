@@ -229,7 +229,7 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
     for module in preload:
         with contextlib.suppress(ImportError):  # e.g. no torch on this node: backend=None works
             importlib.import_module(module)
-    from slurmrun.worker import run_worker  # noqa: PLC0415 - after torch, like the workers
+    from slurmrun.node.worker import run_worker  # noqa: PLC0415 - after torch, like the workers
 
     wake_r, wake_w = socket.socketpair()
     wake_w.setblocking(False)

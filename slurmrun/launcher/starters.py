@@ -16,12 +16,19 @@ from slurmrun.logs import agent_log_path
 from slurmrun.protocol import HOSTNAME_VAR, NODE_RANK_VAR
 from slurmrun.waiting import wait_readable
 
-__all__ = ["AgentStarter", "LocalAgents", "SrunAgents", "agent_command", "local_agent_env"]
+__all__ = [
+    "AgentStarter",
+    "HostAgents",
+    "LocalAgents",
+    "SrunAgents",
+    "agent_command",
+    "local_agent_env",
+]
 
 
 def agent_command() -> list[str]:
     """The command that runs an agent with the launcher's interpreter."""
-    return [sys.executable, "-m", "slurmrun.agent_main"]
+    return [sys.executable, "-m", "slurmrun.node.agent_main"]
 
 
 def package_pythonpath(environ: Mapping[str, str]) -> str:
@@ -113,8 +120,12 @@ def _wait_or_kill_group(proc: subprocess.Popen[bytes], deadline: float) -> None:
 
 
 @dataclass
-class LocalAgents:
-    """Agents as subprocesses of the launcher, one per (local) host entry."""
+class HostAgents:
+    """One agent process per host entry, each writing into a log file of its own.
+
+    What local and ssh agents share; each opens its hosts' logs in ``start`` (`_open_log`)
+    and closes them at the end of ``stop`` (`_close_logs`).
+    """
 
     hostnames: Sequence[str]
     log_dir: str
@@ -130,14 +141,26 @@ class LocalAgents:
     def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
         """See `AgentStarter`."""
 
+    def _open_log(self, node_rank: int) -> IO[bytes]:
+        path = agent_log_path(self.log_dir, self.hostnames[node_rank])
+        log = open(path, "ab")  # noqa: SIM115 - closed by _close_logs, at the end of stop()
+        self._logs.append(log)
+        return log
+
+    def _close_logs(self) -> None:
+        for log in self._logs:
+            log.close()
+
+
+@dataclass
+class LocalAgents(HostAgents):
+    """Agents as subprocesses of the launcher, one per (local) host entry."""
+
     def start(self, env: Mapping[str, str]) -> None:
         """See `AgentStarter`."""
         for rank, host in enumerate(self.hostnames):
             agent_env = {**env, **local_agent_env(rank, host)}
-            log_path = self.log_file(rank)
-            assert log_path is not None  # noqa: S101 - rank is not None here
-            log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-            self._logs.append(log)
+            log = self._open_log(rank)
             self.procs.append(
                 subprocess.Popen(
                     agent_command(),
@@ -167,8 +190,7 @@ class LocalAgents:
             for proc in self.procs:
                 _wait_or_kill_group(proc, deadline)
         finally:
-            for log in self._logs:
-                log.close()
+            self._close_logs()
 
 
 SRUN_TERM_WAIT = 2.0

@@ -1,10 +1,10 @@
 """The agent: one per node. It connects back to the launcher, forks workers and relays results.
 
-Started by `slurmrun.agent_main` (which forks the worker spawner first) with the launcher's
+Started by `slurmrun.node.agent_main` (which forks the worker spawner first) with the launcher's
 address, port and secret in the environment (``SLURMRUN_LAUNCHER_ADDR``,
 ``SLURMRUN_LAUNCHER_PORT``, ``SLURMRUN_SECRET``). The spawner is forked before the secret is
 read into any Python object, and both processes wipe every copy of it from their environment
-(`slurmrun.spawner.forget_variable`), so no worker can find it in its memory.
+(`slurmrun.node.spawner.forget_variable`), so no worker can find it in its memory.
 
 The agent lives as long as its launcher keeps it (`slurmrun.protocol` draws the exchange):
 each START forks that run's workers from the spawner, and END stops them; the agent then says
@@ -36,8 +36,9 @@ from slurmrun import allocation, protocol
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.errors import signal_name
 from slurmrun.logs import LINE, LineAssembler, WorkerLog
+from slurmrun.node.spawner import Spawner, WorkerProcess, wait_any
+from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec
 from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
-from slurmrun.spawner import Spawner, WorkerProcess, wait_any
 from slurmrun.transport import (
     AuthenticationError,
     Connection,
@@ -46,7 +47,6 @@ from slurmrun.transport import (
     client_handshake,
 )
 from slurmrun.waiting import wait_readable
-from slurmrun.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec
 
 __all__ = ["main"]
 

@@ -1,6 +1,6 @@
 """One connection to the launcher, read without blocking: the handshake, then frames.
 
-The launcher reads all its connections from one thread (`slurmrun.listener`): 4096 agents
+The launcher reads all its connections from one thread (`slurmrun.launcher.listener`): 4096 agents
 are 4096 connections, and a thread each would spend the launch contending for the GIL. So a
 connection here is a state machine that is fed whatever bytes arrived, one ``recv`` per
 readiness: first exactly the handshake's reply (nothing else is read before the peer proved

@@ -1,0 +1,381 @@
+"""A launch's plan: its hosts, how their agents start, and where they reach the launcher.
+
+`make_plan` reads the allocation (or the hosts given) once per launch; the rest turns a plan
+into what the agents start with: the launcher's address, the agents' environment and their
+starter (srun, ssh or local). A dry run (`plan_dry_run`) takes the same steps and starts
+nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from slurmrun import allocation, allocations
+from slurmrun.environment import matching_env
+from slurmrun.launcher import srun
+from slurmrun.launcher.dryrun import DryRun
+from slurmrun.launcher.listener import LISTEN_BACKLOG
+from slurmrun.launcher.ssh import SshAgents, ssh_hostname
+from slurmrun.launcher.starters import (
+    AgentStarter,
+    LocalAgents,
+    SrunAgents,
+    agent_command,
+    local_agent_env,
+    package_pythonpath,
+)
+from slurmrun.logs import LogDir, resolve_log_dir
+from slurmrun.protocol import (
+    ENV_FILE_VAR,
+    HEARTBEAT_VAR,
+    HEARTBEATS_PER_TIMEOUT,
+    JOB_TASKS_VAR,
+    LAUNCHER_ADDR_VAR,
+    PORT_VAR,
+    PRELOAD_VAR,
+    SECRET_VAR,
+)
+
+if TYPE_CHECKING:
+    from slurmrun.launcher import Launcher
+
+__all__ = [
+    "Address",
+    "Plan",
+    "agent_starter",
+    "control_env",
+    "launcher_address",
+    "listen",
+    "make_plan",
+    "plan_dry_run",
+    "silence",
+    "step_order",
+    "wanted_port",
+]
+
+_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a launch's agents run and how they start (one plan per launch or attempt)."""
+
+    hostnames: list[str]
+    workers_per_host: list[int] | None
+    alloc: allocation.SlurmAllocation | None
+    local: bool
+    ssh: bool = False  # agents over ssh (hosts outside SLURM)
+    provider: str = ""  # the allocation provider that found the hosts ("auto")
+    ssh_config_file: str | None = None
+
+
+def _is_local(host: str) -> bool:
+    return host in _LOCAL_NAMES or host == socket.gethostname()
+
+
+def make_plan(cfg: Launcher, *, check_driver_step: bool = True) -> Plan:
+    """The plan for `cfg`'s options and the allocation this process is in.
+
+    Raises:
+        RuntimeError: ``"slurm"`` asked for outside a job, or a step of several tasks runs
+            the launcher (unless `check_driver_step` is False: `slurmrun info` shows it).
+        ValueError: hosts that are not the job's, or a node listed twice.
+    """
+    alloc = allocation.slurm_allocation()
+    for name, value in (("hostnames", cfg.hostnames), ("workers_per_host", cfg.workers_per_host)):
+        if value == "slurm" and alloc is None:
+            raise RuntimeError(
+                f"{name}='slurm' but no SLURM allocation was found (SLURM_JOB_ID is not set). "
+                "Run inside salloc or an sbatch script, or pass 'auto' to fall back to localhost."
+            )
+    found: allocations.Hosts | None = None
+    if cfg.hostnames == "auto":
+        found = allocations.detect()
+        hosts = list(found.hostnames)
+    elif cfg.hostnames == "slurm":
+        assert alloc is not None  # noqa: S101 - checked above
+        hosts = list(alloc.hostnames)
+    else:
+        hosts = list(cfg.hostnames)
+    if found is not None and found.agents != "srun":
+        return _provided_plan(cfg, found)
+    # A job's nodes, one of them this machine included, get their agents from srun: the agents
+    # then live in the job (its SLURM_* variables, its GPUs and CPUs, its accounting) just
+    # as on several nodes. Local agents are for hosts that are not the job's ("localhost").
+    local = alloc is None or not all(h in alloc.hostnames for h in hosts)
+    if local and not all(_is_local(h) for h in hosts):
+        if alloc is None:  # hosts outside any scheduler: their agents start over ssh
+            counts = _counts(cfg.workers_per_host, hosts)
+            return Plan(hosts, counts, None, False, ssh=True, ssh_config_file=cfg.ssh_config_file)
+        unknown = [h for h in hosts if h not in alloc.hostnames]
+        raise ValueError(
+            f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
+            f"{alloc.hostnames}"
+        )
+    if not local and len(set(hosts)) != len(hosts):
+        raise ValueError(f"hostnames lists a node twice ({hosts}); srun starts one agent per node")
+    if not local and alloc is not None and check_driver_step:
+        _check_driver_step(alloc)
+    return Plan(hosts, _counts(cfg.workers_per_host, hosts), alloc, local)
+
+
+def _counts(w: int | list[int] | str, hosts: list[str]) -> list[int] | None:
+    if isinstance(w, str):
+        return None
+    if isinstance(w, int):
+        return [w] * len(hosts)
+    if len(w) != len(hosts):
+        raise ValueError(
+            f"workers_per_host has {len(w)} entries but there are {len(hosts)} hosts "
+            f"({hosts}): give one count per host, or a single int"
+        )
+    return list(w)
+
+
+def _provided_plan(cfg: Launcher, found: allocations.Hosts) -> Plan:
+    """The plan for the hosts of an allocation provider whose agents are local or ssh ones."""
+    hosts = list(found.hostnames)
+    counts = _counts(cfg.workers_per_host, hosts)
+    if counts is None and found.workers_per_host is not None:
+        counts = list(found.workers_per_host)
+    if found.agents == "local" and not all(_is_local(h) for h in hosts):
+        raise ValueError(
+            f"the allocation provider {found.provider!r} found hosts {hosts} and asks for local "
+            "agents, but not all of them are this machine"
+        )
+    local = found.agents == "local"
+    return Plan(
+        hosts,
+        counts,
+        None,
+        local,
+        ssh=not local,
+        provider=found.provider,
+        ssh_config_file=cfg.ssh_config_file,
+    )
+
+
+def _check_driver_step(alloc: allocation.SlurmAllocation) -> None:
+    """Refuses to launch from each of several tasks of one step: they would share the nodes."""
+    step = alloc.driver_step
+    if step is None or step.num_tasks <= 1:
+        return
+    raise RuntimeError(
+        f"slurmrun.launch runs in SLURM step {step.step_id}, which has {step.num_tasks} tasks "
+        f"(this is task {step.proc_id}): every task would launch workers on every node of "
+        f"job {alloc.job_id}, and they would fight over its GPUs and CPUs. Start the script "
+        "that calls launch() once: `python train.py` in the batch script or the salloc "
+        "shell, or `srun -N1 -n1 python train.py`. slurmrun starts one agent per node itself."
+    )
+
+
+# ---------------------------------------------------------------------- dry runs
+
+
+def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> DryRun:
+    """The `DryRun` of `plan`: built by the planning steps `run_attempt` takes, starting nothing."""
+    address = launcher_address(plan)
+    port = wanted_port()
+    log_dir = resolve_log_dir(create=False)
+    control = control_env(cfg, "", address.advertise, str(port or 0))
+    starter, env = agent_starter(cfg, plan, log_dir, control)
+    hosts = plan.hostnames
+    if isinstance(starter, SrunAgents):
+        commands = [tuple(starter.command)]
+        export = next(a for a in starter.command if a.startswith("--export="))
+        names = export.removeprefix("--export=").split(",")
+        gres = next((a for a in starter.command if a.startswith("--gres=gpu:")), "")
+        gpus = int(gres.rsplit(":", 1)[1]) if gres else 0
+    elif isinstance(starter, SshAgents):
+        commands = [tuple(command) for command in starter.commands(env)]
+        names = sorted({*env, *local_agent_env(0, hosts[0])} - {SECRET_VAR})
+        gpus = 0  # each host's own: unknown here
+    else:
+        per_agent = [local_agent_env(rank, host) for rank, host in enumerate(hosts)]
+        commands = [
+            (*(f"{k}={v}" for k, v in extra.items()), *agent_command()) for extra in per_agent
+        ]
+        names = sorted({*env, *per_agent[0]})
+        gpus = allocation.visible_gpu_count(env)  # local agents see this machine's GPUs
+    if plan.ssh and plan.workers_per_host is None:
+        counts, reason = [0] * len(hosts), "each agent decides on its host (0: unknown here)"
+    else:
+        counts, reason = _expected_workers(plan, env, gpus)
+    backend = cfg.backend
+    if backend == "auto":
+        backend = "nccl" if gpus > 0 else "gloo"
+    return DryRun(
+        job_id=plan.alloc.job_id if plan.alloc is not None else None,
+        hosts=tuple(hosts),
+        agents="local" if plan.local else "ssh" if plan.ssh else "srun",
+        workers_per_host=None if plan.workers_per_host is None else tuple(plan.workers_per_host),
+        expected_workers=tuple(counts),
+        workers_reason=reason,
+        backend=cfg.backend,
+        expected_backend=backend,
+        launcher_address=address.advertise,
+        bind_address=address.bind,
+        address_reason=address.reason,
+        port=port,
+        commands=tuple(commands),
+        env_names=tuple(names),
+        log_dir=log_dir.path if log_dir.keep else None,
+        warnings=tuple(warnings),
+    )
+
+
+def _expected_workers(plan: Plan, env: Mapping[str, str], gpus: int) -> tuple[list[int], str]:
+    """Workers per host, and why: as set, or as each agent is expected to decide on its node."""
+    if plan.workers_per_host is not None:
+        return plan.workers_per_host, "set by workers_per_host"
+    if gpus > 0:
+        where = "it sees" if plan.local else f"of its step (--gres=gpu:{gpus})"
+        return [gpus] * len(plan.hostnames), f"one per GPU {where}"
+    if plan.local:
+        counts = [
+            allocation.agent_auto_workers({**env, **local_agent_env(rank, host)}, host)
+            for rank, host in enumerate(plan.hostnames)
+        ]
+        if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
+            return counts, "no GPU: one per CPU the agent may use"
+        return counts, "no GPU: the job's tasks on the node, else 1"
+    alloc = plan.alloc
+    assert alloc is not None  # noqa: S101 - srun agents run in a job
+    if alloc.tasks_per_node is None:
+        return [1] * len(plan.hostnames), "no GPU, and the job's tasks per node are unknown: 1"
+    source = alloc.sources.get("tasks_per_node", "the job")
+    return [alloc.tasks_per_node[alloc.node_index(h)] for h in plan.hostnames], (
+        f"no GPU in its step: the job's tasks on its node ({source}, passed on as {JOB_TASKS_VAR})"
+    )
+
+
+# ---------------------------------------------------------------------- the agents' start
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where the launcher listens, and the address its agents are given."""
+
+    bind: str
+    advertise: str  # what agents connect to
+    reason: str  # why, for people (dry runs, `slurmrun info`)
+
+
+def launcher_address(plan: Plan) -> Address:
+    """The launcher's address for `plan`'s agents: loopback, the override, or the route's."""
+    if plan.local:
+        return Address("127.0.0.1", "127.0.0.1", "loopback: the agents run on this machine")
+    override = os.environ.get(LAUNCHER_ADDR_VAR)
+    if override:
+        return Address("0.0.0.0", override, f"{LAUNCHER_ADDR_VAR} is set")  # noqa: S104
+    first = plan.hostnames[0]
+    # An ssh host may be an alias of the ssh config: route toward the name it stands for.
+    target = ssh_hostname(first, plan.ssh_config_file) if plan.ssh else first
+    return Address(
+        "0.0.0.0",  # noqa: S104 - agents on other nodes must reach us
+        srun.address_toward(target),
+        f"this machine's address on the route toward {first}, the first node",
+    )
+
+
+def _agent_env(
+    cfg: Launcher, control: dict[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """What agents start with: the matching variables of ours, the given ones, the launch's."""
+    environ = os.environ if environ is None else environ
+    extra = cfg.extra_env_vars
+    patterns = [*cfg.default_env_vars, *([] if isinstance(extra, Mapping) else extra)]
+    env = matching_env(environ, patterns)
+    if isinstance(extra, Mapping):
+        env.update(extra)
+    env.update(control)
+    return env
+
+
+def silence(cfg: Launcher) -> float:
+    """How long an agent may be silent before it counts as dead, and the launcher for agents.
+
+    Heartbeats must come often enough for the shorter of the two timeouts.
+    """
+    return float(min(cfg.timeout, cfg.heartbeat_timeout))
+
+
+def control_env(cfg: Launcher, secret: str, advertise: str, port: str) -> dict[str, str]:
+    """The variables the launcher sets for its agents (`agent_starter` adds the job's tasks)."""
+    control = {
+        SECRET_VAR: secret,
+        LAUNCHER_ADDR_VAR: advertise,
+        PORT_VAR: port,
+        # Modules the spawner imports before forking workers; the command's script mode asks
+        # for torch although it initialises no process group.
+        PRELOAD_VAR: os.environ.get(PRELOAD_VAR) or ("" if cfg.backend is None else "torch"),
+        "PYTHONPATH": package_pythonpath(os.environ),
+        HEARTBEAT_VAR: str(max(0.05, silence(cfg) / HEARTBEATS_PER_TIMEOUT)),
+    }
+    if cfg.env_file:
+        control[ENV_FILE_VAR] = os.path.abspath(cfg.env_file)
+    return control
+
+
+def agent_starter(
+    cfg: Launcher, plan: Plan, log_dir: LogDir, control: dict[str, str]
+) -> tuple[AgentStarter, dict[str, str]]:
+    """The agents' starter, and the environment to start them with."""
+    if plan.alloc is not None and plan.alloc.tasks_per_node is not None:
+        control[JOB_TASKS_VAR] = ",".join(map(str, plan.alloc.tasks_per_node))
+    if plan.local:
+        return LocalAgents(plan.hostnames, log_dir.path), _agent_env(cfg, control)
+    if plan.ssh:
+        return SshAgents(plan.hostnames, log_dir.path, config_file=cfg.ssh_config_file), _agent_env(
+            cfg, control
+        )
+    assert plan.alloc is not None  # noqa: S101 - _plan guarantees an allocation here
+    # srun runs with our environment less what would reshape the agents' step (the driver's
+    # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
+    # with their values taken from srun's environment, so no value is on a command line.
+    environ = srun.srun_environment(os.environ)
+    agent_env = _agent_env(cfg, control, environ)
+    starter = srun.srun_agents(
+        plan.alloc, plan.hostnames, log_dir.path, sorted(agent_env), node_logs=log_dir.keep
+    )
+    return starter, {**environ, **agent_env}
+
+
+def step_order(plan: Plan) -> list[str]:
+    """The agents' step's nodes in SLURM's task order (the job's node order)."""
+    alloc = plan.alloc
+    return sorted(plan.hostnames, key=alloc.node_index) if alloc else list(plan.hostnames)
+
+
+def wanted_port() -> int | None:
+    """The port asked for in ``SLURMRUN_LAUNCHER_PORT``; None: any free one."""
+    wanted = os.environ.get(PORT_VAR, "")
+    if not wanted:
+        return None
+    if not wanted.isdigit() or not 0 < int(wanted) < 65536:
+        raise ValueError(f"{PORT_VAR}={wanted!r} is not a TCP port number (1-65535)")
+    return int(wanted)
+
+
+def listen(bind: str) -> socket.socket:
+    """The launcher's listening socket (on ``SLURMRUN_LAUNCHER_PORT`` if it is set).
+
+    Raises:
+        OSError: the port asked for is taken (the message says what to do).
+    """
+    wanted = wanted_port()
+    if wanted is None:
+        return socket.create_server((bind, 0), backlog=LISTEN_BACKLOG)
+    try:
+        return socket.create_server((bind, wanted), backlog=LISTEN_BACKLOG)
+    except OSError as e:
+        raise OSError(
+            e.errno,
+            f"the launcher cannot listen on {PORT_VAR}={wanted} ({e.strerror}): another "
+            "process (or a launch not yet finished) holds it. Free it, pick another port, or "
+            f"unset {PORT_VAR} to let slurmrun choose a free one.",
+        ) from e

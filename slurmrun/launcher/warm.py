@@ -1,0 +1,225 @@
+"""Warm launchers: the agents a `Launcher` keeps from one run to the next, and one attempt.
+
+A cold `launch()` is a warm launcher used once (`Launcher.run` opens one for the call), so
+this is the only way a run starts: `run_attempt` readies the kept pool (or starts new agents,
+if there are none or they broke), runs one `Session` on it, and drops a pool that broke.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from slurmrun.errors import AgentFailedError
+from slurmrun.events import Trace
+from slurmrun.launcher import srun
+from slurmrun.launcher.plan import (
+    Plan,
+    agent_starter,
+    control_env,
+    launcher_address,
+    listen,
+    silence,
+    step_order,
+)
+from slurmrun.launcher.pool import AgentPool
+from slurmrun.launcher.session import Session
+from slurmrun.launcher.starters import LocalAgents, SrunAgents
+from slurmrun.logs import LogDir, log_level, resolve_log_dir
+from slurmrun.protocol import RESTART_VAR
+from slurmrun.result import LaunchResult
+from slurmrun.transport import new_secret
+
+if TYPE_CHECKING:
+    from slurmrun.launcher import Launcher
+
+__all__ = ["WARM_ATTR", "Warm", "run_attempt", "sigterm_as_exit", "warm_of"]
+
+log = logging.getLogger("slurmrun")
+
+
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit during a launch, so that agents are stopped on the way out."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+WARM_ATTR = "_slurmrun_warm"
+# What the agents were started with: changing one between runs would need new agents.
+_AGENT_OPTIONS = (
+    "hostnames",
+    "workers_per_host",
+    "default_env_vars",
+    "extra_env_vars",
+    "env_file",
+    "heartbeat_timeout",
+    "timeout",
+    "ssh_config_file",
+)
+
+
+def warm_of(cfg: Launcher) -> Warm | None:
+    """The agents `cfg` keeps (`Launcher.open`), or None for a launcher that is not open."""
+    warm: Warm | None = getattr(cfg, WARM_ATTR, None)
+    return warm
+
+
+def _agent_options(cfg: Launcher, plan: Plan) -> dict[str, object]:
+    options: dict[str, object] = {name: repr(getattr(cfg, name)) for name in _AGENT_OPTIONS}
+    options["hosts"] = plan.hostnames
+    options["backend is None"] = cfg.backend is None  # the spawner imports torch or not
+    return options
+
+
+class Warm:
+    """The agents a launcher keeps between runs (`Launcher.__enter__`), once started."""
+
+    def __init__(self) -> None:
+        self.pool: AgentPool | None = None
+        self.options: dict[str, object] | None = None
+
+    def check_unchanged(self, cfg: Launcher, plan: Plan) -> None:
+        """Raises ValueError when what the agents started with changed since the first run."""
+        options = _agent_options(cfg, plan)
+        if self.options is None:
+            self.options = options
+            return
+        changed = [name for name in options if options[name] != self.options[name]]
+        if changed:
+            raise ValueError(
+                f"{', '.join(changed)} changed since this launcher started its agents "
+                f"({'; '.join(f'{n}: {self.options[n]} -> {options[n]}' for n in changed)}): "
+                "its agents keep what they started with. Close it (end the `with` block, or "
+                "call close()) and use a new one."
+            )
+
+    def close_pool(self) -> None:
+        """Stops the kept agents, if any (the next run starts new ones)."""
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.close()
+
+    def ready_pool(self, cfg: Launcher, plan: Plan, trace: Trace | None = None) -> AgentPool:
+        """The pool for the next run: the kept one, or new agents if it broke or died idle."""
+        if self.pool is not None:
+            try:
+                self.pool.ready()
+            except AgentFailedError as e:
+                if self.pool.broken != "closed" and "cannot run again" not in str(e):
+                    log.warning("slurmrun: agents failed between runs (%s); starting new ones", e)
+                self.close_pool()
+        if self.pool is None:
+            self.pool = open_pool(cfg, plan, trace)
+        self.pool.trace = trace
+        return self.pool
+
+
+def open_pool(cfg: Launcher, plan: Plan, trace: Trace | None = None) -> AgentPool:
+    """Starts and connects the agents of `plan`."""
+    address = launcher_address(plan)
+    server = listen(address.bind)
+    log_dir: LogDir | None = None
+    try:
+        log_dir = resolve_log_dir()
+        secret = new_secret()
+        control = control_env(cfg, secret.hex(), address.advertise, str(server.getsockname()[1]))
+        starter, env = agent_starter(cfg, plan, log_dir, control)
+    except BaseException:
+        server.close()
+        if log_dir is not None and not log_dir.keep:
+            shutil.rmtree(log_dir.path, ignore_errors=True)
+        raise
+    pool = AgentPool(
+        hostnames=plan.hostnames,
+        starter=starter,
+        server=server,
+        secret=secret,
+        connect_timeout=float(cfg.timeout),
+        silence=silence(cfg),
+        log_dir=log_dir,
+        trace=trace,
+    )
+    try:
+        pool.open(env)
+    except AgentFailedError as e:
+        pool.close()
+        raise explained(e, pool, plan) from e.__cause__
+    except BaseException:
+        pool.close()
+        raise
+    return pool
+
+
+def explained(e: AgentFailedError, pool: AgentPool, plan: Plan) -> AgentFailedError:
+    """`e`, or the node log srun could not open that explains it."""
+    starter, log_dir = pool.starter, pool.log_dir
+    if not isinstance(starter, SrunAgents) or log_dir is None or not log_dir.keep:
+        return e
+    failure = srun.log_open_failure(starter.log_path, step_order(plan), log_dir.path)
+    if failure is None:
+        return e
+    host, message = failure
+    error = AgentFailedError(
+        message, hostname=host, log_file=starter.log_path, stderr_tail=e.stderr_tail
+    )
+    error.__cause__ = e
+    return error
+
+
+def run_attempt(  # noqa: PLR0917 - private, called once
+    cfg: Launcher, warm: Warm, plan: Plan, payload: bytes, attempt: int, trace: Trace
+) -> LaunchResult[Any]:
+    """One attempt: a run on the kept agents (new ones if there are none, or they broke)."""
+    pool = warm.ready_pool(cfg, plan, trace)
+    trace.mark("agents_connected")
+    try:
+        return _run_session(cfg, plan, pool, payload, attempt, trace)
+    except AgentFailedError as e:
+        raise explained(e, pool, plan) from e.__cause__
+    finally:
+        if pool.broken:  # an agent failed: the next run starts new ones
+            warm.close_pool()
+
+
+def _run_session(  # noqa: PLR0917 - private, called once
+    cfg: Launcher, plan: Plan, pool: AgentPool, payload: bytes, attempt: int, trace: Trace
+) -> LaunchResult[Any]:
+    log_dir = pool.log_dir
+    session = Session(
+        pool=pool,
+        workers_per_host=plan.workers_per_host,
+        backend=cfg.backend,
+        timeout=float(cfg.timeout),
+        grace=3.0,
+        payload=payload,
+        start_header={
+            "sys_path": [p if p else os.getcwd() for p in sys.path],
+            "cwd": os.getcwd(),
+            "env": {RESTART_VAR: str(attempt)},
+        },
+        local_master=plan.local,
+        handlers=cfg.log_handlers,
+        log_dir=log_dir.path if log_dir is not None and log_dir.keep else None,
+        agents_write_logs=isinstance(pool.starter, (LocalAgents, SrunAgents)),
+        log_level=log_level(),
+        trace=trace,
+    )
+    return session.run()

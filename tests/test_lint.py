@@ -1,0 +1,77 @@
+"""The code stays as the project asks: ruff clean and formatted, mypy strict on the package, and
+the two sides of a launch (slurmrun/launcher, slurmrun/node) importing nothing of each other."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "slurmrun"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,  # the tests read the exit status and show the output
+    )
+
+
+def test_ruff_finds_nothing() -> None:
+    result = _run("ruff", "check", "--no-cache", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_code_is_formatted_by_ruff() -> None:
+    result = _run("ruff", "format", "--no-cache", "--check", ".")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_strict_passes_on_the_package() -> None:
+    result = _run("mypy", "--no-incremental")  # [tool.mypy] in pyproject.toml: strict, slurmrun
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every slurmrun module that `path` imports, at the top or inside functions."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return {name for name in names if name.startswith("slurmrun")}
+
+
+@pytest.mark.parametrize(("side", "other"), [("launcher", "node"), ("node", "launcher")])
+def test_one_side_of_a_launch_imports_nothing_of_the_other(side: str, other: str) -> None:
+    """They meet only on the ground floor (protocol, transport, ...): the wire is the contract."""
+    crossing = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted((PACKAGE / side).glob("*.py"))
+        for name in _imported_modules(path)
+        if name == f"slurmrun.{other}" or name.startswith(f"slurmrun.{other}.")
+    }
+    assert not crossing, sorted(crossing)
+
+
+def test_the_ground_floor_imports_neither_side() -> None:
+    """Modules directly in slurmrun/ (but the package's face and entry point) stand below both."""
+    above = {"__init__.py", "__main__.py"}
+    crossing = {
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(PACKAGE.glob("*.py"))
+        if path.name not in above
+        for name in _imported_modules(path)
+        if name.split(".")[1:2] in (["launcher"], ["node"], ["batch"], ["cli"])
+    }
+    assert not crossing, sorted(crossing)
