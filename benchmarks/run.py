@@ -316,9 +316,44 @@ def scenario_launch(cfg: Config, report: Report) -> None:
         table.notes.append("torchrunx is not installed (see docs/benchmarks.md): no column.")
     report.tables.append(table)
     report.data["launch"] = {"runs": raw(runs), "medians": stats}
+    _warm_critical_path(runs.get("slurmrun-warm/w2", []), stats, report)
     _launch_targets(stats, report)
     if not cfg.quick:
         _launch_sweep(cfg, report, stats)
+
+
+def _warm_critical_path(
+    runs: Sequence[Run], stats: dict[str, dict[str, float | None]], report: Report
+) -> None:
+    """Where a warm run's launch call goes, from rank 0's stamps (bench_launch.critical_path)."""
+    later = stats.get("slurmrun-warm", {}).get("later")
+    parts = {
+        key: med(runs, lambda r, k=key: (r.data.get("critical_path") or {}).get(k))
+        for key in ("fork_to_func_s", "new_group_and_barrier_s", "all_reduce_s")
+    }
+    if later is None or parts["fork_to_func_s"] is None:
+        return
+    worker = parts["fork_to_func_s"] + (parts["all_reduce_s"] or 0.0)
+    table = Table(
+        "Where a warm run goes: 2nd and later runs of one warm Launcher, 2 workers (medians)",
+        ["part", "time", "share"],
+    )
+    for label, value in (
+        ("the whole launch call", later),
+        ("worker fork to func (fork, unpickle, process group + barrier)", parts["fork_to_func_s"]),
+        ("... of which a process group's init + barrier", parts["new_group_and_barrier_s"]),
+        ("one all_reduce", parts["all_reduce_s"]),
+        ("the rest: hand-out, result back, DONE, END/IDLE", later - worker),
+    ):
+        table.rows.append([label, fmt(value, "s", 3), fmt_ratio(ratio(value, later))])
+    table.notes.append(
+        "Rank 0 stamps its own process start (psutil create_time, the fork from the spawner), "
+        "the moment func begins, and times a fresh process group with a barrier (as the "
+        "worker's own) and one all_reduce; the rest is the launcher's and agents' side: the "
+        "hand-out frame, the result's way back, and the DONE/END/IDLE round trips that "
+        "make the next run start on clean agents."
+    )
+    report.tables.append(table)
 
 
 def _later_launches(run: Run) -> float | None:

@@ -44,13 +44,16 @@ def agent_exit_error(
 ) -> AgentFailedError:
     """The error for an agent (node rank; None: the whole srun step) that ended too early."""
     codes = starter.exit_codes()
-    code = codes.get(node_rank, codes.get(None))
+    # srun agents have one code, the step's (srun's own, often its SIGTERM's 143): the agent's
+    # own is what srun says of its task (the verdict below).
+    own = node_rank is not None and node_rank in codes
+    code = codes.get(node_rank) if own else codes.get(None)
     where = f"the agent on {hostname}" if hostname else "the agents"
     if code is not None:
         how = f"exited with code {code}" if code >= 0 else f"was killed by signal {-code}"
         if 128 < code < 128 + 65:  # ssh exits 255 when its connection fails
             how += f" (128 + {signal_name(code - 128)})"
-        why = f"{why}; it {how}"
+        why = f"{why}; {'it' if own else 'its srun step'} {how}"
     log_file = starter.log_file(node_rank)
     tail = tail_file(log_file)
     step_log = starter.log_file(None)
