@@ -37,6 +37,7 @@ from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.errors import signal_name
 from slurmrun.logs import LINE, LineAssembler, WorkerLog
 from slurmrun.node.spawner import Spawner, WorkerProcess, wait_any
+from slurmrun.node.store_port import StorePort
 from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec
 from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
 from slurmrun.transport import (
@@ -74,12 +75,6 @@ def _exit_description(exitcode: int | None) -> tuple[str, str | None]:
     return f"exited with code {exitcode}", None
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class _Worker:
     local_rank: int
@@ -105,6 +100,7 @@ class Agent:
     hostname: str
     spawner: Spawner | None  # None: workers cannot start here (hello said why)
     connect: Callable[[], socket.socket]  # a new authenticated connection to the launcher
+    store_port: StorePort  # the port it reports for the next run's rank 0
     silence: float = 15.0  # a launcher silent this long is gone (see _expect_heartbeats)
     # START frames, then None once the launcher closed, went away or went silent.
     inbox: queue.Queue[Frame | None] = field(default_factory=queue.Queue)
@@ -159,7 +155,7 @@ class Agent:
             self._forget_workers()
             if not self.gone.is_set():
                 with contextlib.suppress(OSError):
-                    self.launcher.send(protocol.Idle(master_port=_free_port()).header())
+                    self.launcher.send(protocol.Idle(master_port=self.store_port.renew()).header())
 
     def _forget_workers(self) -> None:
         """Waits (briefly) until the run's workers' output and results were forwarded."""
@@ -286,6 +282,7 @@ class Agent:
         """Forks one worker per local rank and hands each the pickled function."""
         assert self.spawner is not None  # noqa: S101 - serve() runs no start without one
         n = start.workers
+        store_listener = self._store_listener(start)
         for local_rank in range(n):
             spec = WorkerSpec(
                 hostname=self.hostname,
@@ -304,10 +301,14 @@ class Agent:
                 log_level=start.log_level,
             )
             pairs: list[tuple[socket.socket, socket.socket]] = []
+            fds: list[int] = []
             try:
                 for _ in range(4):  # control, stdout, stderr, streams
                     pairs.append(socket.socketpair())
-                process = self.spawner.spawn(spec, [theirs.fileno() for _, theirs in pairs])
+                fds = [theirs.fileno() for _, theirs in pairs]
+                if local_rank == 0 and store_listener is not None:
+                    fds.append(store_listener.fileno())  # rank 0 serves the store on it
+                process = self.spawner.spawn(spec, fds)
             except BaseException:
                 for mine, _ in pairs:
                     mine.close()
@@ -315,6 +316,8 @@ class Agent:
             finally:
                 for _, theirs in pairs:
                     theirs.close()
+                if local_rank == 0 and store_listener is not None:
+                    store_listener.close()  # the worker holds it now (or the spawn failed)
             worker = _Worker(local_rank, process, Connection(pairs[0][0]), pairs[3][0])
             worker.outputs = [mine for mine, _ in pairs[1:3]]
             if start.log_dir is not None:
@@ -335,6 +338,21 @@ class Agent:
         with contextlib.suppress(OSError):
             pids = [w.process.pid for w in self.workers]
             self.launcher.send({"t": protocol.STARTED, "pids": pids})
+
+    def _store_listener(self, start: protocol.Start) -> socket.socket | None:
+        """The listening socket of the run's store, if rank 0 runs here on our port.
+
+        With no process group of slurmrun's (``backend=None``, a torchrun-style script), the
+        function binds ``MASTER_PORT`` itself: the port is released for it instead.
+        """
+        if start.rank_offset != 0 or start.workers == 0 or not self.store_port.held():
+            return None
+        if start.master_port != self.store_port.port:
+            return None
+        if start.backend is None:
+            self.store_port.release()
+            return None
+        return self.store_port.take()
 
     def _judge(self, worker: _Worker) -> bool:
         """Called once a worker exited; reports it if it died without a result. True if it did."""
@@ -533,12 +551,13 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     _expect_heartbeats(sock, silence)
     launcher = Connection(sock)
+    store_port = StorePort()
     hello = protocol.Hello(
         hostname=hostname,
         node_rank=int(os.environ.get(protocol.NODE_RANK_VAR, "-1")),
         addr=sock.getsockname()[0],
         auto_workers=allocation.agent_auto_workers(os.environ, hostname) if problem is None else 0,
-        master_port=_free_port(),
+        master_port=store_port.port,
         pid=os.getpid(),
         slurm_job=os.environ.get("SLURM_JOB_ID", ""),
         slurm_step=os.environ.get("SLURM_STEP_ID", ""),
@@ -550,6 +569,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         hostname=hostname,
         spawner=spawner if isinstance(spawner, Spawner) else None,
         connect=connect,
+        store_port=store_port,
         silence=silence,
     )
     if "SLURM_STEP_ID" not in os.environ:

@@ -40,6 +40,7 @@ _PID = struct.Struct("!q")
 _CODE = struct.Struct("!i")
 MAX_REQUEST_BYTES = 1 << 20
 WORKER_FDS = 4  # control, stdout, stderr, streams (see agent.Agent.spawn)
+# ... and rank 0's may come with a fifth: the listening socket of the run's store.
 SPAWN_TIMEOUT = 120.0  # the spawner answers once its imports are done; this bounds a wedged one
 
 
@@ -182,7 +183,11 @@ class Spawner:
         return cls(pid, mine)
 
     def spawn(self, spec: Any, fds: Sequence[int]) -> WorkerProcess:
-        """Forks one worker running `worker.run_worker(spec, *sockets)` with the given fds."""
+        """Forks one worker running `worker.run_worker(spec, *sockets)` with the given fds.
+
+        `fds`: its control, stdout, stderr and streams sockets, and for rank 0 maybe the
+        listening socket of the run's store (`slurmrun.node.store_port`).
+        """
         status_r, status_w = os.pipe()
         try:
             socket.send_fds(self.sock, [pickle.dumps(spec)], [*fds, status_w])
@@ -245,7 +250,7 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
             _reap(status)
         if sock in ready:
             try:
-                msg, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, WORKER_FDS + 1)
+                msg, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, WORKER_FDS + 2)
             except OSError:
                 msg, fds = b"", []
             if not msg:
@@ -265,9 +270,9 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
                     status=status,
                     restore=restore,
                 )
-            for fd in fds[:WORKER_FDS]:
+            for fd in fds[:-1]:
                 os.close(fd)
-            status[pid] = fds[WORKER_FDS]
+            status[pid] = fds[-1]  # the status pipe's write end comes last
             try:
                 sock.send(_PID.pack(pid))
             except OSError:
@@ -290,9 +295,9 @@ def _worker_child(
             signal.signal(signum, handler)
         for s in own:
             s.close()
-        for fd in [*status.values(), fds[WORKER_FDS]]:
+        for fd in [*status.values(), fds[-1]]:
             os.close(fd)
-        run_worker(spec, *(socket.socket(fileno=fd) for fd in fds[:WORKER_FDS]))
+        run_worker(spec, *(socket.socket(fileno=fd) for fd in fds[:-1]))
         code = 0
     except BaseException:
         traceback.print_exc()

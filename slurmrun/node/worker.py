@@ -218,8 +218,10 @@ def _check_gpu_of_own(spec: WorkerSpec, gpus: int) -> None:
     )
 
 
-def _init_process_group(spec: WorkerSpec) -> bool:
+def _init_process_group(spec: WorkerSpec, store_listener: socket.socket | None = None) -> bool:
     if spec.backend is None:
+        if store_listener is not None:
+            store_listener.close()
         return False
     import torch  # noqa: PLC0415 - preloaded by the spawner, so this costs nothing
     import torch.distributed as dist  # noqa: PLC0415
@@ -230,12 +232,22 @@ def _init_process_group(spec: WorkerSpec) -> bool:
     if backend == "nccl":
         _check_gpu_of_own(spec, torch.cuda.device_count())
         torch.cuda.set_device(spec.local_rank)
+    timeout = timedelta(seconds=spec.timeout)
+    # The store env:// would make, made here so that rank 0 can serve it on the socket its
+    # agent held listening: the other ranks' early connects wait in its backlog instead of
+    # being refused and retried after a backoff. Every rank makes its store the same way
+    # (env:// would add a prefix of its own to the keys).
+    listen_fd = store_listener.detach() if store_listener is not None else None  # the store's
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # public; torch's stubs miss it
+        spec.master_addr,
+        spec.master_port,
+        spec.world_size,
+        is_master=spec.rank == 0,
+        timeout=timeout,
+        master_listen_fd=listen_fd if spec.rank == 0 else None,
+    )
     dist.init_process_group(
-        backend=backend,
-        init_method="env://",
-        rank=spec.rank,
-        world_size=spec.world_size,
-        timeout=timedelta(seconds=spec.timeout),
+        backend=backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
     )
     # Joining is not a barrier: without one, a fast rank whose function needs no collective
     # can finish and tear down its connections while a slow rank is still connecting to it.
@@ -264,14 +276,19 @@ def _end_process_group() -> None:
         dist.destroy_process_group()
 
 
-def run_worker(
+def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in order
     spec: WorkerSpec,
     sock: socket.socket,
     stdout: socket.socket,
     stderr: socket.socket,
     streams: socket.socket,
+    store_listener: socket.socket | None = None,
 ) -> None:
-    """Entry point of a worker process (forked by the agent's spawner)."""
+    """Entry point of a worker process (forked by the agent's spawner).
+
+    `store_listener`: rank 0's, the listening socket of the run's store (see
+    `slurmrun.node.store_port`).
+    """
     _redirect_output(stdout, stderr)
     # The agent ignores them; the user's code decides, unless the launch says they stay
     # ignored (a submitted job: SLURM's --signal=USR2@90 must not kill its workers).
@@ -294,7 +311,7 @@ def run_worker(
         threading.Thread(target=_watch_agent, args=(conn,), daemon=True).start()
         try:
             func, args, kwargs = loads(frame.body, frame.buffers)
-            initialised = _init_process_group(spec)
+            initialised = _init_process_group(spec, store_listener)
             result = func(*args, **kwargs)
         except BaseException as exc:
             _send_error(conn, exc, traceback.format_exc())
