@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -243,3 +244,43 @@ def test_a_sigkilled_launcher_leaves_no_agent_or_worker_behind(tmp_path: Path, m
         proc.kill()
     assert len(left) == (2 if mode == "idle" else 4), "agent, spawner (and 2 workers)"
     assert gone(left), "agents end once their launcher's connection does"
+
+
+def master_port() -> int:
+    """The port this run's store is served on (rank 0's agent reported it)."""
+    return int(os.environ["MASTER_PORT"])
+
+
+def own_process_group() -> int:
+    """What a torchrun-style script does: its own group from env://, rank 0 binding MASTER_PORT."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method="env://")
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    dist.destroy_process_group()
+    return int(total.item())
+
+
+def test_the_next_runs_store_port_is_listening_before_the_run_starts() -> None:
+    """Workers that reach rank 0's store before it serves wait in the backlog of the socket its
+    agent holds; refused, torch would retry them only after a backoff of up to a second."""
+    from slurmrun.launcher.warm import warm_of
+
+    with slurmrun.Launcher(**OPTIONS) as launcher:
+        launcher.run(master_port)  # starts the agents
+        for _ in range(2):
+            warm = warm_of(launcher)
+            assert warm is not None and warm.pool is not None
+            port = warm.pool.agents[0].master_port  # what the agent said in its last IDLE
+            with socket.create_connection(("127.0.0.1", port), timeout=5):
+                pass  # accepted into the backlog: something listens there between runs
+            assert launcher.run(master_port).values() == [port, port]
+
+
+def test_with_backend_none_a_function_binds_the_store_port_itself() -> None:
+    """Without slurmrun's process group the agent lets go of the port: the script binds it."""
+    with slurmrun.Launcher(**{**OPTIONS, "backend": None}) as launcher:
+        for _ in range(3):
+            assert launcher.run(own_process_group).values() == [2, 2]
