@@ -173,7 +173,7 @@ def attacker_or_worker(examples: int, tmp: str) -> dict[str, Any]:
 @pytest.fixture
 def recorded_secrets(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     """The secret of every launch in this test (to look for it where it must not be)."""
-    import slurmrun.launcher as launcher_module
+    import slurmrun.launcher.warm as launcher_module  # where a launch makes its secret
 
     secrets: list[bytes] = []
     real = launcher_module.new_secret

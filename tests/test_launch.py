@@ -534,7 +534,7 @@ def test_the_secret_is_nowhere_in_a_worker_or_its_spawner(monkeypatch, tmp_path,
     """Workers run the user's code: no object, frame, environment or byte of memory there
     (nor in the spawner they are forked from) may hold the secret that lets a peer talk to the
     launcher. The agent must hold it, and the scan must find it there."""
-    import slurmrun.launcher as launcher_module
+    import slurmrun.launcher.warm as launcher_module  # where a launch makes its secret
 
     secret = transport.new_secret()
     monkeypatch.setattr(launcher_module, "new_secret", lambda: secret)

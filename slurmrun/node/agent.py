@@ -100,7 +100,7 @@ class Agent:
     hostname: str
     spawner: Spawner | None  # None: workers cannot start here (hello said why)
     connect: Callable[[], socket.socket]  # a new authenticated connection to the launcher
-    store_port: StorePort  # the port it reports for the next run's rank 0
+    store_port: StorePort = field(default_factory=StorePort)  # for the next run's rank 0
     silence: float = 15.0  # a launcher silent this long is gone (see _expect_heartbeats)
     # START frames, then None once the launcher closed, went away or went silent.
     inbox: queue.Queue[Frame | None] = field(default_factory=queue.Queue)
