@@ -1149,6 +1149,8 @@ def main() -> None:
     unknown = set(only) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
+    if a.plots and importlib.util.find_spec("matplotlib") is None:  # before, not after, the run
+        parser.error("--plots needs matplotlib: pip install -e '.[bench]' (or leave out --plots)")
     workdir = tempfile.mkdtemp(prefix="slurmrun-bench-")
     cfg = Config(
         quick=a.quick,
