@@ -316,42 +316,53 @@ def scenario_launch(cfg: Config, report: Report) -> None:
         table.notes.append("torchrunx is not installed (see docs/benchmarks.md): no column.")
     report.tables.append(table)
     report.data["launch"] = {"runs": raw(runs), "medians": stats}
-    _warm_critical_path(runs.get("slurmrun-warm/w2", []), stats, report)
+    _warm_critical_path(runs.get("slurmrun-warm/w2", []), report)
     _launch_targets(stats, report)
     if not cfg.quick:
         _launch_sweep(cfg, report, stats)
 
 
-def _warm_critical_path(
-    runs: Sequence[Run], stats: dict[str, dict[str, float | None]], report: Report
-) -> None:
-    """Where a warm run's launch call goes, from rank 0's stamps (bench_launch.critical_path)."""
-    later = stats.get("slurmrun-warm", {}).get("later")
+def _warm_critical_path(runs: Sequence[Run], report: Report) -> None:
+    """Where a warm run's launch call goes, from stamps on both sides (bench_launch.critical_path).
+
+    One measured run per process (after its timed ones); medians over the processes.
+    """
+    keys = (
+        "launch_s",
+        "call_to_func_s",
+        "new_group_and_barrier_s",
+        "all_reduce_s",
+        "func_end_to_return_s",
+    )
     parts = {
-        key: med(runs, lambda r, k=key: (r.data.get("critical_path") or {}).get(k))
-        for key in ("fork_to_func_s", "new_group_and_barrier_s", "all_reduce_s")
+        key: med(runs, lambda r, k=key: (r.data.get("critical_path") or {}).get(k)) for key in keys
     }
-    if later is None or parts["fork_to_func_s"] is None:
+    total = parts["launch_s"]
+    if total is None or parts["call_to_func_s"] is None:
         return
-    worker = parts["fork_to_func_s"] + (parts["all_reduce_s"] or 0.0)
     table = Table(
-        "Where a warm run goes: 2nd and later runs of one warm Launcher, 2 workers (medians)",
+        "Where a warm run goes: one run of a warm Launcher, 2 workers (medians)",
         ["part", "time", "share"],
     )
-    for label, value in (
-        ("the whole launch call", later),
-        ("worker fork to func (fork, unpickle, process group + barrier)", parts["fork_to_func_s"]),
-        ("... of which a process group's init + barrier", parts["new_group_and_barrier_s"]),
-        ("one all_reduce", parts["all_reduce_s"]),
-        ("the rest: hand-out, result back, DONE, END/IDLE", later - worker),
+    for label, key in (
+        ("the whole launch call", "launch_s"),
+        (
+            "run() to func's start: hand-out, fork, unpickle, process group + barrier",
+            "call_to_func_s",
+        ),
+        (
+            "... of which a fresh process group's init + barrier (measured again)",
+            "new_group_and_barrier_s",
+        ),
+        ("func: one all_reduce", "all_reduce_s"),
+        ("func's end to run() returning: result back, DONE, END/IDLE", "func_end_to_return_s"),
     ):
-        table.rows.append([label, fmt(value, "s", 3), fmt_ratio(ratio(value, later))])
+        table.rows.append([label, fmt(parts[key], "s", 3), fmt_ratio(ratio(parts[key], total))])
     table.notes.append(
-        "Rank 0 stamps its own process start (psutil create_time, the fork from the spawner), "
-        "the moment func begins, and times a fresh process group with a barrier (as the "
-        "worker's own) and one all_reduce; the rest is the launcher's and agents' side: the "
-        "hand-out frame, the result's way back, and the DONE/END/IDLE round trips that "
-        "make the next run start on clean agents."
+        "Rank 0 stamps time.time() when func starts and ends (one machine, one clock with the "
+        "launcher's) and times a fresh process group with a barrier, as the worker's own, and "
+        "one all_reduce. After func returns, the run waits for DONE (the workers exited, their "
+        "output forwarded), then END/IDLE, so that the next run starts on clean agents."
     )
     report.tables.append(table)
 
