@@ -25,6 +25,7 @@ STYLE: dict[str, dict[str, Any]] = {
     "floor": {"color": "tab:gray", "marker": "s"},
     "torchrun": {"color": "tab:green", "marker": "^"},
     "torchrunx": {"color": "tab:red", "marker": "D"},
+    "slurmrun-warm": {"color": "tab:cyan", "marker": "*", "markersize": 10},  # its 1st run
 }
 
 
@@ -72,7 +73,7 @@ def _scale_panel(ax: Axes, data: dict[str, Any]) -> None:
         if anchor is None:
             anchor = next(((x, w) for x, w, _ in pts if x >= 64), None)
     if anchor is not None:
-        xs = [1, 1024]
+        xs = [1, 4096]
         ax.plot(
             xs,
             [anchor[1] * x / anchor[0] for x in xs],
@@ -81,10 +82,24 @@ def _scale_panel(ax: Axes, data: dict[str, Any]) -> None:
             linestyle=":",
             label="linear (through 64 agents)",
         )
-    ax.axhline(2.0, color="tab:red", linewidth=0.8, linestyle="--", label="target at 1024: 2 s")
+    big = stats.get("scale+logs/4096", {}).get("connect_hg")
+    if big:
+        ax.plot(
+            [4096],
+            [big],
+            color="tab:orange",
+            marker="D",
+            linestyle="none",
+            label="connect + hand-out + gather, 1 log line/worker",
+        )
+    ax.plot([1024], [2.0], color="tab:red", marker="_", markersize=14, linestyle="none")
+    ax.plot([4096], [3.0], color="tab:red", marker="_", markersize=14, linestyle="none")
+    ax.plot(
+        [], [], color="tab:red", marker="_", linestyle="none", label="targets: 1024: 2 s, 4096: 3 s"
+    )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xticks([1, 64, 256, 1024], ["1", "64", "256", "1024"])
+    ax.set_xticks([1, 64, 256, 1024, 4096], ["1", "64", "256", "1024", "4096"])
     ax.set_xlabel("simulated agents (x 8 workers each)")
     ax.set_ylabel("hand-out + gather, median (s)")
     ax.set_title("Simulated scale: real launcher Session, fake agents")
