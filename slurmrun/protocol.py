@@ -45,6 +45,7 @@ __all__ = [
     "Hello",
     "Idle",
     "Start",
+    "start_header",
 ]
 
 # ------------------------------------------------------------ environment variables
@@ -157,6 +158,27 @@ class Start(_Message):
     # The local ranks whose output and logging records go to the launcher (None: every
     # rank's). The agent's own always do.
     forward_ranks: list[int] | None = None
+
+
+def start_header(
+    shared: dict[str, Any],
+    *,
+    workers: int,
+    rank_offset: int,
+    node_rank: int,
+    forward_ranks: list[int] | None,
+) -> dict[str, Any]:
+    """One agent's START: `shared` (a `Start(...).header()` made once per run) with its share.
+
+    A run sends one to every agent; a `Start` built for each would cost ~25x as much.
+    """
+    share = {
+        "workers": workers,
+        "rank_offset": rank_offset,
+        "node_rank": node_rank,
+        "forward_ranks": forward_ranks,
+    }
+    return shared | share
 
 
 @dataclass(frozen=True)

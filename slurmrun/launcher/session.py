@@ -204,13 +204,14 @@ class Session:
             self._shares[agent.node_rank] = share
             self._results_left += count
             self._done_left += 1
-            own_share = {
-                "workers": count,
-                "rank_offset": offset,
-                "node_rank": agent.node_rank,
-                "forward_ranks": None if forward_all else self._shown_ranks(agent),
-            }
-            pool.send(agent, shared | own_share, self.payload)
+            start = protocol.start_header(
+                shared,
+                workers=count,
+                rank_offset=offset,
+                node_rank=agent.node_rank,
+                forward_ranks=None if forward_all else self._shown_ranks(agent),
+            )
+            pool.send(agent, start, self.payload)
             offset += count
 
     def _shown_ranks(self, agent: PoolAgent) -> list[int]:
