@@ -52,7 +52,7 @@ from slurmrun.transport import dumps_inband, new_secret
 
 @dataclasses.dataclass
 class FakeStarter:
-    """An `AgentStarter` whose agents are the threads of the fake-agent processes."""
+    """An `AgentStarter` whose agents live in the fake-agent processes (one event loop each)."""
 
     pipes: list[multiprocessing.connection.Connection]
     failed: dict[int | None, int] = dataclasses.field(default_factory=dict)
