@@ -16,7 +16,8 @@ import pytest
 import tyro
 
 import slurmrun
-from slurmrun.cli.main import main, split_command
+from slurmrun.cli.main import main, parse_launcher, split_command
+from slurmrun.environment import DEFAULT_ENV_VARS
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 180  # seconds for one command; a launch takes a few on a loaded 2-core machine
@@ -40,9 +41,13 @@ def _write(path: Path, *parts: str) -> Path:
 
 
 def _slurmrun(
-    args: list[str], cwd: Path, pythonpath: str = "", timeout: float = LIMIT
+    args: list[str],
+    cwd: Path,
+    pythonpath: str = "",
+    timeout: float = LIMIT,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")} | (env or {})
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), pythonpath) if p)
     env["SLURMRUN_LOG_DIR"] = str(cwd / "logs")
     return subprocess.run(
@@ -349,6 +354,49 @@ def test_split_command(
         module,
         script_args,
     )
+
+
+def test_split_command_puts_a_verbs_own_options_apart() -> None:
+    own = {"--nodes": True, "--no-requeue": False}
+    argv = ["--nodes", "2", "--backend", "gloo", "--no-requeue", "--nodes=3", "-m", "pkg", "--x"]
+    cmd = split_command(argv, own)
+    assert cmd.own_args == ["--nodes", "2", "--no-requeue", "--nodes=3"]
+    assert cmd.launcher_args == ["--backend", "gloo"]
+    assert (cmd.target, cmd.module, cmd.script_args) == ("pkg", True, ["--x"])
+
+
+def test_extra_env_vars_name_equals_value_sets_a_variable() -> None:
+    def parse(*words: str) -> slurmrun.Launcher:
+        return parse_launcher(["--extra-env-vars", *words])
+
+    assert parse("WANDB_*", "MY_VAR") == slurmrun.Launcher(
+        backend=None, extra_env_vars=("WANDB_*", "MY_VAR")
+    )
+    assert parse("NCCL_DEBUG=INFO", "X=a=b,c") == slurmrun.Launcher(
+        backend=None, extra_env_vars={"NCCL_DEBUG": "INFO", "X": "a=b,c"}
+    )
+    mixed = parse("NCCL_DEBUG=INFO", "MY_*", "EMPTY=")
+    assert mixed.extra_env_vars == {"NCCL_DEBUG": "INFO", "EMPTY": ""}
+    assert mixed.default_env_vars == (*DEFAULT_ENV_VARS, "MY_*")
+
+
+def test_extra_env_vars_reach_every_rank_of_a_script(tmp_path: Path) -> None:
+    _write(
+        tmp_path / "env.py",
+        REPORT,
+        """
+        import os
+        report(env={k: os.environ.get(k) for k in ("SET_HERE", "MY_PASSED", "MY_OTHER")})
+        """,
+    )
+    cp = _slurmrun(
+        ["--workers-per-host", "2", "--extra-env-vars", "SET_HERE=a b", "MY_*", "env.py"],
+        tmp_path,
+        env={"MY_PASSED": "yes"},
+    )
+    assert cp.returncode == 0, cp.stderr
+    for seen in _reports(tmp_path, 2):
+        assert seen["env"] == {"SET_HERE": "a b", "MY_PASSED": "yes", "MY_OTHER": None}
 
 
 # ---------------------------------------------------------------- info and dry run

@@ -42,3 +42,11 @@ def test_a_mapping_sets_its_variables_for_every_worker(monkeypatch):
 def test_a_bad_mapping_is_refused_before_anything_starts(mapping, error, match):
     with pytest.raises(error, match=match):
         slurmrun.launch(int, hostnames=["localhost"], extra_env_vars=mapping)
+
+
+def test_a_pattern_that_sets_a_value_is_refused_with_the_mapping_to_pass():
+    # fnmatch would match no variable with it, and the user asked for a value.
+    with pytest.raises(ValueError, match=r"pass extra_env_vars=\{'NCCL_DEBUG': 'INFO'\}"):
+        slurmrun.launch(int, hostnames=["localhost"], extra_env_vars=("WANDB_*", "NCCL_DEBUG=INFO"))
+    with pytest.raises(ValueError, match="default_env_vars: 'A=1' sets a value"):
+        slurmrun.launch(int, hostnames=["localhost"], default_env_vars=("PATH", "A=1"))

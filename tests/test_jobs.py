@@ -198,3 +198,60 @@ def test_cli_exit_statuses_without_a_cluster(tmp_path, capsys):
         with pytest.raises(SystemExit) as info:
             main(bad)
         assert info.value.code == 2
+
+
+def test_cli_submit_takes_launcher_options_a_module_and_any_sbatch_option(tmp_path, capsys):
+    from slurmrun.cli.main import main
+
+    argv = [
+        "submit", "--dry-run", "--nodes", "2", "--backend", "gloo", "--mem", "8G",
+        "--extra-env-vars", "NCCL_DEBUG=INFO", "MY_*", "--sbatch", "constraint=a100",
+        "--timeout=30", "--sbatch", "exclusive", "--folder", str(tmp_path / "jobs"),
+        "-m", "json.tool", "--nodes", "5",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    for line in ("--nodes=2", "--mem=8G", "--constraint=a100", "--exclusive"):
+        assert f"#SBATCH {line}\n" in out
+    assert out.endswith(
+        "# The job's batch step launches with slurmrun.Launcher(backend='gloo', timeout=30.0, "
+        "default_env_vars=(*DEFAULT_ENV_VARS, 'MY_*'), extra_env_vars={'NCCL_DEBUG': 'INFO'}); "
+        "every worker runs:\n#   -m json.tool --nodes 5\n"
+    )
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_cli_submit_refuses_bad_options_before_submitting(tmp_path, capsys):
+    from slurmrun.cli.main import main
+
+    script = tmp_path / "train.py"
+    script.write_text("raise AssertionError('must not run')\n")
+    folder = ["--folder", str(tmp_path / "jobs")]
+    for argv, message in (
+        (["--workers-per-node", "2", "--workers-per-host", "3"], "not both"),
+        (["--timeout", "0"], "timeout must be a positive number"),
+        (["-m"], "-m must be followed by the script or module"),
+        ([], "no script given"),
+    ):
+        tail = [] if argv[-1:] == ["-m"] else [str(script)] * (argv != [])
+        assert main(["submit", *folder, *argv, *tail]) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert main(["submit", *folder, "-m", "no_such_module_here"]) == 2
+    assert "No module named 'no_such_module_here'" in capsys.readouterr().err
+    for argv in (["--sbatch", "=x"], ["--backend", "fast"], ["--time", "1h"]):
+        with pytest.raises(SystemExit) as info:
+            main(["submit", *folder, *argv, str(script)])
+        assert info.value.code == 2, argv
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_cli_submit_help_lists_its_own_and_the_launchers_options(capsys):
+    from slurmrun.cli.main import main
+
+    assert main(["submit", "--nodes", "2", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--nodes", "--mem", "--sbatch", "--resources", "-m MODULE"):
+        assert option in out
+    for option in ("--backend", "--timeout", "--extra-env-vars", "--max-restarts"):
+        assert option in out
+    assert "--log-handlers" not in out

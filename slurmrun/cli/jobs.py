@@ -1,9 +1,10 @@
 """``slurmrun submit|status|logs|cancel|jobs``: script mode as batch jobs, from a login node.
 
-``slurmrun submit [options] SCRIPT.py [args...]`` submits what ``slurmrun SCRIPT.py`` runs
-(`slurmrun.cli.script.run_script` on every worker) through `slurmrun.submit` and prints the
-job id; the other verbs work on the jobs submitted into ``--folder``. Exit status: 0; 2 for
-bad options; 1 for a job that was not submitted into the folder (or a failed ``scancel``).
+``slurmrun submit [submit options] [launcher options] SCRIPT.py [args...]`` (or ``-m
+MODULE``) submits what ``slurmrun SCRIPT.py`` runs (`slurmrun.cli.script.run_script` on every
+worker) through `slurmrun.submit` and prints the job id; the other verbs work on the jobs
+submitted into ``--folder``. Exit status: 0; 2 for bad options; 1 for a job that was not
+submitted (sbatch refused it), or not submitted into the folder (or a failed ``scancel``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import datetime
 import os
 import re
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -20,6 +22,7 @@ __all__ = ["VERBS", "main", "parse_time"]
 
 VERBS = ("submit", "status", "logs", "cancel", "jobs")
 DEFAULT_FOLDER = "slurmrun_jobs"
+FOLDER_HELP = f"the folder jobs are submitted into (default: ./{DEFAULT_FOLDER})"
 FOLLOW_POLL = 1.0
 
 
@@ -58,59 +61,100 @@ def _positive(text: str) -> int:
     return value
 
 
+SUBMIT_USAGE = """\
+slurmrun submit [-h] [--dry-run] [SUBMIT OPTIONS] [LAUNCHER OPTIONS] SCRIPT.py [ARGS...]
+       slurmrun submit [-h] [--dry-run] [SUBMIT OPTIONS] [LAUNCHER OPTIONS] -m MODULE [ARGS...]"""
+
+SUBMIT_EPILOG = """\
+Launcher options: those of `slurmrun SCRIPT.py` (`slurmrun --help`): {options}. As there, the
+script makes its own process group unless --backend asks for one, everything from SCRIPT.py
+(or -m MODULE) on belongs to the script, and `--` may end the options. --dry-run prints the
+batch script and submits nothing."""
+
+
+def _submit_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
+    """`slurmrun submit`'s own options, and for each whether it takes a value."""
+    from slurmrun.cli.main import launcher_options  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(
+        prog="slurmrun submit",
+        usage=SUBMIT_USAGE,
+        description="Submits `slurmrun SCRIPT.py [ARGS]` as a batch job; prints its job id.",
+        epilog=textwrap.fill(
+            SUBMIT_EPILOG.format(options=", ".join(launcher_options())), break_on_hyphens=False
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --time must not take --timeout's place, nor --t either
+    )
+    own: dict[str, bool] = {}
+
+    def add(flag: str, **kwargs: Any) -> None:
+        parser.add_argument(flag, **kwargs)
+        own[flag] = kwargs.get("action") != "store_true"
+
+    add("--nodes", type=_positive, default=1)
+    add("--gpus-per-node", type=_positive, default=None)
+    add("--workers-per-node", type=_positive, default=None, help="default: GPUs per node, or 1")
+    add("--cpus-per-worker", type=_positive, default=1)
+    add("--mem", default=None, help="memory per node, as sbatch takes it (e.g. 64G)")
+    add("--partition", default=None)
+    add("--account", default=None)
+    add("--time", type=parse_time, default=60, help="time limit (minutes, or HH:MM:SS)")
+    add("--job-name", default="slurmrun")
+    add("--resources", default=None, help="a named preset of an installed package")
+    add(
+        "--sbatch",
+        action="append",
+        type=_sbatch_option,
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="any other sbatch option, once each (--sbatch constraint=a100 --sbatch exclusive)",
+    )
+    add("--no-requeue", action="store_true", help="never requeue the job")
+    add("--folder", default=DEFAULT_FOLDER, help=FOLDER_HELP)
+    return parser, own
+
+
+def _sbatch_option(text: str) -> tuple[str, str | bool]:
+    """``NAME=VALUE`` (or a bare ``NAME`` flag) as submitit's ``additional_parameters`` item."""
+    name, sep, value = text.partition("=")
+    name = name.strip().lstrip("-").replace("-", "_")
+    if not name or not all(c.isalnum() or c == "_" for c in name):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE (e.g. constraint=a100)")
+    return name, value if sep else True
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slurmrun",
-        description="Submit script mode as a SLURM batch job, and follow the jobs submitted.",
+        description="Follow the jobs submitted with `slurmrun submit`.",
     )
     verbs = parser.add_subparsers(dest="verb", required=True)
-    folder_help = f"the folder jobs are submitted into (default: ./{DEFAULT_FOLDER})"
-
-    submit = verbs.add_parser(
-        "submit",
-        help="submit SCRIPT.py as a batch job; prints the job id",
-        description="Submits `slurmrun SCRIPT.py [args]` as a batch job; prints its job id.",
-    )
-    submit.add_argument("--nodes", type=_positive, default=1)
-    submit.add_argument("--gpus-per-node", type=_positive, default=None)
-    submit.add_argument("--workers-per-node", type=_positive, default=None)
-    submit.add_argument("--cpus-per-worker", type=_positive, default=1)
-    submit.add_argument("--partition", default=None)
-    submit.add_argument("--account", default=None)
-    submit.add_argument(
-        "--time", type=parse_time, default=60, help="time limit (minutes, or HH:MM:SS)"
-    )
-    submit.add_argument("--job-name", default="slurmrun")
-    submit.add_argument("--no-requeue", action="store_true", help="never requeue the job")
-    submit.add_argument("--folder", default=DEFAULT_FOLDER, help=folder_help)
-    submit.add_argument("--dry-run", action="store_true", help="print the batch script only")
-    submit.add_argument("script", help="the script every worker runs as __main__")
-    submit.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
-
     for verb, text in (
         ("status", "print a job's state (and its outcome once it ended)"),
         ("cancel", "cancel a job"),
     ):
         sub = verbs.add_parser(verb, help=text, description=text)
         sub.add_argument("job_id")
-        sub.add_argument("--folder", default=DEFAULT_FOLDER, help=folder_help)
+        sub.add_argument("--folder", default=DEFAULT_FOLDER, help=FOLDER_HELP)
     logs = verbs.add_parser(
         "logs", help="print a worker's output", description="print a worker's output"
     )
     logs.add_argument("job_id")
     logs.add_argument("--rank", type=int, default=0)
     logs.add_argument("--follow", "-f", action="store_true", help="until the job ends")
-    logs.add_argument("--folder", default=DEFAULT_FOLDER, help=folder_help)
+    logs.add_argument("--folder", default=DEFAULT_FOLDER, help=FOLDER_HELP)
     listing = verbs.add_parser("jobs", help="list the jobs submitted", description="list jobs")
-    listing.add_argument("--folder", default=DEFAULT_FOLDER, help=folder_help)
+    listing.add_argument("--folder", default=DEFAULT_FOLDER, help=FOLDER_HELP)
     return parser
 
 
 def main(argv: list[str]) -> int:
     """Runs one verb (``argv[0]``); returns the exit status."""
+    if argv[:1] == ["submit"]:
+        return _submit(argv[1:])
     args = _parser().parse_args(argv)  # exits with 2 on bad options
     verb: Any = {
-        "submit": _submit,
         "status": _status,
         "logs": _logs,
         "cancel": _cancel,
@@ -123,24 +167,45 @@ def main(argv: list[str]) -> int:
         return 1
 
 
-def _submit(args: argparse.Namespace) -> int:
+def _submit_error(message: str) -> int:
+    print(f"usage: {SUBMIT_USAGE}\nslurmrun submit: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _submit(argv: list[str]) -> int:
+    from slurmrun.cli.main import UsageError, check_target, parse_launcher, split_command  # noqa: PLC0415
+
+    parser, own = _submit_parser()
+    try:
+        cmd = split_command(argv, own)
+    except UsageError as e:
+        return _submit_error(str(e))
+    if "-h" in cmd.launcher_args or "--help" in cmd.launcher_args:
+        parser.print_help()
+        return 0
+    args = parser.parse_args(cmd.own_args)  # exits with 2 on bad options
+    launcher = parse_launcher(cmd.launcher_args, prog="slurmrun submit")
+    try:
+        check_target(cmd)
+    except UsageError as e:
+        return _submit_error(str(e))
+    return _submit_job(args, cmd, launcher)
+
+
+def _submit_job(args: argparse.Namespace, cmd: Any, launcher: Any) -> int:
+    from submitit.core.utils import FailedJobError  # noqa: PLC0415
+
     from slurmrun.batch.submit import submit  # noqa: PLC0415 - only this verb pays for it
     from slurmrun.cli.script import run_script  # noqa: PLC0415
-    from slurmrun.launcher import Launcher  # noqa: PLC0415
 
-    if not os.path.isfile(args.script):
-        print(
-            f"slurmrun submit: error: can't open file {os.path.abspath(args.script)!r}",
-            file=sys.stderr,
-        )
-        return 2
-    target = os.path.abspath(args.script)
     params: dict[str, Any] = {"job_name": args.job_name}
-    for name in ("partition", "account"):
+    for name in ("partition", "account", "mem"):
         if getattr(args, name) is not None:
             params[name] = getattr(args, name)
+    if args.sbatch:
+        params["additional_parameters"] = dict(args.sbatch)
     options: dict[str, Any] = {
-        "launcher": Launcher(backend=None),  # as `slurmrun SCRIPT.py`: the script's own group
+        "launcher": launcher,
         "folder": args.folder,
         "nodes": args.nodes,
         "gpus_per_node": args.gpus_per_node,
@@ -149,17 +214,57 @@ def _submit(args: argparse.Namespace) -> int:
         "time_min": args.time,
         "slurm_parameters": params,
         "requeue": not args.no_requeue,
+        "resources": args.resources,
     }
-    call = (target, list(args.args))
-    if args.dry_run:
-        print(submit(run_script, call, {"module": False}, dry_run=True, **options))
+    target = cmd.target if cmd.module else os.path.abspath(cmd.target)
+    call = (target, list(cmd.script_args))
+    kwargs = {"module": cmd.module}
+    try:
+        if cmd.dry_run:
+            script = submit(run_script, call, kwargs, dry_run=True, **options)
+        else:
+            job = submit(run_script, call, kwargs, **options)
+    except (ValueError, TypeError) as e:
+        return _submit_error(str(e))
+    except (OSError, FailedJobError) as e:
+        print(f"slurmrun submit: {e}", file=sys.stderr)
+        return 1
+    if cmd.dry_run:
+        print(f"{script}\n{_what_runs(launcher, cmd)}")
         return 0
-    job = submit(run_script, call, {"module": False}, **options)
     meta = job.files.meta()
-    meta["function"] = " ".join(["script", args.script, *args.args])
+    kind = "module" if cmd.module else "script"
+    meta["function"] = " ".join([kind, cmd.target, *cmd.script_args])
     job.files.write_meta(meta)
     print(job.job_id)
     return 0
+
+
+def _what_runs(launcher: Any, cmd: Any) -> str:
+    """The dry run's last lines: the launch the job's batch step runs."""
+    import dataclasses  # noqa: PLC0415
+    import shlex  # noqa: PLC0415
+
+    from slurmrun.environment import DEFAULT_ENV_VARS  # noqa: PLC0415
+    from slurmrun.launcher import Launcher  # noqa: PLC0415
+
+    def text(value: Any) -> str:
+        n = len(DEFAULT_ENV_VARS)
+        if isinstance(value, tuple) and value[:n] == DEFAULT_ENV_VARS:  # an --extra-env-vars mix
+            return f"(*DEFAULT_ENV_VARS, {', '.join(map(repr, value[n:]))})"
+        return repr(value)
+
+    default = Launcher()
+    changed = ", ".join(
+        f"{f.name}={text(getattr(launcher, f.name))}"
+        for f in dataclasses.fields(launcher)
+        if getattr(launcher, f.name) != getattr(default, f.name)
+    )
+    target = ["-m", cmd.target] if cmd.module else [os.path.abspath(cmd.target)]
+    return (
+        f"# The job's batch step launches with slurmrun.Launcher({changed}); every worker runs:\n"
+        f"#   {shlex.join([*target, *cmd.script_args])}"
+    )
 
 
 def _handle(args: argparse.Namespace) -> Any:

@@ -12,7 +12,8 @@ import importlib
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from slurmrun.protocol import PRELOAD_VAR
@@ -20,7 +21,15 @@ from slurmrun.protocol import PRELOAD_VAR
 if TYPE_CHECKING:
     from slurmrun.launcher import Launcher
 
-__all__ = ["PRELOAD_VAR", "Command", "UsageError", "main", "split_command"]
+__all__ = [
+    "PRELOAD_VAR",
+    "Command",
+    "UsageError",
+    "env_assignments",
+    "main",
+    "parse_launcher",
+    "split_command",
+]
 
 
 USAGE = """\
@@ -48,13 +57,29 @@ class UsageError(Exception):
 
 @dataclass
 class Command:
-    """A command line split into the launcher's part and the script's part."""
+    """A command line split into the launcher's part and the script's part.
+
+    ``own_args`` holds the options of a verb (``slurmrun submit``'s ``--nodes``...) that the
+    caller of `split_command` named; ``launcher_args`` the rest, for tyro.
+    """
 
     launcher_args: list[str] = field(default_factory=list)
+    own_args: list[str] = field(default_factory=list)
     target: str = ""
     module: bool = False
     script_args: list[str] = field(default_factory=list)
     dry_run: bool = False
+
+
+def launcher_options() -> list[str]:
+    """The launcher's options on the command line (``--hostnames``...): not `log_handlers`..."""
+    from slurmrun.launcher import Launcher  # noqa: PLC0415
+
+    return [
+        "--" + f.name.replace("_", "-")
+        for f in dataclasses.fields(Launcher)
+        if "Suppress" not in str(f.type)
+    ]
 
 
 def _option_arity() -> dict[str, bool]:
@@ -81,16 +106,21 @@ def _is_value(option: str, arg: str, taken: list[str]) -> bool:
     return True
 
 
-def split_command(argv: list[str]) -> Command:
+def split_command(argv: list[str], own: Mapping[str, bool] | None = None) -> Command:
     """Splits ``[launcher options] SCRIPT.py [args...]`` (or ``-m MODULE [args...]``).
 
     A one-valued option takes the next arg; a several-valued one (``--hostnames``) takes
     tokens up to the next option or ``*.py``; the first other arg is the script.
 
+    Args:
+        argv: the command line after the program's (or verb's) name.
+        own: a verb's own options (option -> whether it takes a value), put in ``own_args``.
+
     Raises:
-        UsageError: no script or module is named.
+        UsageError: ``-m`` or ``--`` ends the command line.
     """
     arity = _option_arity()
+    own = own or {}
     cmd = Command()
     i = 0
     while i < len(argv):
@@ -111,8 +141,14 @@ def split_command(argv: list[str]) -> Command:
         if not arg.startswith("-"):
             cmd.target, cmd.script_args = arg, argv[i:]
             return cmd
-        cmd.launcher_args.append(arg)
         name = arg.split("=", 1)[0]
+        if name in own:
+            cmd.own_args.append(arg)
+            if own[name] and "=" not in arg:
+                cmd.own_args.extend(argv[i : i + 1])
+                i += 1
+            continue
+        cmd.launcher_args.append(arg)
         if "=" in arg or name not in arity:
             continue  # tyro reports unknown options
         if not arity[name]:
@@ -129,7 +165,12 @@ def split_command(argv: list[str]) -> Command:
     return cmd
 
 
-def _check_target(cmd: Command) -> None:
+def check_target(cmd: Command) -> None:
+    """Checks that the script exists, or that the ``-m`` module can be found.
+
+    Raises:
+        UsageError: it does not.
+    """
     if not cmd.target:
         raise UsageError("no script given: slurmrun [options] SCRIPT.py [args...], or -m MODULE")
     if cmd.module:
@@ -168,26 +209,46 @@ def main(argv: list[str] | None = None) -> int:
         cmd = split_command(argv)
     except UsageError as e:
         return _usage_error(str(e))
-    launcher = _parse_launcher(cmd.launcher_args)
+    launcher = parse_launcher(cmd.launcher_args)
     try:
-        _check_target(cmd)
+        check_target(cmd)
     except UsageError as e:
         return _usage_error(str(e))
     return run_command(launcher, cmd)
 
 
-def _parse_launcher(args: list[str]) -> Launcher:
+def parse_launcher(args: list[str], prog: str = "slurmrun") -> Launcher:
+    """The `Launcher` of the launcher options `args` (tyro exits with 2 on bad ones).
+
+    As torchrun, the script makes its own process group unless ``--backend`` asks for one;
+    ``--extra-env-vars NAME=value`` sets a variable (`env_assignments`).
+    """
     import tyro  # noqa: PLC0415 - only the command pays for it
 
     from slurmrun.launcher import Launcher  # noqa: PLC0415
 
-    return tyro.cli(
-        Launcher,
-        args=args,
-        prog="slurmrun",
-        description=DESCRIPTION,
-        # As torchrun: the script makes its own process group unless a backend is asked for.
-        default=Launcher(backend=None),
+    launcher = tyro.cli(
+        Launcher, args=args, prog=prog, description=DESCRIPTION, default=Launcher(backend=None)
+    )
+    return env_assignments(launcher)
+
+
+def env_assignments(launcher: Launcher) -> Launcher:
+    """`launcher` with the ``NAME=value`` words of its ``extra_env_vars`` made a mapping.
+
+    On the command line ``--extra-env-vars 'WANDB_*' NCCL_DEBUG=INFO`` passes the launcher's
+    ``WANDB_*`` variables on and sets NCCL_DEBUG. `Launcher` takes either patterns or a
+    mapping, so the patterns of a mix join ``default_env_vars``, which reach agents the same.
+    """
+    words = launcher.extra_env_vars
+    if isinstance(words, Mapping) or not any("=" in w for w in words):
+        return launcher
+    patterns = tuple(w for w in words if "=" not in w)
+    values = dict(w.split("=", 1) for w in words if "=" in w)
+    return replace(
+        launcher,
+        default_env_vars=(*launcher.default_env_vars, *patterns),
+        extra_env_vars=values,
     )
 
 

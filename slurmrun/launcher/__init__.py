@@ -88,7 +88,8 @@ class Launcher:
 
     extra_env_vars: tuple[str, ...] | Mapping[str, str] = ()
     """More patterns, added to `default_env_vars`; or a mapping of names to values that agents
-    and workers get on top of the variables the patterns pass (e.g. ``{"NCCL_DEBUG": "INFO"}``)."""
+    and workers get on top of the variables the patterns pass (e.g. ``{"NCCL_DEBUG": "INFO"}``).
+    On the command line, NAME=value sets one: ``--extra-env-vars 'WANDB_*' NCCL_DEBUG=INFO``."""
 
     env_file: str | None = None
     """A bash file that each agent sources before it starts workers; its exports reach them."""

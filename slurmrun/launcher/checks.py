@@ -56,6 +56,13 @@ def _validate_env_and_logs(cfg: Launcher) -> None:
             continue
         if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
             raise TypeError(f"{name} must be a tuple of fnmatch patterns, got {patterns!r}")
+        for pattern in patterns:
+            if "=" in pattern:  # no variable's name has one: the pattern would match nothing
+                key, _, value = pattern.partition("=")
+                raise ValueError(
+                    f"{name}: {pattern!r} sets a value, but {name} holds name patterns: pass "
+                    f"extra_env_vars={{{key!r}: {value!r}}} to set it"
+                )
     if cfg.ssh_config_file is not None and not os.path.isfile(cfg.ssh_config_file):
         raise ValueError(f"ssh_config_file={cfg.ssh_config_file!r} is not a file")
     if cfg.on_event is not None and not callable(cfg.on_event):

@@ -128,3 +128,53 @@ def test_dry_run_submits_nothing(slurm_cluster, tmp_path, script):
         "SUBMITTED",
         "WHAT",
     ]
+
+
+MODULE = """\
+import os
+import sys
+
+import torch.distributed as dist
+
+assert dist.is_initialized(), "--backend gloo: the group is made before the module runs"
+rank = dist.get_rank()
+print(f"rank {rank}/{dist.get_world_size()} on {os.environ['SLURMD_NODENAME']} "
+      f"msg={os.environ.get('MSG')!r} args {sys.argv[1:]} as {__name__}", flush=True)
+"""
+
+
+def test_submit_a_module_with_launcher_options(slurm_cluster, tmp_path):
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "__init__.py").write_text("")
+    (tmp_path / "proj" / "train.py").write_text(MODULE)
+    argv = [
+        "submit", "--nodes", "3", "--workers-per-node", "2", "--backend", "gloo",
+        "--extra-env-vars", "MSG=hello world", "--timeout", "60", "--time", "5",
+        "-m", "proj.train", "--nodes", "9",
+    ]  # fmt: skip
+    done = slurmrun(tmp_path, *argv)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    try:
+        _wait_for(
+            lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout, 120, "completion"
+        )
+    finally:
+        slurmrun(tmp_path, "cancel", job_id)
+    status = slurmrun(tmp_path, "status", job_id).stdout.splitlines()
+    assert status == [f"{job_id} COMPLETED", "every rank finished (6 workers)"]
+    for rank, node in ((0, "node1"), (3, "node2"), (5, "node3")):
+        logs = slurmrun(tmp_path, "logs", job_id, "--rank", str(rank)).stdout
+        said = f"rank {rank}/6 on {node} msg='hello world' args ['--nodes', '9'] as __main__"
+        assert said in logs
+    listed = slurmrun(tmp_path, "jobs").stdout.splitlines()
+    assert listed[1].endswith("module proj.train --nodes 9")
+
+
+def test_a_job_sbatch_refuses_exits_1_with_its_reason(slurm_cluster, tmp_path, script):
+    done = slurmrun(tmp_path, "submit", "--sbatch", "constraint=nosuch", script)
+    assert done.returncode == 1
+    assert "slurmrun submit: sbatch: error: Batch job submission failed: Invalid feature" in (
+        done.stderr
+    )
+    assert slurmrun(tmp_path, "jobs").stdout.split() == ["JOBID", "STATE", "SUBMITTED", "WHAT"]
