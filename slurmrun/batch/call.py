@@ -29,6 +29,7 @@ from slurmrun.batch.requeue import (
     Requeue,
     RequeueLimitError,
     RequeueWatch,
+    preempt_time,
     requeue_this_job,
 )
 from slurmrun.errors import RemoteTraceback
@@ -138,14 +139,15 @@ class JobCall:
                 outcome = Outcome(value=dumps_inband(result))
         except Exception as exc:
             outcome = Outcome.of_error(exc)
-        if watch is None or not watch.requested:
+        if watch is None or not (watch.requested or _preempted(outcome, job_id)):
             assert outcome is not None  # noqa: S101 - only an abandoned launch leaves it unset
             return outcome
-        # Signalled: this run's outcome is not the job's (it was cut short).
+        # Signalled or preempted: this run's outcome is not the job's (it was cut short).
         if count >= watch.policy.max_requeues:
+            why = f"signalled ({name})" if watch.requested else "preempted"
             return _error(
                 RequeueLimitError(
-                    f"job {job_id} was signalled ({name}) after {count} requeues "
+                    f"job {job_id} was {why} after {count} requeues "
                     f"(max_requeues={watch.policy.max_requeues}): not requeued again"
                 )
             )
@@ -173,6 +175,21 @@ class JobCall:
                 "project on a filesystem the compute nodes share"
             ) from e
         return launcher, func, tuple(args), dict(kwargs), workers
+
+
+def _preempted(outcome: Outcome | None, job_id: str) -> bool:
+    """Whether a launch failed because SLURM preempts the job (its steps got SIGTERM)."""
+    if outcome is None or not outcome.error_type:
+        return False
+    when = preempt_time(job_id)
+    if when is not None:
+        print(
+            f"slurmrun: job {job_id} was preempted at {when} (the launch failed with "
+            f"{outcome.error_type}): this run will be requeued",
+            file=sys.stderr,
+            flush=True,
+        )
+    return when is not None
 
 
 def _error(exc: Exception) -> Outcome:

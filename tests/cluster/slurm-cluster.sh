@@ -267,6 +267,8 @@ SlurmctldHost=$CTL_NAME($ctl_ip)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# A requeued job may start again once its step credentials expired: 30 s, not 120, for tests.
+AuthInfo=cred_expire=30
 CredType=cred/munge
 SlurmctldPort=6817
 SlurmdPort=6818
@@ -289,6 +291,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 SchedulerParameters=batch_sched_delay=0
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 SlurmdParameters=config_overrides
 GresTypes=gpu
 ReturnToService=2
@@ -306,7 +310,10 @@ EOF
         echo "NodeName=node$i NodeAddr=$(node_ip "$i") CPUs=$CPUS Boards=1 SocketsPerBoard=1 CoresPerSocket=$CPUS ThreadsPerCore=1 RealMemory=$MEM$gres_node State=UNKNOWN"
       done
     fi
-    echo "PartitionName=debug Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP"
+    # Preemption as on shared GPU clusters: a job of `urgent` requeues jobs of `debug` (the
+    # default) that hold its nodes; tests set debug's GraceTime with `scontrol update`.
+    echo "PartitionName=debug Nodes=node[1-$n] Default=YES MaxTime=INFINITE State=UP PriorityTier=1"
+    echo "PartitionName=urgent Nodes=node[1-$n] MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF"
   } >"$CONF"
   { echo "$MARK"; [ -n "$gres_line" ] && echo "$gres_line"; } >"$GRES_CONF" || true
 }

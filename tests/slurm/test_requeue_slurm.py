@@ -1,9 +1,13 @@
-"""Requeue on SLURM's signal, and job arrays, on the real cluster.
+"""Requeue on SLURM's signal and on preemption, and job arrays, on the real cluster.
 
 The functions live in a project module that only the submitter's sys.path has (as in
-test_jobs_slurm.py). A requeued job waits about two minutes in PENDING before it may start
-again (SLURM sets its begin time past the job credential's expiry; starting it sooner gets
-it killed with "Job credential revoked"), so the requeue test takes about that long.
+test_jobs_slurm.py). A requeued job waits in PENDING until its job credentials expired
+before it may start again (SLURM sets its begin time past the expiry; starting it sooner
+gets it killed with "Job credential revoked"): 120 s by default, 30 s in the test cluster
+(``AuthInfo=cred_expire=30``), so each requeue test takes at least that long.
+
+The test cluster preempts as shared GPU clusters do: a job of the `urgent` partition requeues
+the jobs of `debug` (the default) that hold the nodes it needs (PreemptMode=REQUEUE).
 """
 
 from __future__ import annotations
@@ -44,6 +48,19 @@ def checkpointed_counter(checkpoint, ready):
             path.write_text("41")
         return "cut short"
     return runs, value + 1
+
+
+def preemptible_counter(checkpoint, ready):
+    """Run 0 checkpoints 41 and waits to be preempted; run 1 adds 1 to the checkpoint."""
+    path = pathlib.Path(checkpoint)
+    runs = int(os.environ["SLURMRUN_REQUEUE_COUNT"])
+    if runs == 0:
+        if os.environ["RANK"] == "0":
+            path.write_text("41")
+        pathlib.Path(f"{ready}.{os.environ['RANK']}").touch()
+        time.sleep(120)
+        return "not preempted"
+    return runs, int(path.read_text()) + 1
 
 
 def wait_for_signal(ready):
@@ -118,7 +135,7 @@ def test_a_signalled_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     with cancelled_on_failure(job):
         _signal_when_ready(job, ready)
         _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
-        # SLURM holds a requeued job for ~120 s (its credential's expiry) before it restarts.
+        # SLURM holds a requeued job until its credentials expired (cred_expire) to restart it.
         result = job.result(timeout=300, poll=1.0)
     assert result.values() == [(1, 42), (1, 42)]
     assert (tmp_path / "jobs" / job.job_id / "requeue.0").exists()
@@ -172,3 +189,81 @@ def test_an_array_of_multi_node_launches_returns_each_elements_result(
         assert len({v[4] for v in values}) == 2
     listed = slurmrun.jobs(folder=tmp_path / "jobs")
     assert [(j.job_id, j.state) for j in listed] == [(j.job_id, "COMPLETED") for j in jobs]
+
+
+@contextlib.contextmanager
+def grace_time(seconds: int) -> Iterator[None]:
+    """The default partition's preemption GraceTime, as on clusters that give one."""
+
+    def update(value: int) -> None:
+        subprocess.run(
+            ["scontrol", "update", "partition=debug", f"GraceTime={value}"], check=True, timeout=30
+        )
+
+    update(seconds)
+    try:
+        yield
+    finally:
+        update(0)
+
+
+def _preempt(job: slurmrun.SubmittedLaunch[Any], ready: Path, tmp_path: Path) -> None:
+    """Waits until both ranks are ready, then submits an `urgent` job that needs every node."""
+    _wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "workers ready")
+    subprocess.run(
+        ["sbatch", "--partition=urgent", "--nodes=3", "--exclusive", "--time=1",
+         f"--output={tmp_path / 'urgent.out'}", "--wrap", "sleep 1"],
+        check=True, capture_output=True, timeout=30,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("grace", [20, 0])
+def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
+    slurm_cluster, funcs, tmp_path, grace
+):
+    # GraceTime>0: the steps get SIGTERM and the launch fails while the job still runs; the
+    # batch step must requeue it (SLURM would end it COMPLETED). 0: SLURM requeues it at once.
+    ready = tmp_path / "ready"
+    with grace_time(grace):
+        job = slurmrun.submit(
+            funcs.preemptible_counter,
+            (str(tmp_path / "checkpoint"), str(ready)),
+            nodes=2,
+            folder=tmp_path / "jobs",
+            time_min=10,
+        )
+        with cancelled_on_failure(job):
+            _preempt(job, ready, tmp_path)
+            _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
+    with cancelled_on_failure(job):
+        result = job.result(timeout=150, poll=1.0)
+    assert result.values() == [(1, 42), (1, 42)]
+    scontrol = subprocess.run(
+        ["scontrol", "show", "job", job.job_id],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    assert "Restarts=1" in scontrol
+    err = (tmp_path / "jobs" / job.job_id / f"{job.job_id}_0_log.err").read_text()
+    assert ("this run will be requeued" in err) == (grace > 0)
+
+
+def test_a_job_preempted_past_its_requeue_cap_fails_clearly(slurm_cluster, funcs, tmp_path):
+    ready = tmp_path / "ready"
+    with grace_time(20):
+        job = slurmrun.submit(
+            funcs.preemptible_counter,
+            (str(tmp_path / "checkpoint"), str(ready)),
+            nodes=2,
+            folder=tmp_path / "jobs",
+            time_min=10,
+            requeue=slurmrun.Requeue(max_requeues=0),
+        )
+        with cancelled_on_failure(job):
+            _preempt(job, ready, tmp_path)
+            with pytest.raises(
+                slurmrun.batch.RequeueLimitError, match=r"was preempted after 0 requeues"
+            ):
+                job.result(timeout=90, poll=0.5)
