@@ -20,6 +20,7 @@ from slurmrun.protocol import JOB_TASKS_VAR
 
 __all__ = [
     "DriverStep",
+    "Preemption",
     "SlurmAllocation",
     "agent_auto_workers",
     "auto_workers_per_host",
@@ -28,6 +29,7 @@ __all__ = [
     "job_tasks_per_node",
     "parse_scontrol_gpus",
     "parse_scontrol_tasks",
+    "preemption",
     "scontrol_gpus",
     "slurm_allocation",
     "usable_cpu_count",
@@ -310,6 +312,38 @@ def scontrol_show_job(job_id: str, timeout: float = 10) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return result.stdout if result.returncode == 0 else None
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A job that SLURM selected for preemption (``scontrol show job``).
+
+    Attributes:
+        job_id: the job.
+        time: when (``PreemptTime``).
+        requeueable: whether SLURM may requeue it (``Requeue=1``: ``--requeue``, or the
+            cluster's ``JobRequeue=1``).
+    """
+
+    job_id: str
+    time: str
+    requeueable: bool
+
+
+def preemption(
+    job_id: str, scontrol: Callable[[str], str | None] | None = None
+) -> Preemption | None:
+    """Whether SLURM selected job `job_id` for preemption (None: it did not, or no scontrol).
+
+    With a partition's ``GraceTime``, a preempted job's steps (agents and workers) get SIGTERM
+    while the job runs on: a launch that fails then asks this (one ``scontrol`` call).
+    """
+    text = (scontrol or scontrol_show_job)(job_id)
+    fields = dict(word.partition("=")[::2] for word in (text or "").split() if "=" in word)
+    when = fields.get("PreemptTime", "None")
+    if when in ("", "None", "Unknown"):
+        return None
+    return Preemption(job_id, when, fields.get("Requeue") == "1")
 
 
 def expand_counts(value: str, variable: str) -> list[int]:

@@ -676,3 +676,18 @@ def test_job_node_index_reads_only_the_job_node_list():
     assert allocation.job_node_index(env, "node3.cluster.example.org") == 2
     assert allocation.job_node_index(env, "login1") is None
     assert allocation.job_node_index({}, "node1") is None
+
+
+def test_preemption_reads_preempt_time_and_requeue_from_scontrol():
+    running = (
+        "JobId=7 JobName=x JobState=RUNNING Requeue=1 Restarts=0\n"
+        "   PreemptEligibleTime=2026-11-25T06:46:39 PreemptTime=None"
+    )
+    preempted = running.replace("PreemptTime=None", "PreemptTime=2026-11-25T06:46:46")
+    assert allocation.preemption("7", scontrol=lambda _: running) is None
+    assert allocation.preemption("7", scontrol=lambda _: None) is None  # no scontrol, no job
+    assert allocation.preemption("7", scontrol=lambda _: preempted) == allocation.Preemption(
+        "7", "2026-11-25T06:46:46", requeueable=True
+    )
+    never = preempted.replace("Requeue=1", "Requeue=0")
+    assert allocation.preemption("7", scontrol=lambda _: never).requeueable is False

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from slurmrun.allocation import preemption
 from slurmrun.batch.requeue import (
     REQUEUE_COUNT_VAR,
     REQUEUE_FLAG_VAR,
     Requeue,
     RequeueLimitError,
     RequeueWatch,
-    preempt_time,
     requeue_this_job,
 )
 from slurmrun.errors import RemoteTraceback
@@ -181,15 +181,15 @@ def _preempted(outcome: Outcome | None, job_id: str) -> bool:
     """Whether a launch failed because SLURM preempts the job (its steps got SIGTERM)."""
     if outcome is None or not outcome.error_type:
         return False
-    when = preempt_time(job_id)
-    if when is not None:
+    preempted = preemption(job_id)
+    if preempted is not None:
         print(
-            f"slurmrun: job {job_id} was preempted at {when} (the launch failed with "
+            f"slurmrun: job {job_id} was preempted at {preempted.time} (the launch failed with "
             f"{outcome.error_type}): this run will be requeued",
             file=sys.stderr,
             flush=True,
         )
-    return when is not None
+    return preempted is not None
 
 
 def _error(exc: Exception) -> Outcome:

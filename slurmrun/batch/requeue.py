@@ -29,7 +29,6 @@ __all__ = [
     "Requeue",
     "RequeueLimitError",
     "RequeueWatch",
-    "preempt_time",
     "requeue_count",
     "requeue_requested",
 ]
@@ -241,31 +240,6 @@ class RequeueWatch:
             with contextlib.suppress(OSError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=15)
-
-
-def preempt_time(job_id: str) -> str | None:
-    """When SLURM selected this job for preemption (``PreemptTime``), or None if it did not.
-
-    With a partition's ``GraceTime``, a preempted job's steps get SIGTERM and the job ends
-    when its batch script does: the launch fails (its agents died) and SLURM requeues only
-    a job still running at the grace's end. The batch step asks this after a failed launch.
-    """
-    try:
-        done = subprocess.run(
-            ["scontrol", "show", "job", "--oneliner", job_id],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for word in done.stdout.split():
-        key, _, value = word.partition("=")
-        if key == "PreemptTime" and value not in ("", "None", "Unknown"):
-            return value
-    return None
 
 
 def requeue_this_job(job_id: str) -> str:

@@ -276,8 +276,35 @@ def run_command(launcher: Launcher, cmd: Command) -> int:
         print("slurmrun: interrupted; every agent and worker was stopped", file=sys.stderr)
         return 130
     except Exception as e:
-        return _report_failure(e)
+        return _requeue_if_preempted(_report_failure(e))
     return 0
+
+
+def _requeue_if_preempted(status: int) -> int:
+    """Requeues this job if SLURM preempts it (the launch failed for that); returns `status`.
+
+    With a partition's ``GraceTime``, SLURM terminates a preempted job's steps, and requeues
+    the job only if its batch script still runs when the grace ends: were this command to
+    return, the script would end and the job with it. So it requeues the job now, as SLURM
+    would then (only a requeueable job), and SLURM ends this process.
+    """
+    from slurmrun.allocation import preemption  # noqa: PLC0415
+    from slurmrun.batch.requeue import requeue_this_job  # noqa: PLC0415
+
+    job_id = os.environ.get("SLURM_JOB_ID")
+    preempted = preemption(job_id) if job_id else None
+    if preempted is None:
+        return status
+    if not preempted.requeueable:
+        print(f"slurmrun: job {job_id} was preempted (not requeueable)", file=sys.stderr)
+        return status
+    print(
+        f"slurmrun: job {job_id} was preempted at {preempted.time}: requeueing it",
+        file=sys.stderr,
+        flush=True,
+    )
+    print(f"slurmrun: {requeue_this_job(preempted.job_id)}", file=sys.stderr)
+    return status
 
 
 def _report_failure(e: Exception) -> int:
@@ -296,6 +323,8 @@ def _report_failure(e: Exception) -> int:
             print(note, file=sys.stderr)
         return 1
     print(f"slurmrun: {type(e).__name__}: {e}", file=sys.stderr)
+    for note in notes:
+        print(note, file=sys.stderr)
     log_file = getattr(e, "log_file", None)  # WorkerFailedError, AgentFailedError
     if log_file and log_file not in str(e):
         print(f"slurmrun: its log: {log_file}", file=sys.stderr)

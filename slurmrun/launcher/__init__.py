@@ -23,6 +23,7 @@ from slurmrun.errors import AgentFailedError
 from slurmrun.events import AgentFailed, EventHandler, LaunchStarted, Restarting, Trace
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.dryrun import DryRun
+from slurmrun.launcher.failures import note_preemption
 from slurmrun.launcher.plan import Plan, make_plan, plan_dry_run
 from slurmrun.launcher.warm import WARM_ATTR, Warm, run_attempt, sigterm_as_exit, warm_of
 from slurmrun.result import LaunchResult
@@ -269,7 +270,7 @@ class Launcher:
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as e:
-                    if attempt == self.max_restarts:
+                    if note_preemption(e, plan.alloc) or attempt == self.max_restarts:
                         raise
                     if isinstance(e, AgentFailedError):
                         trace.emit(AgentFailed, host=e.hostname or "", message=str(e))

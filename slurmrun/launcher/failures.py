@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from slurmrun.allocation import SlurmAllocation, preemption
 from slurmrun.errors import (
     AgentFailedError,
     RemoteTraceback,
@@ -23,7 +24,14 @@ from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import tail_file
 from slurmrun.transport import Frame, loads
 
-__all__ = ["WorkerPlace", "agent_exit_error", "srun_verdict", "worker_died", "worker_error"]
+__all__ = [
+    "WorkerPlace",
+    "agent_exit_error",
+    "note_preemption",
+    "srun_verdict",
+    "worker_died",
+    "worker_error",
+]
 
 
 @dataclass(frozen=True)
@@ -141,3 +149,23 @@ def worker_died(where: WorkerPlace, header: dict[str, Any]) -> WorkerFailedError
         stderr_tail=tail,
         log_file=log_file,
     )
+
+
+def note_preemption(exc: BaseException, alloc: SlurmAllocation | None) -> bool:
+    """Whether `exc` ended a launch in a job that SLURM preempts (a note on `exc` says so).
+
+    With a partition's ``GraceTime``, SLURM terminates a preempted job's steps (the agents and
+    workers) but lets the job run on until the grace ends: restarting the workers then is
+    pointless, and the error alone (an agent killed by SIGTERM) would not say why.
+    """
+    if alloc is None:
+        return False
+    preempted = preemption(alloc.job_id)
+    if preempted is None:
+        return False
+    add_note(
+        exc,
+        f"slurmrun: SLURM preempted job {alloc.job_id} at {preempted.time} and terminated its "
+        "steps (the agents and workers among them); the launch is not restarted",
+    )
+    return True

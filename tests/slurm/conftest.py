@@ -481,3 +481,30 @@ def _slurm_clean_state(slurm_cluster: SlurmCluster) -> Iterator[None]:
                 os.kill(p.pid, signal.SIGKILL)
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
+
+
+# --------------------------------------------------------------------------- preemption
+@contextlib.contextmanager
+def preemption_grace(seconds: int) -> Iterator[None]:
+    """The default partition's preemption GraceTime, as on clusters that give one."""
+
+    def update(value: int) -> None:
+        _run(
+            ["scontrol", "update", "partition=debug", f"GraceTime={value}"], timeout=30, check=True
+        )
+
+    update(seconds)
+    try:
+        yield
+    finally:
+        update(0)
+
+
+def preempt_debug_jobs(tmp_path: Path) -> None:
+    """Submits a job of the `urgent` partition that needs every node: SLURM preempts (with
+    PreemptMode=REQUEUE) the jobs of `debug` that run there. It sleeps 1 s and ends."""
+    _run(
+        ["sbatch", "--partition=urgent", "--nodes=3", "--exclusive", "--time=1",
+         f"--job-name={JOB_NAME}", f"--output={tmp_path / 'urgent.out'}", "--wrap", "sleep 1"],
+        timeout=30, check=True, cwd=tmp_path,
+    )  # fmt: skip

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import slurmrun
+from tests.slurm.conftest import preempt_debug_jobs, preemption_grace
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -191,32 +192,6 @@ def test_an_array_of_multi_node_launches_returns_each_elements_result(
     assert [(j.job_id, j.state) for j in listed] == [(j.job_id, "COMPLETED") for j in jobs]
 
 
-@contextlib.contextmanager
-def grace_time(seconds: int) -> Iterator[None]:
-    """The default partition's preemption GraceTime, as on clusters that give one."""
-
-    def update(value: int) -> None:
-        subprocess.run(
-            ["scontrol", "update", "partition=debug", f"GraceTime={value}"], check=True, timeout=30
-        )
-
-    update(seconds)
-    try:
-        yield
-    finally:
-        update(0)
-
-
-def _preempt(job: slurmrun.SubmittedLaunch[Any], ready: Path, tmp_path: Path) -> None:
-    """Waits until both ranks are ready, then submits an `urgent` job that needs every node."""
-    _wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "workers ready")
-    subprocess.run(
-        ["sbatch", "--partition=urgent", "--nodes=3", "--exclusive", "--time=1",
-         f"--output={tmp_path / 'urgent.out'}", "--wrap", "sleep 1"],
-        check=True, capture_output=True, timeout=30,
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("grace", [20, 0])
 def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     slurm_cluster, funcs, tmp_path, grace
@@ -224,7 +199,7 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     # GraceTime>0: the steps get SIGTERM and the launch fails while the job still runs; the
     # batch step must requeue it (SLURM would end it COMPLETED). 0: SLURM requeues it at once.
     ready = tmp_path / "ready"
-    with grace_time(grace):
+    with preemption_grace(grace):
         job = slurmrun.submit(
             funcs.preemptible_counter,
             (str(tmp_path / "checkpoint"), str(ready)),
@@ -233,7 +208,8 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
             time_min=10,
         )
         with cancelled_on_failure(job):
-            _preempt(job, ready, tmp_path)
+            _wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "ready")
+            preempt_debug_jobs(tmp_path)
             _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
     with cancelled_on_failure(job):
         result = job.result(timeout=150, poll=1.0)
@@ -252,7 +228,7 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
 
 def test_a_job_preempted_past_its_requeue_cap_fails_clearly(slurm_cluster, funcs, tmp_path):
     ready = tmp_path / "ready"
-    with grace_time(20):
+    with preemption_grace(20):
         job = slurmrun.submit(
             funcs.preemptible_counter,
             (str(tmp_path / "checkpoint"), str(ready)),
@@ -262,7 +238,8 @@ def test_a_job_preempted_past_its_requeue_cap_fails_clearly(slurm_cluster, funcs
             requeue=slurmrun.Requeue(max_requeues=0),
         )
         with cancelled_on_failure(job):
-            _preempt(job, ready, tmp_path)
+            _wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "ready")
+            preempt_debug_jobs(tmp_path)
             with pytest.raises(
                 slurmrun.batch.RequeueLimitError, match=r"was preempted after 0 requeues"
             ):

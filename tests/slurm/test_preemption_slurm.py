@@ -1,0 +1,109 @@
+"""A job that SLURM preempts with a GraceTime, when the launch runs in the user's own batch
+script: ``slurmrun SCRIPT.py`` requeues the job (SLURM requeues only a job whose batch
+script still runs when the grace ends), and `launch` says why it failed and does not restart.
+(`slurmrun.submit`'s jobs: tests/slurm/test_requeue_slurm.py.)
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.slurm.conftest import JOB_NAME, REPO, preempt_debug_jobs, preemption_grace
+
+HOLD = """
+import os, pathlib, time
+rank = os.environ["RANK"]
+if os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+    pathlib.Path(f"ready.{rank}").touch()
+    time.sleep(120)
+    raise SystemExit("not preempted")
+pathlib.Path(f"second.{rank}").write_text(os.environ["SLURMD_NODENAME"])
+"""
+
+DRIVER = """
+import os, pathlib, time
+import slurmrun
+
+def hold():
+    pathlib.Path(f"attempt{os.environ['SLURMRUN_RESTART_COUNT']}.{os.environ['RANK']}").touch()
+    pathlib.Path(f"ready.{os.environ['RANK']}").touch()
+    time.sleep(120)
+
+try:
+    slurmrun.launch(hold, backend=None, max_restarts=3)
+except Exception as e:
+    print("raised", type(e).__name__, *getattr(e, "__notes__", ()), sep="\\n", flush=True)
+"""
+
+
+def _submit(tmp_path: Path, script: str, *args: str) -> str:
+    path = tmp_path / "job.sh"
+    path.write_text(f"#!/bin/bash\nexport PYTHONPATH={REPO}\n{textwrap.dedent(script)}")
+    done = subprocess.run(
+        ["sbatch", "--parsable", f"--job-name={JOB_NAME}", "--time=5", "--nodes=2",
+         f"--output={tmp_path / 'job.out'}", "--open-mode=append", *args, str(path)],
+        check=True, capture_output=True, text=True, timeout=30, cwd=tmp_path,
+    )  # fmt: skip
+    return done.stdout.strip().split(";")[0]
+
+
+def _job(job_id: str) -> dict[str, str]:
+    text = subprocess.run(
+        ["scontrol", "show", "job", "--oneliner", job_id],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    return dict(word.partition("=")[::2] for word in text.split() if "=" in word)
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str, job_id: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], check=False, timeout=30)
+            pytest.fail(f"{what} did not happen within {timeout} s (job {job_id} cancelled)")
+        time.sleep(0.5)
+
+
+def _ready(tmp_path: Path) -> bool:
+    return all((tmp_path / f"ready.{r}").exists() for r in (0, 1))
+
+
+def test_slurmrun_in_a_batch_script_requeues_its_preempted_job(slurm_cluster, tmp_path):
+    (tmp_path / "hold.py").write_text(HOLD)
+    script = f'{sys.executable} -m slurmrun hold.py\necho "slurmrun exited with $?"\n'
+    with preemption_grace(20):
+        job_id = _submit(tmp_path, script, "--requeue")
+        _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
+        preempt_debug_jobs(tmp_path)
+        _wait_for(lambda: _job(job_id)["Restarts"] == "1", 60, "the requeue", job_id)
+    _wait_for(lambda: _job(job_id)["JobState"] == "COMPLETED", 120, "the second run", job_id)
+    assert [(tmp_path / f"second.{r}").read_text() for r in (0, 1)] == ["node1", "node2"]
+    out = (tmp_path / "job.out").read_text()
+    assert f"slurmrun: job {job_id} was preempted at " in out
+    assert "requeueing it" in out
+    # The first run's script never went on past the launch: only the second's did.
+    assert out.count("slurmrun exited with") == 1
+    assert "slurmrun exited with 0" in out
+
+
+def test_launch_says_its_job_was_preempted_and_does_not_restart(slurm_cluster, tmp_path):
+    (tmp_path / "driver.py").write_text(DRIVER)
+    with preemption_grace(20):
+        job_id = _submit(tmp_path, f"{sys.executable} driver.py\n", "--no-requeue")
+        _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
+        preempt_debug_jobs(tmp_path)
+        _wait_for(lambda: "raised" in (tmp_path / "job.out").read_text(), 60, "the error", job_id)
+    out = (tmp_path / "job.out").read_text()
+    assert f"slurmrun: SLURM preempted job {job_id} at " in out
+    assert "the launch is not restarted" in out
+    assert sorted(p.name for p in tmp_path.glob("attempt*")) == ["attempt0.0", "attempt0.1"]
