@@ -12,6 +12,7 @@ import pickle
 import re
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,21 @@ def test_requeue_options_are_checked_before_submitting():
         slurmrun.submit(print, requeue="yes", dry_run=True)  # type: ignore[call-overload]
     with pytest.raises(ValueError, match="args_list is empty"):
         slurmrun.submit_array(print, [])
+
+
+def test_array_dry_run_shows_the_array_and_submits_nothing(tmp_path):
+    folder = tmp_path / "jobs"
+    dry = slurmrun.submit_array(
+        print, [(1,), (2,), (3,)], nodes=2, max_parallel=2, folder=folder, dry_run=True
+    )
+    script = str(dry)
+    for line in ("--array=0-2%2", "--nodes=2", "--requeue", "--signal=USR2@90"):
+        assert f"#SBATCH {line}\n" in script
+    assert f"#SBATCH --output={folder}/%A_%a/%A_%a_0_log.out\n" in script
+    assert dry.parameters["map_count"] == 3
+    assert not folder.exists()
+    with pytest.raises(TypeError, match=r"args_list\[1\] could not be pickled .*_thread.lock"):
+        slurmrun.submit_array(print, [(1,), (threading.Lock(),)], folder=folder, dry_run=True)
 
 
 def test_requeue_count_and_request_outside_a_job(monkeypatch, tmp_path):

@@ -149,8 +149,9 @@ def test_named_resources_reach_the_batch_script(site: Path, tmp_path: Path) -> N
             slurmrun.submit(print, resources="no_such_preset", dry_run=True)
         except ValueError as e:
             error = str(e)
+        array = slurmrun.submit_array(print, [(1,), (2,)], resources="gpu_x8", dry_run=True)
         print(json.dumps({"names": sorted(named_resources()), "script": str(dry),
-                          "mine": mine.parameters, "error": error}))
+                          "mine": mine.parameters, "error": error, "array": str(array)}))
         """,
     )
     assert out["names"] == ["cpu_small", "gpu_x8"]
@@ -163,6 +164,8 @@ def test_named_resources_reach_the_batch_script(site: Path, tmp_path: Path) -> N
         "#SBATCH --partition=gpu",
     ):
         assert line in script
+        assert line in str(out["array"])
+    assert "#SBATCH --array=0-1%2" in str(out["array"])
     mine = out["mine"]
     assert isinstance(mine, dict)
     assert mine["nodes"] == 3 and mine["partition"] == "debug" and mine["mem"] == "500G"

@@ -4,16 +4,59 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
+from slurmrun import resources as named_resources
 from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.batch.requeue import Requeue
-from slurmrun.batch.submit import JobSpec
+from slurmrun.batch.submit import JobSpec, SubmitDryRun
 from slurmrun.launcher import Launcher
 
 __all__ = ["submit_array"]
 
 T = TypeVar("T")
+
+
+@overload
+def submit_array(
+    func: Callable[..., T],
+    args_list: Sequence[Sequence[Any]],
+    func_kwargs: dict[str, Any] | None = ...,
+    *,
+    launcher: Launcher | None = ...,
+    folder: str | os.PathLike[str] = ...,
+    nodes: int = ...,
+    gpus_per_node: int | None = ...,
+    workers_per_node: int | None = ...,
+    cpus_per_worker: int = ...,
+    time_min: int = ...,
+    max_parallel: int | None = ...,
+    slurm_parameters: dict[str, Any] | None = ...,
+    requeue: bool | Requeue = ...,
+    resources: str | None = ...,
+    dry_run: Literal[False] = ...,
+) -> list[SubmittedLaunch[T]]: ...
+
+
+@overload
+def submit_array(
+    func: Callable[..., T],
+    args_list: Sequence[Sequence[Any]],
+    func_kwargs: dict[str, Any] | None = ...,
+    *,
+    launcher: Launcher | None = ...,
+    folder: str | os.PathLike[str] = ...,
+    nodes: int = ...,
+    gpus_per_node: int | None = ...,
+    workers_per_node: int | None = ...,
+    cpus_per_worker: int = ...,
+    time_min: int = ...,
+    max_parallel: int | None = ...,
+    slurm_parameters: dict[str, Any] | None = ...,
+    requeue: bool | Requeue = ...,
+    resources: str | None = ...,
+    dry_run: Literal[True],
+) -> SubmitDryRun: ...
 
 
 def submit_array(
@@ -31,7 +74,9 @@ def submit_array(
     max_parallel: int | None = None,
     slurm_parameters: dict[str, Any] | None = None,
     requeue: bool | Requeue = True,
-) -> list[SubmittedLaunch[T]]:
+    resources: str | None = None,
+    dry_run: bool = False,
+) -> list[SubmittedLaunch[T]] | SubmitDryRun:
     """Submits one job array: element K is a launch of ``func(*args_list[K], **func_kwargs)``.
 
     Every element asks for the same resources (`nodes` nodes...) and runs a whole launch on
@@ -53,9 +98,13 @@ def submit_array(
             default: all).
         slurm_parameters: more ``submitit.SlurmExecutor`` parameters.
         requeue: as for `submit`; each element is requeued on its own.
+        resources: a named preset (`slurmrun.resources`), as for `submit`.
+        dry_run: return the batch script that would be submitted (with its ``--array``);
+            submit nothing.
 
     Returns:
-        The elements' handles, in the order of `args_list` (job ids ``<array id>_<K>``).
+        The elements' handles, in the order of `args_list` (job ids ``<array id>_<K>``), or
+        with `dry_run` a `SubmitDryRun`.
 
     Raises:
         TypeError, ValueError: bad options or an unpicklable call, before submitting.
@@ -68,6 +117,9 @@ def submit_array(
         isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1
     ):
         raise ValueError(f"max_parallel must be a positive int or None, got {max_parallel!r}")
+    nodes, gpus_per_node, cpus_per_worker, slurm_parameters = named_resources.apply(
+        resources, nodes, gpus_per_node, cpus_per_worker, slurm_parameters
+    )
     spec = JobSpec.make(
         launcher,
         func,
@@ -82,9 +134,22 @@ def submit_array(
         slurm_parameters=slurm_parameters,
         requeue=requeue,
     )
-    job_calls = [spec.call(args) for args in calls]  # each pickles (raises) before submitting
-    spec.make_folder()
+    job_calls = []
+    for k, args in enumerate(calls):  # each pickles (or raises) before anything is submitted
+        try:
+            job_calls.append(spec.call(args))
+        except Exception as e:
+            raise TypeError(
+                f"args_list[{k}] could not be pickled to send to the job: {type(e).__name__}: "
+                f"{e}. Everything it holds must be picklable by cloudpickle (locks, open files, "
+                "sockets and generators are not)"
+            ) from e
     executor = spec.executor(array_parallelism=max_parallel or len(calls))
+    if dry_run:
+        executor.parameters["map_count"] = len(calls)  # what submitit sets for an array
+        script = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
+        return SubmitDryRun(script, {**spec.params, "map_count": len(calls)}, spec.base)
+    spec.make_folder()
     submitted = executor.submit_array(job_calls)
     handles: list[SubmittedLaunch[T]] = []
     for job in submitted:

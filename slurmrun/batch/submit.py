@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class SubmitDryRun:
-    """What `submit` would submit (``dry_run=True``); ``str()`` is the sbatch script.
+    """What `submit` (or `submit_array`) would submit (``dry_run=True``); ``str()`` is the script.
 
     Attributes:
         script: the batch script.

@@ -51,6 +51,9 @@ Ctrl-C; 2 for bad options. --dry-run prints what would run and starts nothing.
 SCRIPT.py` submits the script as a batch job; status, logs, cancel and jobs follow it."""
 
 
+SIGTERM_STATUS = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+
+
 class UsageError(Exception):
     """The command line names no script, or names one that does not exist."""
 
@@ -275,6 +278,12 @@ def run_command(launcher: Launcher, cmd: Command) -> int:
     except KeyboardInterrupt:
         print("slurmrun: interrupted; every agent and worker was stopped", file=sys.stderr)
         return 130
+    except SystemExit as e:
+        # SIGTERM (the launcher's handler exits with 143): a command run in a job step is
+        # terminated with the job's other steps when SLURM preempts the job.
+        if e.code == SIGTERM_STATUS:
+            return _requeue_if_preempted(SIGTERM_STATUS)
+        raise
     except Exception as e:
         return _requeue_if_preempted(_report_failure(e))
     return 0

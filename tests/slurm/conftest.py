@@ -508,3 +508,9 @@ def preempt_debug_jobs(tmp_path: Path) -> None:
          f"--job-name={JOB_NAME}", f"--output={tmp_path / 'urgent.out'}", "--wrap", "sleep 1"],
         timeout=30, check=True, cwd=tmp_path,
     )  # fmt: skip
+
+
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """``scontrol show job``'s fields of `job_id` (``JobState``, ``Restarts``...)."""
+    text = _run(["scontrol", "show", "job", "--oneliner", job_id], timeout=30, check=True).stdout
+    return dict(word.partition("=")[::2] for word in text.split() if "=" in word)

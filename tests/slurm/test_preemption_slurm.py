@@ -15,7 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import JOB_NAME, REPO, preempt_debug_jobs, preemption_grace
+from tests.slurm.conftest import (
+    JOB_NAME,
+    REPO,
+    preempt_debug_jobs,
+    preemption_grace,
+    scontrol_job,
+)
 
 HOLD = """
 import os, pathlib, time
@@ -54,17 +60,6 @@ def _submit(tmp_path: Path, script: str, *args: str) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def _job(job_id: str) -> dict[str, str]:
-    text = subprocess.run(
-        ["scontrol", "show", "job", "--oneliner", job_id],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    return dict(word.partition("=")[::2] for word in text.split() if "=" in word)
-
-
 def _wait_for(predicate: Callable[[], bool], timeout: float, what: str, job_id: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -78,15 +73,20 @@ def _ready(tmp_path: Path) -> bool:
     return all((tmp_path / f"ready.{r}").exists() for r in (0, 1))
 
 
-def test_slurmrun_in_a_batch_script_requeues_its_preempted_job(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("where", ["batch script", "one-task step"])
+def test_slurmrun_in_a_batch_script_requeues_its_preempted_job(slurm_cluster, tmp_path, where):
+    # In a step, the command is SIGTERMed with the agents' step; in the batch script, not.
     (tmp_path / "hold.py").write_text(HOLD)
-    script = f'{sys.executable} -m slurmrun hold.py\necho "slurmrun exited with $?"\n'
+    srun = "srun --nodes=1 --ntasks=1 " if where == "one-task step" else ""
+    script = f'{srun}{sys.executable} -m slurmrun hold.py\necho "slurmrun exited with $?"\n'
     with preemption_grace(20):
         job_id = _submit(tmp_path, script, "--requeue")
         _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
         preempt_debug_jobs(tmp_path)
-        _wait_for(lambda: _job(job_id)["Restarts"] == "1", 60, "the requeue", job_id)
-    _wait_for(lambda: _job(job_id)["JobState"] == "COMPLETED", 120, "the second run", job_id)
+        _wait_for(lambda: scontrol_job(job_id)["Restarts"] == "1", 60, "the requeue", job_id)
+    _wait_for(
+        lambda: scontrol_job(job_id)["JobState"] == "COMPLETED", 120, "the second run", job_id
+    )
     assert [(tmp_path / f"second.{r}").read_text() for r in (0, 1)] == ["node1", "node2"]
     out = (tmp_path / "job.out").read_text()
     assert f"slurmrun: job {job_id} was preempted at " in out

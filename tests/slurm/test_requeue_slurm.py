@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import slurmrun
-from tests.slurm.conftest import preempt_debug_jobs, preemption_grace
+from tests.slurm.conftest import preempt_debug_jobs, preemption_grace, scontrol_job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -116,8 +116,12 @@ def _wait_for(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def _signal_when_ready(job: slurmrun.SubmittedLaunch[Any], ready: Path) -> None:
+def _wait_ready(ready: Path) -> None:
     _wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "workers ready")
+
+
+def _signal_when_ready(job: slurmrun.SubmittedLaunch[Any], ready: Path) -> None:
+    _wait_ready(ready)
     # The form the issue names: every step of the job (not the batch step) gets it.
     subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=30)
 
@@ -140,14 +144,7 @@ def test_a_signalled_job_is_requeued_and_its_second_run_reads_the_checkpoint(
         result = job.result(timeout=300, poll=1.0)
     assert result.values() == [(1, 42), (1, 42)]
     assert (tmp_path / "jobs" / job.job_id / "requeue.0").exists()
-    scontrol = subprocess.run(
-        ["scontrol", "show", "job", job.job_id],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    assert "Restarts=1" in scontrol
+    assert scontrol_job(job.job_id)["Restarts"] == "1"
     assert job.state == "COMPLETED"
 
 
@@ -208,20 +205,13 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
             time_min=10,
         )
         with cancelled_on_failure(job):
-            _wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "ready")
+            _wait_ready(ready)
             preempt_debug_jobs(tmp_path)
             _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
     with cancelled_on_failure(job):
         result = job.result(timeout=150, poll=1.0)
     assert result.values() == [(1, 42), (1, 42)]
-    scontrol = subprocess.run(
-        ["scontrol", "show", "job", job.job_id],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
-    assert "Restarts=1" in scontrol
+    assert scontrol_job(job.job_id)["Restarts"] == "1"
     err = (tmp_path / "jobs" / job.job_id / f"{job.job_id}_0_log.err").read_text()
     assert ("this run will be requeued" in err) == (grace > 0)
 
@@ -238,7 +228,7 @@ def test_a_job_preempted_past_its_requeue_cap_fails_clearly(slurm_cluster, funcs
             requeue=slurmrun.Requeue(max_requeues=0),
         )
         with cancelled_on_failure(job):
-            _wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "ready")
+            _wait_ready(ready)
             preempt_debug_jobs(tmp_path)
             with pytest.raises(
                 slurmrun.batch.RequeueLimitError, match=r"was preempted after 0 requeues"
