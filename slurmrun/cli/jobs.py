@@ -165,6 +165,8 @@ def main(argv: list[str]) -> int:
     except FileNotFoundError as e:  # attach: no such job in the folder
         print(f"slurmrun {args.verb}: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C ends `logs --follow` (the job runs on)
+        return 130
 
 
 def _submit_error(message: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -102,6 +103,20 @@ def test_follow_ends_with_the_job_and_cancel_stops_it(slurm_cluster, tmp_path, s
             if "rank 1 line 3" in line:
                 break
         assert slurmrun(tmp_path, "status", job_id).returncode == 1  # not in ./slurmrun_jobs
+        # Ctrl-C ends another follower quietly; the job runs on.
+        other = subprocess.Popen(
+            [sys.executable, "-m", "slurmrun", "logs", job_id, "-f", "--folder", folder],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+        )
+        assert other.stdout is not None
+        other.stdout.readline()  # it follows: the job's output came
+        other.send_signal(signal.SIGINT)
+        _, err = other.communicate(timeout=30)
+        assert (other.returncode, err) == (130, "")
         cancel = slurmrun(tmp_path, "cancel", job_id, "--folder", folder)
         assert cancel.returncode == 0, cancel.stderr
         rest, _ = follow.communicate(timeout=60)  # --follow returns once the job has ended
