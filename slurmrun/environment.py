@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_ENV_VARS",
     "FORWARDED_SIGNALS",
     "EnvFileError",
+    "env_words",
     "matching_env",
     "source_env_file",
 ]
@@ -61,6 +62,20 @@ ENV_FILE_TIMEOUT = 60.0
 
 class EnvFileError(RuntimeError):
     """Sourcing the env file failed."""
+
+
+def env_words(extra: Iterable[str] | Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """`extra_env_vars` as its patterns and the variables it sets.
+
+    A mapping sets its variables; in a tuple, a ``NAME=value`` word sets NAME (no variable's
+    name has a ``=``, so such a word could match nothing as a pattern) and any other word
+    is an fnmatch pattern of the launcher's variables to pass on.
+    """
+    if isinstance(extra, Mapping):
+        return [], dict(extra)
+    words = list(extra)
+    values = dict(w.split("=", 1) for w in words if "=" in w)
+    return [w for w in words if "=" not in w], values
 
 
 def matching_env(environ: Mapping[str, str], patterns: Iterable[str]) -> dict[str, str]:

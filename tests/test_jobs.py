@@ -231,8 +231,8 @@ def test_cli_submit_takes_launcher_options_a_module_and_any_sbatch_option(tmp_pa
         assert f"#SBATCH {line}\n" in out
     assert out.endswith(
         "# The job's batch step launches with slurmrun.Launcher(backend='gloo', timeout=30.0, "
-        "default_env_vars=(*DEFAULT_ENV_VARS, 'MY_*'), extra_env_vars={'NCCL_DEBUG': 'INFO'}); "
-        "every worker runs:\n#   -m json.tool --nodes 5\n"
+        "extra_env_vars=('NCCL_DEBUG=INFO', 'MY_*')); every worker runs:\n"
+        "#   -m json.tool --nodes 5\n"
     )
     assert not (tmp_path / "jobs").exists()
 

@@ -247,18 +247,11 @@ def _what_runs(launcher: Any, cmd: Any) -> str:
     import dataclasses  # noqa: PLC0415
     import shlex  # noqa: PLC0415
 
-    from slurmrun.environment import DEFAULT_ENV_VARS  # noqa: PLC0415
     from slurmrun.launcher import Launcher  # noqa: PLC0415
-
-    def text(value: Any) -> str:
-        n = len(DEFAULT_ENV_VARS)
-        if isinstance(value, tuple) and value[:n] == DEFAULT_ENV_VARS:  # an --extra-env-vars mix
-            return f"(*DEFAULT_ENV_VARS, {', '.join(map(repr, value[n:]))})"
-        return repr(value)
 
     default = Launcher()
     changed = ", ".join(
-        f"{f.name}={text(getattr(launcher, f.name))}"
+        f"{f.name}={getattr(launcher, f.name)!r}"
         for f in dataclasses.fields(launcher)
         if getattr(launcher, f.name) != getattr(default, f.name)
     )

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from slurmrun.protocol import PRELOAD_VAR
@@ -25,7 +25,6 @@ __all__ = [
     "PRELOAD_VAR",
     "Command",
     "UsageError",
-    "env_assignments",
     "main",
     "parse_launcher",
     "split_command",
@@ -223,35 +222,14 @@ def main(argv: list[str] | None = None) -> int:
 def parse_launcher(args: list[str], prog: str = "slurmrun") -> Launcher:
     """The `Launcher` of the launcher options `args` (tyro exits with 2 on bad ones).
 
-    As torchrun, the script makes its own process group unless ``--backend`` asks for one;
-    ``--extra-env-vars NAME=value`` sets a variable (`env_assignments`).
+    As torchrun, the script makes its own process group unless ``--backend`` asks for one.
     """
     import tyro  # noqa: PLC0415 - only the command pays for it
 
     from slurmrun.launcher import Launcher  # noqa: PLC0415
 
-    launcher = tyro.cli(
+    return tyro.cli(
         Launcher, args=args, prog=prog, description=DESCRIPTION, default=Launcher(backend=None)
-    )
-    return env_assignments(launcher)
-
-
-def env_assignments(launcher: Launcher) -> Launcher:
-    """`launcher` with the ``NAME=value`` words of its ``extra_env_vars`` made a mapping.
-
-    On the command line ``--extra-env-vars 'WANDB_*' NCCL_DEBUG=INFO`` passes the launcher's
-    ``WANDB_*`` variables on and sets NCCL_DEBUG. `Launcher` takes either patterns or a
-    mapping, so the patterns of a mix join ``default_env_vars``, which reach agents the same.
-    """
-    words = launcher.extra_env_vars
-    if isinstance(words, Mapping) or not any("=" in w for w in words):
-        return launcher
-    patterns = tuple(w for w in words if "=" not in w)
-    values = dict(w.split("=", 1) for w in words if "=" in w)
-    return replace(
-        launcher,
-        default_env_vars=(*launcher.default_env_vars, *patterns),
-        extra_env_vars=values,
     )
 
 

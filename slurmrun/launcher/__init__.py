@@ -88,9 +88,10 @@ class Launcher:
     Nothing else of the launcher's environment reaches them (SLURM adds its own SLURM_*)."""
 
     extra_env_vars: tuple[str, ...] | Mapping[str, str] = ()
-    """More patterns, added to `default_env_vars`; or a mapping of names to values that agents
-    and workers get on top of the variables the patterns pass (e.g. ``{"NCCL_DEBUG": "INFO"}``).
-    On the command line, NAME=value sets one: ``--extra-env-vars 'WANDB_*' NCCL_DEBUG=INFO``."""
+    """More patterns, added to `default_env_vars`, among which ``NAME=value`` words set a
+    variable (``("WANDB_*", "NCCL_DEBUG=INFO")``; on the command line ``--extra-env-vars
+    'WANDB_*' NCCL_DEBUG=INFO``); or a mapping of names to values (``{"NCCL_DEBUG": "INFO"}``).
+    Variables set are on top of those the patterns pass."""
 
     env_file: str | None = None
     """A bash file that each agent sources before it starts workers; its exports reach them."""

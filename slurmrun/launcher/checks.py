@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slurmrun.environment import env_file_problem
+from slurmrun.environment import env_file_problem, env_words
 from slurmrun.logs import log_level
 from slurmrun.transport import dumps, dumps_inband
 
@@ -56,12 +56,14 @@ def _validate_env_and_logs(cfg: Launcher) -> None:
             continue
         if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
             raise TypeError(f"{name} must be a tuple of fnmatch patterns, got {patterns!r}")
+        if name == "extra_env_vars":
+            _validate_env_mapping(env_words(patterns)[1])  # its NAME=value words
+            continue
         for pattern in patterns:
             if "=" in pattern:  # no variable's name has one: the pattern would match nothing
-                key, _, value = pattern.partition("=")
                 raise ValueError(
-                    f"{name}: {pattern!r} sets a value, but {name} holds name patterns: pass "
-                    f"extra_env_vars={{{key!r}: {value!r}}} to set it"
+                    f"default_env_vars: {pattern!r} sets a value, but default_env_vars holds "
+                    "name patterns: put it in extra_env_vars"
                 )
     if cfg.ssh_config_file is not None and not os.path.isfile(cfg.ssh_config_file):
         raise ValueError(f"ssh_config_file={cfg.ssh_config_file!r} is not a file")
@@ -77,7 +79,7 @@ def _validate_env_and_logs(cfg: Launcher) -> None:
     log_level()  # a bad SLURMRUN_LOG_LEVEL is an error before anything starts
 
 
-def _validate_env_mapping(variables: Mapping[object, object]) -> None:
+def _validate_env_mapping(variables: Mapping[Any, Any]) -> None:
     for name, value in variables.items():
         if not isinstance(name, str) or not isinstance(value, str):
             raise TypeError(

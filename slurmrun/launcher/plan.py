@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from slurmrun import allocation, allocations
-from slurmrun.environment import matching_env
+from slurmrun.environment import env_words, matching_env
 from slurmrun.launcher import srun
 from slurmrun.launcher.dryrun import DryRun
 from slurmrun.launcher.listener import LISTEN_BACKLOG
@@ -287,11 +287,9 @@ def _agent_env(
 ) -> dict[str, str]:
     """What agents start with: the matching variables of ours, the given ones, the launch's."""
     environ = os.environ if environ is None else environ
-    extra = cfg.extra_env_vars
-    patterns = [*cfg.default_env_vars, *([] if isinstance(extra, Mapping) else extra)]
-    env = matching_env(environ, patterns)
-    if isinstance(extra, Mapping):
-        env.update(extra)
+    patterns, values = env_words(cfg.extra_env_vars)
+    env = matching_env(environ, [*cfg.default_env_vars, *patterns])
+    env.update(values)
     env.update(control)
     return env
 
