@@ -185,7 +185,7 @@ def test_dry_run_without_requeue_and_with_another_signal(tmp_path):
 
 
 def test_cli_time_forms():
-    from slurmrun.cli.jobs import parse_time
+    from slurmrun.cli.submit import parse_time
 
     assert [parse_time(t) for t in ("30", "5:30", "1:00:00", "2-0", "1-02:30")] == [
         30,
@@ -271,3 +271,40 @@ def test_cli_submit_help_lists_its_own_and_the_launchers_options(capsys):
     for option in ("--backend", "--timeout", "--extra-env-vars", "--max-restarts"):
         assert option in out
     assert "--log-handlers" not in out
+
+
+def test_cli_submit_array_runs_a_line_of_the_file_per_element(tmp_path, capsys):
+    from slurmrun.cli.main import main
+
+    sweep = tmp_path / "sweep.txt"
+    sweep.write_text('# the sweep\n--lr 0.1\n\n  --lr 0.2 --tag "a b"\n')
+    folder = ["--folder", str(tmp_path / "jobs")]
+    argv = ["submit", "--dry-run", *folder, "--array", str(sweep), "--max-parallel", "1"]
+    assert main([*argv, "-m", "json.tool", "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --array=0-1%1\n" in out
+    assert out.endswith(
+        "every worker runs:\n"
+        "#   element 0: -m json.tool --epochs 2 --lr 0.1\n"
+        "#   element 1: -m json.tool --epochs 2 --lr 0.2 --tag 'a b'\n"
+    )
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_cli_submit_array_refuses_a_bad_file_before_submitting(tmp_path, capsys):
+    from slurmrun.cli.main import main
+
+    script = tmp_path / "train.py"
+    script.write_text("raise AssertionError('must not run')\n")
+    (tmp_path / "empty.txt").write_text("\n# only a comment\n")
+    (tmp_path / "quote.txt").write_text('--lr 0.1\n--tag "a b\n')
+    folder = ["--folder", str(tmp_path / "jobs")]
+    for argv, message in (
+        (["--array", str(tmp_path / "missing.txt")], "No such file or directory"),
+        (["--array", str(tmp_path / "empty.txt")], "has no line of arguments"),
+        (["--array", str(tmp_path / "quote.txt")], "line 2: No closing quotation"),
+        (["--max-parallel", "2"], "--max-parallel needs --array FILE"),
+    ):
+        assert main(["submit", *folder, *argv, str(script)]) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert not (tmp_path / "jobs").exists()

@@ -205,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["info"]:
         info = importlib.import_module("slurmrun.cli.info")  # only `info` pays for its imports
         return int(info.main(argv[1:]))
-    if argv[:1] and argv[0] in ("submit", "status", "logs", "cancel", "jobs"):
+    if argv[:1] == ["submit"]:
+        return int(importlib.import_module("slurmrun.cli.submit").main(argv[1:]))
+    if argv[:1] and argv[0] in ("status", "logs", "cancel", "jobs"):
         return int(importlib.import_module("slurmrun.cli.jobs").main(argv))
     try:
         cmd = split_command(argv)

@@ -193,3 +193,31 @@ def test_a_job_sbatch_refuses_exits_1_with_its_reason(slurm_cluster, tmp_path, s
         done.stderr
     )
     assert slurmrun(tmp_path, "jobs").stdout.split() == ["JOBID", "STATE", "SUBMITTED", "WHAT"]
+
+
+def test_submit_an_array_of_script_runs(slurm_cluster, tmp_path, script):
+    (tmp_path / "sweep.txt").write_text("--lr 0.1\n# skipped\n--lr 0.2 --tag 'a b'\n")
+    argv = ["submit", "--nodes", "2", "--time", "5", "--array", "sweep.txt", "--max-parallel", "1"]
+    done = slurmrun(tmp_path, *argv, script, "--epochs", "2")
+    assert done.returncode == 0, done.stderr
+    ids = done.stdout.split()
+    array = ids[0].split("_")[0]
+    assert ids == [f"{array}_0", f"{array}_1"]
+    try:
+        for job_id in ids:
+            _wait_for(
+                lambda job_id=job_id: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout,
+                120,
+                f"completion of {job_id}",
+            )
+    finally:
+        slurmrun(tmp_path, "cancel", ids[0])
+        slurmrun(tmp_path, "cancel", ids[1])
+    lines = (["--epochs", "2", "--lr", "0.1"], ["--epochs", "2", "--lr", "0.2", "--tag", "a b"])
+    for job_id, args in zip(ids, lines, strict=True):
+        for rank, node in ((0, "node1"), (1, "node2")):
+            logs = slurmrun(tmp_path, "logs", job_id, "--rank", str(rank)).stdout
+            assert f"rank {rank} on {node} args {args}" in logs
+    listed = slurmrun(tmp_path, "jobs").stdout.splitlines()
+    assert [row.split()[:2] for row in listed[1:]] == [[ids[0], "COMPLETED"], [ids[1], "COMPLETED"]]
+    assert listed[2].endswith("script train.py --epochs 2 --lr 0.2 --tag 'a b'")

@@ -1,0 +1,271 @@
+"""``slurmrun submit``: script mode (``slurmrun SCRIPT.py``) as a batch job, or an array of them.
+
+``slurmrun submit [submit options] [launcher options] SCRIPT.py [args...]`` (or ``-m
+MODULE``) submits what ``slurmrun SCRIPT.py`` runs (`slurmrun.cli.script.run_script` on every
+worker) through `slurmrun.submit` and prints the job id; with ``--array FILE``, one job array
+through `slurmrun.submit_array`, whose element K adds line K of FILE to the script's
+arguments, and prints one id per element. ``slurmrun status|logs|cancel|jobs``
+(`slurmrun.cli.jobs`) follow them. Exit status: 0; 2 for bad options (nothing submitted); 1
+when sbatch refused the job (its message is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+import textwrap
+from typing import Any
+
+from slurmrun.cli.jobs import DEFAULT_FOLDER, FOLDER_HELP
+
+__all__ = ["main", "parse_time", "read_array_file"]
+
+
+def parse_time(text: str) -> int:
+    """Minutes from sbatch's ``--time`` forms: ``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM]``.
+
+    Raises:
+        argparse.ArgumentTypeError: any other text, or zero.
+    """
+    match = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r} (MM, HH:MM:SS or D-HH:MM)")
+    days, a, b, c = (int(g) if g is not None else None for g in match.groups())
+    assert a is not None  # noqa: S101 - the pattern requires it
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        seconds = days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    elif c is not None:  # HH:MM:SS
+        seconds = a * 3600 + (b or 0) * 60 + c
+    elif b is not None:  # MM:SS
+        seconds = a * 60 + b
+    else:
+        seconds = a * 60
+    minutes = -(-seconds // 60)
+    if minutes < 1:
+        raise argparse.ArgumentTypeError(f"invalid time {text!r}: at least one minute")
+    return minutes
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}")
+    return value
+
+
+SUBMIT_USAGE = """\
+slurmrun submit [-h] [--dry-run] [SUBMIT OPTIONS] [LAUNCHER OPTIONS] SCRIPT.py [ARGS...]
+       slurmrun submit [-h] [--dry-run] [SUBMIT OPTIONS] [LAUNCHER OPTIONS] -m MODULE [ARGS...]
+       slurmrun submit --array FILE [--max-parallel N] [...] SCRIPT.py [ARGS...]"""
+
+SUBMIT_EPILOG = """\
+Launcher options: those of `slurmrun SCRIPT.py` (`slurmrun --help`): {options}. As there, the
+script makes its own process group unless --backend asks for one, everything from SCRIPT.py
+(or -m MODULE) on belongs to the script, and `--` may end the options. --dry-run prints the
+batch script and submits nothing."""
+
+
+def _submit_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
+    """`slurmrun submit`'s own options, and for each whether it takes a value."""
+    from slurmrun.cli.main import launcher_options  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(
+        prog="slurmrun submit",
+        usage=SUBMIT_USAGE,
+        description=(
+            "Submits `slurmrun SCRIPT.py [ARGS]` as a batch job and prints its job id; with "
+            "--array FILE, a job array whose element K adds line K of FILE to ARGS (blank and "
+            "# lines skipped), and prints one job id per element."
+        ),
+        epilog=textwrap.fill(
+            SUBMIT_EPILOG.format(options=", ".join(launcher_options())), break_on_hyphens=False
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --time must not take --timeout's place, nor --t either
+    )
+    own: dict[str, bool] = {}
+
+    def add(flag: str, **kwargs: Any) -> None:
+        parser.add_argument(flag, **kwargs)
+        own[flag] = kwargs.get("action") != "store_true"
+
+    add("--nodes", type=_positive, default=1)
+    add("--gpus-per-node", type=_positive, default=None)
+    add("--workers-per-node", type=_positive, default=None, help="default: GPUs per node, or 1")
+    add("--cpus-per-worker", type=_positive, default=1)
+    add("--mem", default=None, help="memory per node, as sbatch takes it (e.g. 64G)")
+    add("--partition", default=None)
+    add("--account", default=None)
+    add("--time", type=parse_time, default=60, help="time limit (minutes, or HH:MM:SS)")
+    add("--job-name", default="slurmrun")
+    add("--resources", default=None, help="a named preset of an installed package")
+    add(
+        "--sbatch",
+        action="append",
+        type=_sbatch_option,
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="any other sbatch option, once each (--sbatch constraint=a100 --sbatch exclusive)",
+    )
+    add(
+        "--array",
+        default=None,
+        metavar="FILE",
+        help="submit a job array: element K adds line K of FILE to the script's arguments",
+    )
+    add("--max-parallel", type=_positive, default=None, help="with --array: elements at once")
+    add("--no-requeue", action="store_true", help="never requeue the job")
+    add("--folder", default=DEFAULT_FOLDER, help=FOLDER_HELP)
+    return parser, own
+
+
+def _sbatch_option(text: str) -> tuple[str, str | bool]:
+    """``NAME=VALUE`` (or a bare ``NAME`` flag) as submitit's ``additional_parameters`` item."""
+    name, sep, value = text.partition("=")
+    name = name.strip().lstrip("-").replace("-", "_")
+    if not name or not all(c.isalnum() or c == "_" for c in name):
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE (e.g. constraint=a100)")
+    return name, value if sep else True
+
+
+def _submit_error(message: str) -> int:
+    print(f"usage: {SUBMIT_USAGE}\nslurmrun submit: error: {message}", file=sys.stderr)
+    return 2
+
+
+def main(argv: list[str]) -> int:
+    """``slurmrun submit ...`` (`argv`: after ``submit``); returns the exit status."""
+    from slurmrun.cli.main import UsageError, check_target, parse_launcher, split_command  # noqa: PLC0415
+
+    parser, own = _submit_parser()
+    try:
+        cmd = split_command(argv, own)
+    except UsageError as e:
+        return _submit_error(str(e))
+    if "-h" in cmd.launcher_args or "--help" in cmd.launcher_args:
+        parser.print_help()
+        return 0
+    args = parser.parse_args(cmd.own_args)  # exits with 2 on bad options
+    launcher = parse_launcher(cmd.launcher_args, prog="slurmrun submit")
+    try:
+        check_target(cmd)
+        elements = None if args.array is None else read_array_file(args.array)
+    except UsageError as e:
+        return _submit_error(str(e))
+    if args.max_parallel is not None and elements is None:
+        return _submit_error("--max-parallel needs --array FILE")
+    return _submit_job(args, cmd, launcher, elements)
+
+
+def read_array_file(path: str) -> list[list[str]]:
+    """The arguments of each element of ``--array FILE``: a line each, split as a shell would.
+
+    Blank lines and lines starting with ``#`` are skipped.
+
+    Raises:
+        UsageError: the file cannot be read, a line cannot be split, or no line is left.
+    """
+    from slurmrun.cli.main import UsageError  # noqa: PLC0415
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as e:
+        raise UsageError(f"--array {path}: {e.strerror or e}") from e
+    elements = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            elements.append(shlex.split(line))
+        except ValueError as e:
+            raise UsageError(f"--array {path}, line {number}: {e}: {line!r}") from e
+    if not elements:
+        raise UsageError(f"--array {path} has no line of arguments: there is nothing to submit")
+    return elements
+
+
+def _submit_job(
+    args: argparse.Namespace, cmd: Any, launcher: Any, elements: list[list[str]] | None
+) -> int:
+    from submitit.core.utils import FailedJobError  # noqa: PLC0415
+
+    from slurmrun.batch import submit, submit_array  # noqa: PLC0415 - only this verb pays for it
+    from slurmrun.cli.script import run_script  # noqa: PLC0415
+
+    options = _job_options(args, launcher)
+    target = cmd.target if cmd.module else os.path.abspath(cmd.target)
+    kwargs = {"module": cmd.module}
+    lines = [[*cmd.script_args, *more] for more in elements or [[]]]  # each element's argv
+    calls = [(target, argv) for argv in lines]
+    try:
+        if elements is None:
+            made = submit(run_script, calls[0], kwargs, dry_run=cmd.dry_run, **options)
+        else:
+            parallel = args.max_parallel
+            made = submit_array(
+                run_script, calls, kwargs, max_parallel=parallel, dry_run=cmd.dry_run, **options
+            )
+    except (ValueError, TypeError) as e:
+        return _submit_error(str(e))
+    except (OSError, FailedJobError) as e:
+        print(f"slurmrun submit: {e}", file=sys.stderr)
+        return 1
+    if cmd.dry_run:
+        print(f"{made}\n{_what_runs(launcher, cmd, lines, elements is not None)}")
+        return 0
+    kind = "module" if cmd.module else "script"
+    for job, argv in zip(made if elements is not None else [made], lines, strict=True):
+        meta = job.files.meta()
+        meta["function"] = shlex.join([kind, cmd.target, *argv])
+        job.files.write_meta(meta)
+        print(job.job_id)
+    return 0
+
+
+def _job_options(args: argparse.Namespace, launcher: Any) -> dict[str, Any]:
+    """`slurmrun.submit`'s (and `submit_array`'s) keyword arguments from the options."""
+    params: dict[str, Any] = {"job_name": args.job_name}
+    for name in ("partition", "account", "mem"):
+        if getattr(args, name) is not None:
+            params[name] = getattr(args, name)
+    if args.sbatch:
+        params["additional_parameters"] = dict(args.sbatch)
+    return {
+        "launcher": launcher,
+        "folder": args.folder,
+        "nodes": args.nodes,
+        "gpus_per_node": args.gpus_per_node,
+        "workers_per_node": args.workers_per_node,
+        "cpus_per_worker": args.cpus_per_worker,
+        "time_min": args.time,
+        "slurm_parameters": params,
+        "requeue": not args.no_requeue,
+        "resources": args.resources,
+    }
+
+
+def _what_runs(launcher: Any, cmd: Any, lines: list[list[str]], array: bool) -> str:
+    """The dry run's last lines: the launch the job's batch step runs (each element's)."""
+    import dataclasses  # noqa: PLC0415
+
+    from slurmrun.launcher import Launcher  # noqa: PLC0415
+
+    default = Launcher()
+    changed = ", ".join(
+        f"{f.name}={getattr(launcher, f.name)!r}"
+        for f in dataclasses.fields(launcher)
+        if getattr(launcher, f.name) != getattr(default, f.name)
+    )
+    target = ["-m", cmd.target] if cmd.module else [os.path.abspath(cmd.target)]
+    head = f"# The job's batch step launches with slurmrun.Launcher({changed}); every worker runs:"
+    if not array:
+        return f"{head}\n#   {shlex.join([*target, *lines[0]])}"
+    runs = [f"#   element {k}: {shlex.join([*target, *argv])}" for k, argv in enumerate(lines)]
+    return "\n".join([head, *runs])
