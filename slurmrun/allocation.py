@@ -7,6 +7,7 @@ torch nor initialises CUDA, so it is cheap to import and safe to call before for
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import re
 import subprocess
@@ -27,6 +28,7 @@ __all__ = [
     "expand_counts",
     "job_node_index",
     "job_tasks_per_node",
+    "own_job_id",
     "parse_scontrol_gpus",
     "parse_scontrol_tasks",
     "preemption",
@@ -314,13 +316,18 @@ def scontrol_show_job(job_id: str, timeout: float = 10) -> str | None:
     return result.stdout if result.returncode == 0 else None
 
 
+# A launch fails seconds after SLURM terminates a preempted job's steps; an older PreemptTime
+# is left from an earlier suspension (PreemptMode=SUSPEND), which SLURM never clears.
+PREEMPTED_RECENTLY = 600.0
+
+
 @dataclass(frozen=True)
 class Preemption:
-    """A job that SLURM selected for preemption (``scontrol show job``).
+    """A job that SLURM is preempting (``scontrol show job``).
 
     Attributes:
-        job_id: the job.
-        time: when (``PreemptTime``).
+        job_id: the job (``<array id>_<task id>`` for an array task).
+        time: when SLURM selected it (``PreemptTime``).
         requeueable: whether SLURM may requeue it (``Requeue=1``: ``--requeue``, or the
             cluster's ``JobRequeue=1``).
     """
@@ -330,20 +337,46 @@ class Preemption:
     requeueable: bool
 
 
+def own_job_id(env: Mapping[str, str] | None = None) -> str | None:
+    """This process's job as scontrol and submitit name it (None outside a job).
+
+    ``<array id>_<task id>`` in an array task, whose ``SLURM_JOB_ID`` may be the array's id
+    (which names every task to scontrol); else ``SLURM_JOB_ID``.
+    """
+    env = os.environ if env is None else env
+    task = env.get("SLURM_ARRAY_TASK_ID")
+    if task and env.get("SLURM_ARRAY_JOB_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{task}"
+    return _job_id(env)
+
+
 def preemption(
-    job_id: str, scontrol: Callable[[str], str | None] | None = None
+    job_id: str,
+    scontrol: Callable[[str], str | None] | None = None,
+    now: datetime.datetime | None = None,
 ) -> Preemption | None:
-    """Whether SLURM selected job `job_id` for preemption (None: it did not, or no scontrol).
+    """Whether SLURM is preempting job `job_id` (None: it is not, or scontrol fails).
 
     With a partition's ``GraceTime``, a preempted job's steps (agents and workers) get SIGTERM
-    while the job runs on: a launch that fails then asks this (one ``scontrol`` call).
+    while the job runs on: a launch that fails then asks this (one ``scontrol`` call). Only a
+    ``PreemptTime`` of the last `PREEMPTED_RECENTLY` seconds counts.
+
+    Args:
+        job_id: the job (`own_job_id`).
+        scontrol: ``scontrol show job``'s output for a job id (default: run it).
+        now: the time to compare ``PreemptTime`` with (default: now; SLURM prints local time).
     """
-    text = (scontrol or scontrol_show_job)(job_id)
-    fields = dict(word.partition("=")[::2] for word in (text or "").split() if "=" in word)
-    when = fields.get("PreemptTime", "None")
-    if when in ("", "None", "Unknown"):
+    text = (scontrol or scontrol_show_job)(job_id) or ""
+    first = text.strip().split("\n\n")[0]  # an array's whole id lists every task after it
+    fields = dict(word.partition("=")[::2] for word in first.split() if "=" in word)
+    try:
+        when = datetime.datetime.fromisoformat(fields.get("PreemptTime", ""))
+    except ValueError:  # "None", "Unknown", or no such job
         return None
-    return Preemption(job_id, when, fields.get("Requeue") == "1")
+    age = ((now or datetime.datetime.now()) - when).total_seconds()
+    if not -60 <= age <= PREEMPTED_RECENTLY:  # a minute of clock skew between hosts
+        return None
+    return Preemption(job_id, fields["PreemptTime"], fields.get("Requeue") == "1")
 
 
 def expand_counts(value: str, variable: str) -> list[int]:

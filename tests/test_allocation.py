@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import subprocess
 import sys
@@ -678,16 +679,33 @@ def test_job_node_index_reads_only_the_job_node_list():
     assert allocation.job_node_index({}, "node1") is None
 
 
-def test_preemption_reads_preempt_time_and_requeue_from_scontrol():
+def test_preemption_reads_a_recent_preempt_time_and_requeue_from_scontrol():
+    now = datetime.datetime(2026, 11, 25, 6, 47)
     running = (
         "JobId=7 JobName=x JobState=RUNNING Requeue=1 Restarts=0\n"
         "   PreemptEligibleTime=2026-11-25T06:46:39 PreemptTime=None"
     )
     preempted = running.replace("PreemptTime=None", "PreemptTime=2026-11-25T06:46:46")
-    assert allocation.preemption("7", scontrol=lambda _: running) is None
-    assert allocation.preemption("7", scontrol=lambda _: None) is None  # no scontrol, no job
-    assert allocation.preemption("7", scontrol=lambda _: preempted) == allocation.Preemption(
-        "7", "2026-11-25T06:46:46", requeueable=True
-    )
-    never = preempted.replace("Requeue=1", "Requeue=0")
-    assert allocation.preemption("7", scontrol=lambda _: never).requeueable is False
+
+    def ask(text: str | None, at: datetime.datetime = now) -> allocation.Preemption | None:
+        return allocation.preemption("7", scontrol=lambda _: text, now=at)
+
+    assert ask(running) is None
+    assert ask(None) is None  # no scontrol, or no such job
+    assert ask(preempted) == allocation.Preemption("7", "2026-11-25T06:46:46", requeueable=True)
+    assert ask(preempted.replace("Requeue=1", "Requeue=0")).requeueable is False  # type: ignore[union-attr]
+    # Left from a suspension long ago (SLURM never clears it): not this failure's cause.
+    assert ask(preempted, now + datetime.timedelta(hours=1)) is None
+
+
+def test_preemption_of_an_array_task_reads_its_own_record_only():
+    # `scontrol show job <array id>` shows the task that has that id, then every other task.
+    mine = "JobId=480 ArrayJobId=480 ArrayTaskId=1 Requeue=1 PreemptTime=None"
+    other = "JobId=481 ArrayJobId=480 ArrayTaskId=0 Requeue=1 PreemptTime=2026-11-25T06:46:46"
+    now = datetime.datetime(2026, 11, 25, 6, 47)
+    text = f"{mine}\n\n{other}\n"
+    assert allocation.preemption("480", scontrol=lambda _: text, now=now) is None
+    env = {"SLURM_JOB_ID": "480", "SLURM_ARRAY_JOB_ID": "480", "SLURM_ARRAY_TASK_ID": "1"}
+    assert allocation.own_job_id(env) == "480_1"
+    assert allocation.own_job_id({"SLURM_JOB_ID": "7"}) == "7"
+    assert allocation.own_job_id({}) is None

@@ -359,7 +359,7 @@ def test_split_command_puts_a_verbs_own_options_apart() -> None:
     own = {"--nodes": True, "--no-requeue": False}
     argv = ["--nodes", "2", "--backend", "gloo", "--no-requeue", "--nodes=3", "-m", "pkg", "--x"]
     cmd = split_command(argv, own)
-    assert cmd.own_args == ["--nodes", "2", "--no-requeue", "--nodes=3"]
+    assert cmd.own_args == ["--nodes=2", "--no-requeue", "--nodes=3"]
     assert cmd.launcher_args == ["--backend", "gloo"]
     assert (cmd.target, cmd.module, cmd.script_args) == ("pkg", True, ["--x"])
 

@@ -222,7 +222,7 @@ def test_cli_submit_takes_launcher_options_a_module_and_any_sbatch_option(tmp_pa
     argv = [
         "submit", "--dry-run", "--nodes", "2", "--backend", "gloo", "--mem", "8G",
         "--extra-env-vars", "NCCL_DEBUG=INFO", "MY_*", "--sbatch", "constraint=a100",
-        "--timeout=30", "--sbatch", "exclusive", "--folder", str(tmp_path / "jobs"),
+        "--timeout=30", "--sbatch", "--exclusive", "--folder", str(tmp_path / "jobs"),
         "-m", "json.tool", "--nodes", "5",
     ]  # fmt: skip
     assert main(argv) == 0
@@ -244,7 +244,8 @@ def test_cli_submit_refuses_bad_options_before_submitting(tmp_path, capsys):
     script.write_text("raise AssertionError('must not run')\n")
     folder = ["--folder", str(tmp_path / "jobs")]
     for argv, message in (
-        (["--workers-per-node", "2", "--workers-per-host", "3"], "not both"),
+        (["--workers-per-host", "3"], "workers are its tasks; ask for them with --workers-per"),
+        (["--hostnames", "node1", "node2"], "runs on the nodes SLURM gives it"),
         (["--timeout", "0"], "timeout must be a positive number"),
         (["-m"], "-m must be followed by the script or module"),
         ([], "no script given"),
@@ -277,7 +278,8 @@ def test_cli_submit_array_runs_a_line_of_the_file_per_element(tmp_path, capsys):
     from slurmrun.cli.main import main
 
     sweep = tmp_path / "sweep.txt"
-    sweep.write_text('# the sweep\n--lr 0.1\n\n  --lr 0.2 --tag "a b"\n')
+    # A byte-order mark, comments, a blank line; quotes.
+    sweep.write_text('\ufeff# the sweep\n--lr 0.1  # the best\n\n  --lr 0.2 --tag "a b"\n')
     folder = ["--folder", str(tmp_path / "jobs")]
     argv = ["submit", "--dry-run", *folder, "--array", str(sweep), "--max-parallel", "1"]
     assert main([*argv, "-m", "json.tool", "--epochs", "2"]) == 0
@@ -298,11 +300,13 @@ def test_cli_submit_array_refuses_a_bad_file_before_submitting(tmp_path, capsys)
     script.write_text("raise AssertionError('must not run')\n")
     (tmp_path / "empty.txt").write_text("\n# only a comment\n")
     (tmp_path / "quote.txt").write_text('--lr 0.1\n--tag "a b\n')
+    (tmp_path / "latin1.txt").write_bytes(b"--name caf\xe9\n")
     folder = ["--folder", str(tmp_path / "jobs")]
     for argv, message in (
         (["--array", str(tmp_path / "missing.txt")], "No such file or directory"),
         (["--array", str(tmp_path / "empty.txt")], "has no line of arguments"),
         (["--array", str(tmp_path / "quote.txt")], "line 2: No closing quotation"),
+        (["--array", str(tmp_path / "latin1.txt")], "can't decode byte 0xe9"),
         (["--max-parallel", "2"], "--max-parallel needs --array FILE"),
     ):
         assert main(["submit", *folder, *argv, str(script)]) == 2, argv

@@ -149,8 +149,8 @@ def submit_array(
         executor.parameters["map_count"] = len(calls)  # what submitit sets for an array
         script = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
         return SubmitDryRun(script, {**spec.params, "map_count": len(calls)}, spec.base)
-    spec.make_folder()
-    submitted = executor.submit_array(job_calls)
+    with spec.submitting():
+        submitted = executor.submit_array(job_calls)
     handles: list[SubmittedLaunch[T]] = []
     for job in submitted:
         handle: SubmittedLaunch[T] = SubmittedLaunch(str(job.job_id), spec.base)

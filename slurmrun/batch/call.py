@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from slurmrun.allocation import preemption
+from slurmrun.allocation import own_job_id, preemption
 from slurmrun.batch.requeue import (
     REQUEUE_COUNT_VAR,
     REQUEUE_FLAG_VAR,
@@ -122,7 +122,7 @@ class JobCall:
         name = policy.signal_name if policy is not None else "SIGUSR2"
         signal.signal(signal.Signals[name], signal.SIG_IGN)
         os.environ[IGNORED_SIGNALS_VAR] = name
-        job_id = _job_id()
+        job_id = own_job_id() or ""  # `<array id>_<task id>` for an array task, as %j/%A_%a
         job_dir = os.path.join(self.folder, job_id)
         count = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
         os.environ[REQUEUE_COUNT_VAR] = str(count)
@@ -201,14 +201,6 @@ def _error(exc: Exception) -> Outcome:
         error_message=str(exc),
         traceback=f"{name}: {exc} (on {socket.gethostname()})",
     )
-
-
-def _job_id() -> str:
-    """This job's id as submitit names its folder (``%j``; ``%A_%a`` for an array task)."""
-    task = os.environ.get("SLURM_ARRAY_TASK_ID")
-    if task:
-        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{task}"
-    return os.environ["SLURM_JOB_ID"]
 
 
 class _RankFiles(logging.Handler):

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, overload
@@ -158,8 +159,8 @@ def submit(
     if dry_run:
         script = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
         return SubmitDryRun(script, job.params, job.base)
-    job.make_folder()
-    submitted = executor.submit(job.call())
+    with job.submitting():
+        submitted = executor.submit(job.call())
     handle: SubmittedLaunch[T] = SubmittedLaunch(str(submitted.job_id), job.base)
     handle.files.write_meta(job.meta(handle.job_id))
     return handle
@@ -254,16 +255,33 @@ class JobSpec:
         executor.update_parameters(**self.params, **more)
         return executor
 
-    def make_folder(self) -> None:
-        """Creates the folder to submit into.
+    @contextlib.contextmanager
+    def submitting(self) -> Iterator[None]:
+        """Creates the folder to submit into; if submitting fails, removes what it left there.
+
+        submitit writes the pickled calls and a batch script into the folder before it runs
+        sbatch; when sbatch refuses the job they would stay (and a folder made for nothing).
 
         Raises:
-            OSError: it cannot be created.
+            OSError: the folder cannot be created.
         """
+        existed = self.base.is_dir()
         try:
             self.base.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise OSError(e.errno, f"cannot create the job folder {self.base}: {e.strerror}") from e
+        before = set(os.listdir(self.base))
+        try:
+            yield
+        except BaseException:
+            for name in set(os.listdir(self.base)) - before:
+                if name.endswith(".pkl") or name.startswith(".submission_file_"):
+                    with contextlib.suppress(OSError):
+                        (self.base / name).unlink()
+            if not existed:
+                with contextlib.suppress(OSError):
+                    self.base.rmdir()  # only if empty
+            raise
 
     def call(self, func_args: Sequence[Any] | None = None) -> JobCall:
         """What the job runs (`func_args`: other positional arguments, for an array element)."""

@@ -145,10 +145,10 @@ def split_command(argv: list[str], own: Mapping[str, bool] | None = None) -> Com
             return cmd
         name = arg.split("=", 1)[0]
         if name in own:
-            cmd.own_args.append(arg)
-            if own[name] and "=" not in arg:
-                cmd.own_args.extend(argv[i : i + 1])
+            if own[name] and "=" not in arg and i < len(argv):
+                arg = f"{arg}={argv[i]}"  # so that argparse takes a value like "--exclusive"
                 i += 1
+            cmd.own_args.append(arg)
             continue
         cmd.launcher_args.append(arg)
         if "=" in arg or name not in arity:
@@ -174,7 +174,7 @@ def check_target(cmd: Command) -> None:
         UsageError: it does not.
     """
     if not cmd.target:
-        raise UsageError("no script given: slurmrun [options] SCRIPT.py [args...], or -m MODULE")
+        raise UsageError("no script given: name SCRIPT.py [args...], or -m MODULE [args...]")
     if cmd.module:
         top = cmd.target.partition(".")[0]
         # `python -m` looks in the working directory first.
@@ -277,10 +277,10 @@ def _requeue_if_preempted(status: int) -> int:
     return, the script would end and the job with it. So it requeues the job now, as SLURM
     would then (only a requeueable job), and SLURM ends this process.
     """
-    from slurmrun.allocation import preemption  # noqa: PLC0415
+    from slurmrun.allocation import own_job_id, preemption  # noqa: PLC0415
     from slurmrun.batch.requeue import requeue_this_job  # noqa: PLC0415
 
-    job_id = os.environ.get("SLURM_JOB_ID")
+    job_id = own_job_id()
     preempted = preemption(job_id) if job_id else None
     if preempted is None:
         return status

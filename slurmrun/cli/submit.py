@@ -3,8 +3,8 @@
 ``slurmrun submit [submit options] [launcher options] SCRIPT.py [args...]`` (or ``-m
 MODULE``) submits what ``slurmrun SCRIPT.py`` runs (`slurmrun.cli.script.run_script` on every
 worker) through `slurmrun.submit` and prints the job id; with ``--array FILE``, one job array
-through `slurmrun.submit_array`, whose element K adds line K of FILE to the script's
-arguments, and prints one id per element. ``slurmrun status|logs|cancel|jobs``
+through `slurmrun.submit_array`, whose element K adds the K-th line of arguments of FILE to
+the script's, and prints one id per element. ``slurmrun status|logs|cancel|jobs``
 (`slurmrun.cli.jobs`) follow them. Exit status: 0; 2 for bad options (nothing submitted); 1
 when sbatch refused the job (its message is printed).
 """
@@ -20,6 +20,13 @@ import textwrap
 from typing import Any
 
 from slurmrun.cli.jobs import DEFAULT_FOLDER, FOLDER_HELP
+from slurmrun.cli.main import (
+    UsageError,
+    check_target,
+    launcher_options,
+    parse_launcher,
+    split_command,
+)
 
 __all__ = ["main", "parse_time", "read_array_file"]
 
@@ -73,15 +80,13 @@ batch script and submits nothing."""
 
 def _submit_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
     """`slurmrun submit`'s own options, and for each whether it takes a value."""
-    from slurmrun.cli.main import launcher_options  # noqa: PLC0415
-
     parser = argparse.ArgumentParser(
         prog="slurmrun submit",
         usage=SUBMIT_USAGE,
         description=(
             "Submits `slurmrun SCRIPT.py [ARGS]` as a batch job and prints its job id; with "
-            "--array FILE, a job array whose element K adds line K of FILE to ARGS (blank and "
-            "# lines skipped), and prints one job id per element."
+            "--array FILE, a job array whose element K adds FILE's K-th line of arguments to "
+            "ARGS (# starts a comment; empty lines are skipped), and prints an id per element."
         ),
         epilog=textwrap.fill(
             SUBMIT_EPILOG.format(options=", ".join(launcher_options())), break_on_hyphens=False
@@ -117,7 +122,7 @@ def _submit_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
         "--array",
         default=None,
         metavar="FILE",
-        help="submit a job array: element K adds line K of FILE to the script's arguments",
+        help="submit a job array: element K adds FILE's K-th line of arguments to the script's",
     )
     add("--max-parallel", type=_positive, default=None, help="with --array: elements at once")
     add("--no-requeue", action="store_true", help="never requeue the job")
@@ -141,8 +146,6 @@ def _submit_error(message: str) -> int:
 
 def main(argv: list[str]) -> int:
     """``slurmrun submit ...`` (`argv`: after ``submit``); returns the exit status."""
-    from slurmrun.cli.main import UsageError, check_target, parse_launcher, split_command  # noqa: PLC0415
-
     parser, own = _submit_parser()
     try:
         cmd = split_command(argv, own)
@@ -155,6 +158,7 @@ def main(argv: list[str]) -> int:
     launcher = parse_launcher(cmd.launcher_args, prog="slurmrun submit")
     try:
         check_target(cmd)
+        _check_job_launcher(launcher)
         elements = None if args.array is None else read_array_file(args.array)
     except UsageError as e:
         return _submit_error(str(e))
@@ -163,29 +167,43 @@ def main(argv: list[str]) -> int:
     return _submit_job(args, cmd, launcher, elements)
 
 
-def read_array_file(path: str) -> list[list[str]]:
-    """The arguments of each element of ``--array FILE``: a line each, split as a shell would.
+def _check_job_launcher(launcher: Any) -> None:
+    """Refuses the launcher options that a batch job decides (its nodes, its tasks)."""
+    if launcher.hostnames != "auto":
+        raise UsageError(
+            f"--hostnames {launcher.hostnames!r}: a submitted job runs on the nodes SLURM gives "
+            "it; ask for them with --nodes (and --sbatch nodelist=... or constraint=...)"
+        )
+    if launcher.workers_per_host != "auto":
+        raise UsageError(
+            f"--workers-per-host {launcher.workers_per_host!r}: a submitted job's workers are "
+            "its tasks; ask for them with --workers-per-node"
+        )
 
-    Blank lines and lines starting with ``#`` are skipped.
+
+def read_array_file(path: str) -> list[list[str]]:
+    """The arguments of each element of ``--array FILE``: one line of FILE each.
+
+    A line is split into words as a shell splits them (quotes; no expansion); ``#`` starts a
+    comment, and lines left empty are skipped.
 
     Raises:
         UsageError: the file cannot be read, a line cannot be split, or no line is left.
     """
-    from slurmrun.cli.main import UsageError  # noqa: PLC0415
-
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             lines = f.read().splitlines()
-    except OSError as e:
-        raise UsageError(f"--array {path}: {e.strerror or e}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+        raise UsageError(f"--array {path}: {reason}") from e
     elements = []
     for number, line in enumerate(lines, 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
         try:
-            elements.append(shlex.split(line))
+            words = shlex.split(line, comments=True)
         except ValueError as e:
             raise UsageError(f"--array {path}, line {number}: {e}: {line!r}") from e
+        if words:
+            elements.append(words)
     if not elements:
         raise UsageError(f"--array {path} has no line of arguments: there is nothing to submit")
     return elements
@@ -200,10 +218,10 @@ def _submit_job(
     from slurmrun.cli.script import run_script  # noqa: PLC0415
 
     options = _job_options(args, launcher)
-    target = cmd.target if cmd.module else os.path.abspath(cmd.target)
+    target = ["-m", cmd.target] if cmd.module else [os.path.abspath(cmd.target)]
     kwargs = {"module": cmd.module}
     lines = [[*cmd.script_args, *more] for more in elements or [[]]]  # each element's argv
-    calls = [(target, argv) for argv in lines]
+    calls = [(target[-1], argv) for argv in lines]
     try:
         if elements is None:
             made = submit(run_script, calls[0], kwargs, dry_run=cmd.dry_run, **options)
@@ -214,18 +232,22 @@ def _submit_job(
             )
     except (ValueError, TypeError) as e:
         return _submit_error(str(e))
-    except (OSError, FailedJobError) as e:
+    except FailedJobError:  # submitit printed sbatch's message
+        print("slurmrun submit: sbatch refused the job; nothing was submitted", file=sys.stderr)
+        return 1
+    except OSError as e:
         print(f"slurmrun submit: {e}", file=sys.stderr)
         return 1
     if cmd.dry_run:
-        print(f"{made}\n{_what_runs(launcher, cmd, lines, elements is not None)}")
+        print(f"{made}\n{_what_runs(launcher, target, lines, elements is not None)}")
         return 0
     kind = "module" if cmd.module else "script"
-    for job, argv in zip(made if elements is not None else [made], lines, strict=True):
+    jobs = made if elements is not None else [made]
+    print("\n".join(job.job_id for job in jobs), flush=True)  # first: they are submitted
+    for job, argv in zip(jobs, lines, strict=True):
         meta = job.files.meta()
         meta["function"] = shlex.join([kind, cmd.target, *argv])
         job.files.write_meta(meta)
-        print(job.job_id)
     return 0
 
 
@@ -251,7 +273,7 @@ def _job_options(args: argparse.Namespace, launcher: Any) -> dict[str, Any]:
     }
 
 
-def _what_runs(launcher: Any, cmd: Any, lines: list[list[str]], array: bool) -> str:
+def _what_runs(launcher: Any, target: list[str], lines: list[list[str]], array: bool) -> str:
     """The dry run's last lines: the launch the job's batch step runs (each element's)."""
     import dataclasses  # noqa: PLC0415
 
@@ -263,7 +285,6 @@ def _what_runs(launcher: Any, cmd: Any, lines: list[list[str]], array: bool) -> 
         for f in dataclasses.fields(launcher)
         if getattr(launcher, f.name) != getattr(default, f.name)
     )
-    target = ["-m", cmd.target] if cmd.module else [os.path.abspath(cmd.target)]
     head = f"# The job's batch step launches with slurmrun.Launcher({changed}); every worker runs:"
     if not array:
         return f"{head}\n#   {shlex.join([*target, *lines[0]])}"

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from slurmrun.allocation import SlurmAllocation, preemption
+from slurmrun.allocation import SlurmAllocation, own_job_id, preemption
 from slurmrun.errors import (
     AgentFailedError,
     RemoteTraceback,
@@ -158,14 +158,13 @@ def note_preemption(exc: BaseException, alloc: SlurmAllocation | None) -> bool:
     workers) but lets the job run on until the grace ends: restarting the workers then is
     pointless, and the error alone (an agent killed by SIGTERM) would not say why.
     """
-    if alloc is None:
-        return False
-    preempted = preemption(alloc.job_id)
+    job_id = own_job_id() if alloc is not None else None
+    preempted = preemption(job_id) if job_id else None
     if preempted is None:
         return False
     add_note(
         exc,
-        f"slurmrun: SLURM preempted job {alloc.job_id} at {preempted.time} and terminated its "
+        f"slurmrun: SLURM preempted job {job_id} at {preempted.time} and terminated its "
         "steps (the agents and workers among them); the launch is not restarted",
     )
     return True

@@ -500,11 +500,11 @@ def preemption_grace(seconds: int) -> Iterator[None]:
         update(0)
 
 
-def preempt_debug_jobs(tmp_path: Path) -> None:
+def preempt_debug_jobs(tmp_path: Path, cluster: SlurmCluster) -> None:
     """Submits a job of the `urgent` partition that needs every node: SLURM preempts (with
     PreemptMode=REQUEUE) the jobs of `debug` that run there. It sleeps 1 s and ends."""
     _run(
-        ["sbatch", "--partition=urgent", "--nodes=3", "--exclusive", "--time=1",
+        ["sbatch", "--partition=urgent", f"--nodes={cluster.num_nodes}", "--exclusive", "--time=1",
          f"--job-name={JOB_NAME}", f"--output={tmp_path / 'urgent.out'}", "--wrap", "sleep 1"],
         timeout=30, check=True, cwd=tmp_path,
     )  # fmt: skip

@@ -186,13 +186,17 @@ def test_submit_a_module_with_launcher_options(slurm_cluster, tmp_path):
     assert listed[1].endswith("module proj.train --nodes 9")
 
 
-def test_a_job_sbatch_refuses_exits_1_with_its_reason(slurm_cluster, tmp_path, script):
-    done = slurmrun(tmp_path, "submit", "--sbatch", "constraint=nosuch", script)
+@pytest.mark.parametrize("array", [False, True])
+def test_a_job_sbatch_refuses_exits_1_with_its_reason(slurm_cluster, tmp_path, script, array):
+    (tmp_path / "sweep.txt").write_text("--lr 1\n--lr 2\n")
+    more = ["--array", "sweep.txt"] if array else []
+    done = slurmrun(tmp_path, "submit", *more, "--sbatch", "constraint=nosuch", script)
     assert done.returncode == 1
-    assert "slurmrun submit: sbatch: error: Batch job submission failed: Invalid feature" in (
-        done.stderr
-    )
-    assert slurmrun(tmp_path, "jobs").stdout.split() == ["JOBID", "STATE", "SUBMITTED", "WHAT"]
+    reason = "sbatch: error: Batch job submission failed: Invalid feature specification"
+    assert done.stderr.count(reason) == 1, done.stderr
+    assert "slurmrun submit: sbatch refused the job; nothing was submitted" in done.stderr
+    assert done.stdout == ""
+    assert not (tmp_path / "slurmrun_jobs").exists()  # nor the files submitit wrote for it
 
 
 def test_submit_an_array_of_script_runs(slurm_cluster, tmp_path, script):

@@ -82,7 +82,7 @@ def test_slurmrun_in_a_batch_script_requeues_its_preempted_job(slurm_cluster, tm
     with preemption_grace(20):
         job_id = _submit(tmp_path, script, "--requeue")
         _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
-        preempt_debug_jobs(tmp_path)
+        preempt_debug_jobs(tmp_path, slurm_cluster)
         _wait_for(lambda: scontrol_job(job_id)["Restarts"] == "1", 60, "the requeue", job_id)
     _wait_for(
         lambda: scontrol_job(job_id)["JobState"] == "COMPLETED", 120, "the second run", job_id
@@ -101,7 +101,7 @@ def test_launch_says_its_job_was_preempted_and_does_not_restart(slurm_cluster, t
     with preemption_grace(20):
         job_id = _submit(tmp_path, f"{sys.executable} driver.py\n", "--no-requeue")
         _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
-        preempt_debug_jobs(tmp_path)
+        preempt_debug_jobs(tmp_path, slurm_cluster)
         _wait_for(lambda: "raised" in (tmp_path / "job.out").read_text(), 60, "the error", job_id)
     out = (tmp_path / "job.out").read_text()
     assert f"slurmrun: SLURM preempted job {job_id} at " in out

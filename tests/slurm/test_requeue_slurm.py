@@ -206,7 +206,7 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
         )
         with cancelled_on_failure(job):
             _wait_ready(ready)
-            preempt_debug_jobs(tmp_path)
+            preempt_debug_jobs(tmp_path, slurm_cluster)
             _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
     with cancelled_on_failure(job):
         result = job.result(timeout=150, poll=1.0)
@@ -229,7 +229,7 @@ def test_a_job_preempted_past_its_requeue_cap_fails_clearly(slurm_cluster, funcs
         )
         with cancelled_on_failure(job):
             _wait_ready(ready)
-            preempt_debug_jobs(tmp_path)
+            preempt_debug_jobs(tmp_path, slurm_cluster)
             with pytest.raises(
                 slurmrun.batch.RequeueLimitError, match=r"was preempted after 0 requeues"
             ):
