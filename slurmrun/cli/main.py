@@ -25,6 +25,8 @@ __all__ = [
     "PRELOAD_VAR",
     "Command",
     "UsageError",
+    "check_target",
+    "launcher_options",
     "main",
     "parse_launcher",
     "split_command",
