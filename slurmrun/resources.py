@@ -7,8 +7,8 @@ A preset is a `Resources` object registered under a name in the entry-point grou
     gpu_x8 = "my_cluster.presets:GPU_X8"
 
 ``slurmrun.submit(f, resources="gpu_x8")`` then asks for its nodes, GPUs, CPUs, memory and
-partition. Arguments of `submit` given with other values than their defaults win over the
-preset's, and ``slurm_parameters`` win over its memory and partition.
+partition. Arguments of `submit` that are given win over the preset's, and
+``slurm_parameters`` win over its memory and partition.
 """
 
 from __future__ import annotations
@@ -61,18 +61,20 @@ def named_resources() -> dict[str, Resources]:
 
 def apply(
     name: str | None,
-    nodes: int,
+    nodes: int | None,
     gpus_per_node: int | None,
-    cpus_per_worker: int,
+    cpus_per_worker: int | None,
     slurm_parameters: dict[str, Any] | None,
 ) -> tuple[int, int | None, int, dict[str, Any] | None]:
-    """`submit`'s arguments with preset `name` filled in (None: unchanged).
+    """`submit`'s arguments with preset `name` filled in where they were not given (None).
+
+    Without a preset, nodes and CPUs not given are 1.
 
     Raises:
         ValueError: no installed package provides `name`.
     """
     if name is None:
-        return nodes, gpus_per_node, cpus_per_worker, slurm_parameters
+        return nodes or 1, gpus_per_node, cpus_per_worker or 1, slurm_parameters
     presets = named_resources()
     if name not in presets:
         raise ValueError(
@@ -87,8 +89,8 @@ def apply(
         **(slurm_parameters or {}),
     }
     return (
-        nodes if nodes != 1 else preset.nodes,
-        gpus_per_node if gpus_per_node is not None else preset.gpus_per_node,
-        cpus_per_worker if cpus_per_worker != 1 else preset.cpus_per_worker,
+        preset.nodes if nodes is None else nodes,
+        preset.gpus_per_node if gpus_per_node is None else gpus_per_node,
+        preset.cpus_per_worker if cpus_per_worker is None else cpus_per_worker,
         params,
     )

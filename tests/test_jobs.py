@@ -157,6 +157,16 @@ def test_array_dry_run_shows_the_array_and_submits_nothing(tmp_path):
         slurmrun.submit_array(print, [(1,), (threading.Lock(),)], folder=folder, dry_run=True)
 
 
+def test_a_launchers_workers_per_host_are_the_jobs_tasks(tmp_path):
+    launcher = slurmrun.Launcher(workers_per_host=3)
+    dry = slurmrun.submit(print, launcher=launcher, nodes=2, folder=tmp_path, dry_run=True)
+    assert "#SBATCH --ntasks-per-node=3\n" in str(dry)
+    with pytest.raises(ValueError, match="every node of a submitted job runs the same number"):
+        slurmrun.submit(print, launcher=slurmrun.Launcher(workers_per_host=[1, 2]), dry_run=True)
+    with pytest.raises(ValueError, match="not both"):
+        slurmrun.submit(print, launcher=launcher, workers_per_node=2, dry_run=True)
+
+
 def test_requeue_count_and_request_outside_a_job(monkeypatch, tmp_path):
     from slurmrun.batch import requeue_count
 

@@ -150,8 +150,10 @@ def test_named_resources_reach_the_batch_script(site: Path, tmp_path: Path) -> N
         except ValueError as e:
             error = str(e)
         array = slurmrun.submit_array(print, [(1,), (2,)], resources="gpu_x8", dry_run=True)
+        one = slurmrun.submit(print, resources="gpu_x8", nodes=1, cpus_per_worker=1, dry_run=True)
         print(json.dumps({"names": sorted(named_resources()), "script": str(dry),
-                          "mine": mine.parameters, "error": error, "array": str(array)}))
+                          "mine": mine.parameters, "error": error, "array": str(array),
+                          "one": one.parameters}))
         """,
     )
     assert out["names"] == ["cpu_small", "gpu_x8"]
@@ -166,6 +168,9 @@ def test_named_resources_reach_the_batch_script(site: Path, tmp_path: Path) -> N
         assert line in script
         assert line in str(out["array"])
     assert "#SBATCH --array=0-1%2" in str(out["array"])
+    one = out["one"]  # given, even at the defaults' values: they win over the preset's
+    assert isinstance(one, dict)
+    assert (one["nodes"], one["cpus_per_task"], one["gpus_per_node"]) == (1, 1, 8)
     mine = out["mine"]
     assert isinstance(mine, dict)
     assert mine["nodes"] == 3 and mine["partition"] == "debug" and mine["mem"] == "500G"

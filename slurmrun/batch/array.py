@@ -25,10 +25,10 @@ def submit_array(
     *,
     launcher: Launcher | None = ...,
     folder: str | os.PathLike[str] = ...,
-    nodes: int = ...,
+    nodes: int | None = ...,
     gpus_per_node: int | None = ...,
     workers_per_node: int | None = ...,
-    cpus_per_worker: int = ...,
+    cpus_per_worker: int | None = ...,
     time_min: int = ...,
     max_parallel: int | None = ...,
     slurm_parameters: dict[str, Any] | None = ...,
@@ -46,10 +46,10 @@ def submit_array(
     *,
     launcher: Launcher | None = ...,
     folder: str | os.PathLike[str] = ...,
-    nodes: int = ...,
+    nodes: int | None = ...,
     gpus_per_node: int | None = ...,
     workers_per_node: int | None = ...,
-    cpus_per_worker: int = ...,
+    cpus_per_worker: int | None = ...,
     time_min: int = ...,
     max_parallel: int | None = ...,
     slurm_parameters: dict[str, Any] | None = ...,
@@ -66,10 +66,10 @@ def submit_array(
     *,
     launcher: Launcher | None = None,
     folder: str | os.PathLike[str] = "slurmrun_jobs",
-    nodes: int = 1,
+    nodes: int | None = None,
     gpus_per_node: int | None = None,
     workers_per_node: int | None = None,
-    cpus_per_worker: int = 1,
+    cpus_per_worker: int | None = None,
     time_min: int = 60,
     max_parallel: int | None = None,
     slurm_parameters: dict[str, Any] | None = None,
@@ -89,10 +89,10 @@ def submit_array(
         func_kwargs: keyword arguments, the same for every element.
         launcher: the launch options (default: ``Launcher()``).
         folder: the folder to submit into; element K's files go to ``folder/<id>_<K>/``.
-        nodes: number of nodes of each element.
+        nodes: number of nodes of each element (None: the preset's, else 1).
         gpus_per_node: GPUs on each node (None: none).
         workers_per_node: workers on each node (default: `gpus_per_node`, else 1).
-        cpus_per_worker: CPUs for each worker.
+        cpus_per_worker: CPUs for each worker (None: the preset's, else 1).
         time_min: each element's time limit in minutes.
         max_parallel: at most this many elements run at once (SLURM's ``--array=...%N``;
             default: all).

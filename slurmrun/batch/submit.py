@@ -51,10 +51,10 @@ def submit(
     *,
     launcher: Launcher | None = ...,
     folder: str | os.PathLike[str] = ...,
-    nodes: int = ...,
+    nodes: int | None = ...,
     gpus_per_node: int | None = ...,
     workers_per_node: int | None = ...,
-    cpus_per_worker: int = ...,
+    cpus_per_worker: int | None = ...,
     time_min: int = ...,
     slurm_parameters: dict[str, Any] | None = ...,
     requeue: bool | Requeue = ...,
@@ -71,10 +71,10 @@ def submit(
     *,
     launcher: Launcher | None = ...,
     folder: str | os.PathLike[str] = ...,
-    nodes: int = ...,
+    nodes: int | None = ...,
     gpus_per_node: int | None = ...,
     workers_per_node: int | None = ...,
-    cpus_per_worker: int = ...,
+    cpus_per_worker: int | None = ...,
     time_min: int = ...,
     slurm_parameters: dict[str, Any] | None = ...,
     requeue: bool | Requeue = ...,
@@ -90,10 +90,10 @@ def submit(
     *,
     launcher: Launcher | None = None,
     folder: str | os.PathLike[str] = "slurmrun_jobs",
-    nodes: int = 1,
+    nodes: int | None = None,
     gpus_per_node: int | None = None,
     workers_per_node: int | None = None,
-    cpus_per_worker: int = 1,
+    cpus_per_worker: int | None = None,
     time_min: int = 60,
     slurm_parameters: dict[str, Any] | None = None,
     requeue: bool | Requeue = True,
@@ -116,10 +116,10 @@ def submit(
         launcher: the launch options (default: ``Launcher()``).
         folder: the folder to submit into; the job's files go to ``folder/<job id>/``
             (a trailing ``/%j`` is accepted). It must be on a filesystem the nodes share.
-        nodes: number of nodes.
+        nodes: number of nodes (None: the preset's, else 1).
         gpus_per_node: GPUs on each node (None: none).
         workers_per_node: workers on each node (default: `gpus_per_node`, else 1).
-        cpus_per_worker: CPUs for each worker.
+        cpus_per_worker: CPUs for each worker (None: the preset's, else 1).
         time_min: the job's time limit in minutes.
         slurm_parameters: more ``submitit.SlurmExecutor`` parameters (``partition``,
             ``account``, ``mem``, ``job_name``, ``additional_parameters``...).
@@ -128,7 +128,7 @@ def submit(
             the launch runs again in the same job id (``SLURMRUN_REQUEUE_COUNT`` counts the
             requeues). True: ``Requeue()`` (SIGUSR2, 90 s, at most 3); False: never.
         resources: a named preset of an installed package (`slurmrun.resources`): its nodes,
-            GPUs, CPUs, memory and partition, for the arguments left at their defaults.
+            GPUs, CPUs, memory and partition, for the arguments not given.
         dry_run: return the batch script that would be submitted; submit nothing.
 
     Returns:
@@ -208,11 +208,19 @@ class JobSpec:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if workers_per_node is not None and launcher.workers_per_host != "auto":
+        asked = launcher.workers_per_host
+        if workers_per_node is not None and asked != "auto":
             raise ValueError(
                 "pass workers_per_node or launcher.workers_per_host, not both "
-                f"(got {workers_per_node} and {launcher.workers_per_host!r})"
+                f"(got {workers_per_node} and {asked!r})"
             )
+        if isinstance(asked, list | tuple):
+            raise ValueError(  # noqa: TRY004 - a list is right for launch(), not here
+                f"launcher.workers_per_host={asked!r}: every node of a submitted job runs the "
+                "same number of workers; pass workers_per_node"
+            )
+        if isinstance(asked, int):  # the job's tasks: sbatch must be asked for them
+            workers_per_node = asked
         if not isinstance(requeue, bool | Requeue):
             raise TypeError(f"requeue must be a bool or a Requeue, got {requeue!r}")
         policy = Requeue() if requeue is True else requeue or None

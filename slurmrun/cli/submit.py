@@ -100,10 +100,10 @@ def _submit_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
         parser.add_argument(flag, **kwargs)
         own[flag] = kwargs.get("action") != "store_true"
 
-    add("--nodes", type=_positive, default=1)
+    add("--nodes", type=_positive, default=None, help="default: the preset's, or 1")
     add("--gpus-per-node", type=_positive, default=None)
     add("--workers-per-node", type=_positive, default=None, help="default: GPUs per node, or 1")
-    add("--cpus-per-worker", type=_positive, default=1)
+    add("--cpus-per-worker", type=_positive, default=None, help="default: the preset's, or 1")
     add("--mem", default=None, help="memory per node, as sbatch takes it (e.g. 64G)")
     add("--partition", default=None)
     add("--account", default=None)

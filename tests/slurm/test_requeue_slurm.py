@@ -189,14 +189,14 @@ def test_an_array_of_multi_node_launches_returns_each_elements_result(
     assert [(j.job_id, j.state) for j in listed] == [(j.job_id, "COMPLETED") for j in jobs]
 
 
-@pytest.mark.parametrize("grace", [20, 0])
 def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
-    slurm_cluster, funcs, tmp_path, grace
+    slurm_cluster, funcs, tmp_path
 ):
-    # GraceTime>0: the steps get SIGTERM and the launch fails while the job still runs; the
-    # batch step must requeue it (SLURM would end it COMPLETED). 0: SLURM requeues it at once.
+    # With a GraceTime the steps get SIGTERM and the launch fails while the job still runs:
+    # the batch step must requeue it (SLURM would end it COMPLETED). With GraceTime=0 SLURM
+    # kills and requeues the job itself (seen by hand; not run here, to spare the suite 60 s).
     ready = tmp_path / "ready"
-    with preemption_grace(grace):
+    with preemption_grace(20):
         job = slurmrun.submit(
             funcs.preemptible_counter,
             (str(tmp_path / "checkpoint"), str(ready)),
@@ -213,7 +213,7 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     assert result.values() == [(1, 42), (1, 42)]
     assert scontrol_job(job.job_id)["Restarts"] == "1"
     err = (tmp_path / "jobs" / job.job_id / f"{job.job_id}_0_log.err").read_text()
-    assert ("this run will be requeued" in err) == (grace > 0)
+    assert "this run will be requeued" in err
 
 
 def test_a_job_preempted_past_its_requeue_cap_fails_clearly(slurm_cluster, funcs, tmp_path):
