@@ -189,12 +189,11 @@ def test_an_array_of_multi_node_launches_returns_each_elements_result(
     assert [(j.job_id, j.state) for j in listed] == [(j.job_id, "COMPLETED") for j in jobs]
 
 
-def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
-    slurm_cluster, funcs, tmp_path
-):
-    # With a GraceTime the steps get SIGTERM and the launch fails while the job still runs:
-    # the batch step must requeue it (SLURM would end it COMPLETED). With GraceTime=0 SLURM
-    # kills and requeues the job itself (seen by hand; not run here, to spare the suite 60 s).
+@contextlib.contextmanager
+def preempted_job(
+    funcs: Any, tmp_path: Path, cluster: Any, **more: Any
+) -> Iterator[slurmrun.SubmittedLaunch[Any]]:
+    """A 2-node job of `preemptible_counter`, preempted (GraceTime 20 s) once both ranks run."""
     ready = tmp_path / "ready"
     with preemption_grace(20):
         job = slurmrun.submit(
@@ -203,11 +202,22 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
             nodes=2,
             folder=tmp_path / "jobs",
             time_min=10,
+            **more,
         )
         with cancelled_on_failure(job):
             _wait_ready(ready)
-            preempt_debug_jobs(tmp_path, slurm_cluster)
-            _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
+            preempt_debug_jobs(tmp_path, cluster)
+            yield job
+
+
+def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
+    slurm_cluster, funcs, tmp_path
+):
+    # With a GraceTime the steps get SIGTERM and the launch fails while the job still runs:
+    # the batch step must requeue it (SLURM would end it COMPLETED). With GraceTime=0 SLURM
+    # kills and requeues the job itself (seen by hand; not run here, to spare the suite 60 s).
+    with preempted_job(funcs, tmp_path, slurm_cluster) as job:
+        _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
     with cancelled_on_failure(job):
         result = job.result(timeout=150, poll=1.0)
     assert result.values() == [(1, 42), (1, 42)]
@@ -217,20 +227,9 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
 
 
 def test_a_job_preempted_past_its_requeue_cap_fails_clearly(slurm_cluster, funcs, tmp_path):
-    ready = tmp_path / "ready"
-    with preemption_grace(20):
-        job = slurmrun.submit(
-            funcs.preemptible_counter,
-            (str(tmp_path / "checkpoint"), str(ready)),
-            nodes=2,
-            folder=tmp_path / "jobs",
-            time_min=10,
-            requeue=slurmrun.Requeue(max_requeues=0),
-        )
-        with cancelled_on_failure(job):
-            _wait_ready(ready)
-            preempt_debug_jobs(tmp_path, slurm_cluster)
-            with pytest.raises(
-                slurmrun.batch.RequeueLimitError, match=r"was preempted after 0 requeues"
-            ):
-                job.result(timeout=90, poll=0.5)
+    limit = slurmrun.Requeue(max_requeues=0)
+    with (
+        preempted_job(funcs, tmp_path, slurm_cluster, requeue=limit) as job,
+        pytest.raises(slurmrun.batch.RequeueLimitError, match=r"was preempted after 0 requeues"),
+    ):
+        job.result(timeout=90, poll=0.5)
