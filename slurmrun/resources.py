@@ -74,7 +74,9 @@ def apply(
         ValueError: no installed package provides `name`.
     """
     if name is None:
-        return nodes or 1, gpus_per_node, cpus_per_worker or 1, slurm_parameters
+        nodes = 1 if nodes is None else nodes  # 0 stays 0: the caller's check refuses it
+        cpus_per_worker = 1 if cpus_per_worker is None else cpus_per_worker
+        return nodes, gpus_per_node, cpus_per_worker, slurm_parameters
     presets = named_resources()
     if name not in presets:
         raise ValueError(

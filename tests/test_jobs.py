@@ -157,6 +157,14 @@ def test_array_dry_run_shows_the_array_and_submits_nothing(tmp_path):
         slurmrun.submit_array(print, [(1,), (threading.Lock(),)], folder=folder, dry_run=True)
 
 
+@pytest.mark.parametrize("name", ["nodes", "cpus_per_worker"])
+def test_a_count_of_zero_is_refused_not_taken_as_not_given(name):
+    with pytest.raises(ValueError, match=f"{name} must be a positive int, got 0"):
+        slurmrun.submit(print, dry_run=True, **{name: 0})
+    with pytest.raises(ValueError, match=f"{name} must be a positive int, got 0"):
+        slurmrun.submit_array(print, [(1,)], dry_run=True, **{name: 0})
+
+
 def test_a_launchers_workers_per_host_are_the_jobs_tasks(tmp_path):
     launcher = slurmrun.Launcher(workers_per_host=3)
     dry = slurmrun.submit(print, launcher=launcher, nodes=2, folder=tmp_path, dry_run=True)
