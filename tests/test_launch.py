@@ -559,6 +559,36 @@ def test_the_secret_is_nowhere_in_a_worker_or_its_spawner(monkeypatch, tmp_path,
 # (test_a_recorded_handshake_answer_replayed_against_a_new_challenge_is_refused).
 
 
+@pytest.mark.parametrize("padding", [0, 4000, 40000])  # how large the environment block is
+def test_a_forgotten_variable_leaves_no_copy_in_memory(padding):
+    """forget_variable (what the spawner does with the secret) leaves no byte of the value in
+    the process, freed memory included: a copy of the environment block, once freed, kept it
+    (seen in CI, where a large environment made the freed block outlive the spawner's few
+    allocations; the launch test above caught it only some of the time)."""
+    forgotten, kept = transport.new_secret().hex(), transport.new_secret().hex()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, slurmrun.node.spawner as s; s.forget_variable('FORGOTTEN');"
+            " print(flush=True); sys.stdin.read()",
+        ],
+        env={**os.environ, "FORGOTTEN": forgotten, "KEPT": kept, "PADDING": "x" * padding},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"\n"
+        halves = (forgotten[:32].encode(), forgotten[32:].encode())
+        assert _memory_holding(child.pid, [halves]) == []
+        with open(f"/proc/{child.pid}/environ", "rb") as f:
+            assert b"FORGOTTEN" not in f.read()
+        # the scan finds what was not forgotten: an empty answer above means something
+        assert _memory_holding(child.pid, [(kept[:32].encode(), kept[32:].encode())])
+    finally:
+        child.communicate(timeout=10)
+
+
 # ---------------------------------------------------------------- tests: interrupts
 
 

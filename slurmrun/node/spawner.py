@@ -66,18 +66,23 @@ def _scrub_exec_environment(name: str) -> None:
     """Blanks out `name` in the environment block this process was exec'd with.
 
     unsetenv() leaves the original block untouched, and that block is what /proc/<pid>/environ
-    shows, here and in every process forked from here. Best effort: Linux only.
+    shows, here and in every process forked from here. The block is walked in place: a copy
+    of it (``ctypes.string_at``) would be a bytes object whose freed memory keeps the value.
+    Best effort: Linux only.
     """
-    with contextlib.suppress(OSError, ValueError, IndexError):
+    prefix = os.fsencode(name) + b"="
+    with contextlib.suppress(OSError, ValueError, IndexError, AttributeError):
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[47]), int(fields[48])  # env_start, env_end (man 5 proc)
-        block = ctypes.string_at(start, end - start)
-        prefix = name.encode() + b"="
-        at = 0 if block.startswith(prefix) else block.find(b"\0" + prefix) + 1
-        if at == 0 and not block.startswith(prefix):
-            return  # not there
-        ctypes.memset(start + at, 0, block.index(b"\0", at) - at)  # name=value, all of it
+        at, end = int(fields[47]), int(fields[48])  # env_start, env_end (man 5 proc)
+        strnlen = ctypes.CDLL(None).strnlen
+        strnlen.restype = ctypes.c_size_t
+        strnlen.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        while at < end:
+            length = strnlen(at, end - at)
+            if length >= len(prefix) and ctypes.string_at(at, len(prefix)) == prefix:
+                ctypes.memset(at, 0, length)  # name=value, all of it
+            at += length + 1
 
 
 def forget_variable(name: str) -> None:
