@@ -17,6 +17,9 @@ One agent's life, as the launcher sees it::
            <------------------  END                        |
     IDLE   ------------------>            (workers gone)  /
            <------------------  CLOSE     (or the connection closes, or the launcher is silent)
+
+At any time an agent may say TERMINATING: SLURM is ending its step, and its workers (which got
+SLURM's SIGTERM too) have until SLURM's kill, not the launcher's short grace, to exit.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ __all__ = [
     "STARTED",
     "STOP",
     "STREAM",
+    "TERMINATING",
     "Died",
     "Hello",
     "Idle",
@@ -73,6 +77,13 @@ IGNORED_SIGNALS_VAR = "SLURMRUN_IGNORED_SIGNALS"
 # Heartbeats (each way) per heartbeat timeout: the interval is the timeout divided by this.
 HEARTBEATS_PER_TIMEOUT = 5
 
+# SLURM ends a step (preemption with a GraceTime, the time limit, scancel) with SIGTERM to
+# every process of the step, workers included, and SIGKILL after the GraceTime or KillWait.
+# The agent then waits for its workers (to checkpoint) without signalling them again, for up
+# to this long (SLURM's kill normally comes first; `scancel --signal=TERM` sends none), and
+# the launcher waits for such an agent as long.
+SLURM_TERM_WAIT = 900.0
+
 # ------------------------------------------------------------ message kinds
 # launcher -> agent
 START = "start"  # `Start`, with the pickled call as body: fork the workers of one run
@@ -85,6 +96,7 @@ STARTED = "started"  # "pids": the run's workers' process ids, by local rank
 IDLE = "idle"  # `Idle`: the run's workers are gone and their output was forwarded
 DONE = "done"  # every worker of the run exited, and its result and output were forwarded
 DIED = "died"  # `Died`: a worker exited without a result
+TERMINATING = "terminating"  # SLURM is ending this step (SIGTERM): see SLURM_TERM_WAIT
 # worker -> agent -> launcher (the agent adds "local_rank")
 LOG = "log"  # stream ("stdout", "stderr", "logging"), level, msg; end; name (logging)
 RESULT = "result"  # the pickled return value; "streamed": true if it came on its own connection

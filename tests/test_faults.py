@@ -554,6 +554,22 @@ def test_sigusr1_and_sigusr2_to_the_agent_reach_every_worker(tmp_path: Path) -> 
     assert result["values"] == ["SIGUSR1,SIGUSR2", "SIGUSR1,SIGUSR2"]
 
 
+def sigterm_the_spawner() -> tuple[bool, int]:
+    """On a worker: SIGTERMs its spawner (as SLURM does every process of a step it ends)."""
+    spawner = os.getppid()
+    os.kill(spawner, signal.SIGTERM)
+    time.sleep(0.5)
+    return psutil.pid_exists(spawner), signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_sigterm_to_the_spawner_leaves_its_workers_running() -> None:
+    # Had the spawner died of it, PDEATHSIG would have killed its workers at once, with none
+    # of the time SLURM gives a step it ends (GraceTime, KillWait) to checkpoint.
+    result = slurmrun.launch(sigterm_the_spawner, workers_per_host=1, backend=None)
+    # ... and workers still die of SIGTERM unless they install a handler
+    assert result.values() == [(True, True)]
+
+
 # ---------------------------------------------------------------- leaks on error paths
 
 

@@ -151,6 +151,19 @@ def worker_died(where: WorkerPlace, header: dict[str, Any]) -> WorkerFailedError
     )
 
 
+def step_ended(where: WorkerPlace, died: WorkerFailedError) -> AgentFailedError:
+    """The error for a worker killed by the SIGTERM with which SLURM ends its step."""
+    error = AgentFailedError(
+        f"the agent on {where.hostname} failed: SLURM is ending its step (SIGTERM: scancel, the "
+        f"job's time limit, or preemption), and {died}",
+        hostname=where.hostname,
+        stderr_tail=died.stderr_tail,
+        log_file=died.log_file,
+    )
+    error.__cause__ = died
+    return error
+
+
 def note_preemption(exc: BaseException, alloc: SlurmAllocation | None) -> bool:
     """Whether `exc` ended a launch in a job that SLURM preempts (a note on `exc` says so).
 

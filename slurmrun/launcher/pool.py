@@ -13,6 +13,7 @@ thread from the listener's single event queue.
 from __future__ import annotations
 
 import contextlib
+import logging
 import queue
 import re
 import shutil
@@ -38,6 +39,7 @@ DRAIN_TIMEOUT = 2.0
 # Once agents closed their connections, how long their processes (or srun) may take to exit.
 STOP_WAIT = 1.0
 TICK = 0.05
+log = logging.getLogger("slurmrun")
 _SRUN_TASK_EXIT = re.compile(r"srun: error: (\S+): task \d+: Exited with exit code (\d+)")
 
 
@@ -84,6 +86,7 @@ class AgentPool:
         self._by_conn: dict[int, PoolAgent] = {}
         self._exited_at: dict[int | None, float] = {}
         self._dead: set[int] = set()  # node ranks declared dead (no heartbeat): not waited for
+        self._slurm_ending: set[int] = set()  # node ranks whose step SLURM is ending
         self._next_silence_check = 0.0
         self._opened = False
 
@@ -144,16 +147,19 @@ class AgentPool:
             with contextlib.suppress(OSError):
                 agent.conn.send({"t": protocol.CLOSE})
         waiting = {id(a.conn) for a in live}
-        deadline = time.monotonic() + grace + 3.0
-        while waiting and time.monotonic() < deadline:
+        start = time.monotonic()
+        while waiting and time.monotonic() < start + self.stop_wait(grace) + 3.0:
             try:
-                kind, conn, _ = self.events.get(timeout=TICK)
+                kind, conn, data = self.events.get(timeout=TICK)
             except queue.Empty:
                 continue
+            sender = self.agent_of(conn)
             if kind == "eof":
                 waiting.discard(id(conn))
-            elif id(conn) not in self._by_conn:
+            elif sender is None:
                 conn.close()  # authenticated, but too late to take part
+            else:
+                self.on_frame_between_runs(sender, data)
         self.starter.stop(STOP_WAIT if not waiting else 0.0)
         for agent in self.agents.values():
             agent.conn.close()
@@ -179,17 +185,46 @@ class AgentPool:
                 kind, conn, data = self.events.get_nowait()
             except queue.Empty:
                 break
+            agent = self.agent_of(conn)
             if kind == "eof":
                 self.on_eof(conn, data, running=False)
-            # else: heartbeats, late lines of the last run's workers; unknown connections
-            # (a streamed result of a run that failed) are dropped
-            elif self.agent_of(conn) is None:
+            # unknown connections (a streamed result of a run that failed) are dropped
+            elif agent is None:
                 conn.close()
+            else:
+                self.on_frame_between_runs(agent, data)
         now = time.monotonic()
         self.check_processes(now, running=False)
         self.check_silence(now)
 
     # ------------------------------------------------------------------ decisions
+    def on_frame_between_runs(self, agent: PoolAgent, frame: Frame) -> None:
+        """Takes in what an agent sends outside a run (heartbeats, its workers' late lines)."""
+        if frame.kind == protocol.TERMINATING:
+            self.on_slurm_ending(agent)
+
+    def on_slurm_ending(self, agent: PoolAgent) -> None:
+        """SLURM is ending `agent`'s step: its workers may take until SLURM's kill to exit."""
+        if agent.node_rank in self._slurm_ending:
+            return
+        self._slurm_ending.add(agent.node_rank)
+        # Its agents cannot take another run; closing the pool waits for them (stop_wait).
+        self.broken = self.broken or f"SLURM is ending the step of the agent on {agent.hostname}"
+        log.warning(
+            "slurmrun: SLURM is ending the step on %s (SIGTERM); its workers got the signal "
+            "too, and are given until SLURM's kill to exit (at most %g s)",
+            agent.hostname,
+            protocol.SLURM_TERM_WAIT,
+        )
+
+    def slurm_ending(self, agent: PoolAgent) -> bool:
+        """Whether `agent` said that SLURM is ending its step."""
+        return agent.node_rank in self._slurm_ending
+
+    def stop_wait(self, grace: float) -> float:
+        """How long agents may take to stop their workers: `grace`, or SLURM's time."""
+        return max(grace, protocol.SLURM_TERM_WAIT) if self._slurm_ending else grace
+
     def agent_of(self, conn: Connection) -> PoolAgent | None:
         """The agent whose control connection `conn` is (None: a streamed result, or new)."""
         return self._by_conn.get(id(conn))

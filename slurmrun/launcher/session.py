@@ -22,7 +22,7 @@ from typing import Any
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError, add_note
 from slurmrun.events import Trace, WorkerFailed, WorkersStarted
-from slurmrun.launcher.failures import WorkerPlace, worker_died, worker_error
+from slurmrun.launcher.failures import WorkerPlace, step_ended, worker_died, worker_error
 from slurmrun.launcher.pool import TICK, AgentPool, PoolAgent
 from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
 from slurmrun.result import LaunchResult
@@ -136,11 +136,11 @@ class Session:
                 self.pool.send(each.agent, {"t": protocol.END})
             except AgentFailedError:
                 return
-        deadline = time.monotonic() + self.grace + IDLE_WAIT
+        start = time.monotonic()
         # Counted down, not rescanned per event: 4096 agents would make that quadratic.
         busy = {s.agent.node_rank for s in waiting if not s.idle}
         while busy:
-            if time.monotonic() > deadline:
+            if time.monotonic() > start + self.pool.stop_wait(self.grace) + IDLE_WAIT:
                 late = [s.hostname for s in waiting if not s.idle]
                 self.pool.broken = f"the agents on {late} did not end the run in time"
                 return
@@ -161,6 +161,8 @@ class Session:
                 share.agent.master_port = protocol.Idle.from_header(data.header).master_port
             elif data.kind == protocol.LOG:
                 self._on_log(share, data)
+            elif data.kind == protocol.TERMINATING:
+                self.pool.on_slurm_ending(share.agent)
 
     # ------------------------------------------------------------------ hand-out
     def _hand_out(self) -> None:
@@ -259,6 +261,8 @@ class Session:
             raise self._with_held(exc)
         elif frame.kind == protocol.DIED:
             raise self._with_held(self._worker_failure(share, frame))
+        elif frame.kind == protocol.TERMINATING:
+            self.pool.on_slurm_ending(share.agent)
 
     def _on_log(self, share: _Share, frame: Frame) -> None:
         local_rank = frame.header.get("local_rank")
@@ -333,11 +337,13 @@ class Session:
             share.rank_offset + local_rank,
             self._worker_log(share, local_rank),
         )
-        exc: BaseException = (
-            worker_died(where, frame.header)
-            if frame.kind == protocol.DIED
-            else worker_error(where, frame)
-        )
+        exc: BaseException
+        if frame.kind == protocol.DIED:
+            exc = worker_died(where, frame.header)
+            if frame.header.get("signal") == "SIGTERM" and self.pool.slurm_ending(share.agent):
+                exc = step_ended(where, exc)
+        else:
+            exc = worker_error(where, frame)
         if self.trace is not None:
             header = frame.header
             self.trace.emit(

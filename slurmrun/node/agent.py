@@ -108,6 +108,10 @@ class Agent:
     run_stop: threading.Event = field(default_factory=threading.Event)  # END (or gone)
     workers: list[_Worker] = field(default_factory=list)  # this run's
     grace: float = 3.0
+    # SLURM is ending our step: the workers got its SIGTERM and have until its SIGKILL.
+    slurm_ending: threading.Event = field(default_factory=threading.Event)
+    _ending_said: bool = False  # TERMINATING sent (once, and before any DIED that follows)
+    _ending_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _read_launcher(self) -> None:
         try:
@@ -371,6 +375,7 @@ class Agent:
             what=what,
             stderr_tail="\n".join(worker.last_lines),
         )
+        self._say_terminating()  # first: the launcher then knows why the worker died
         with contextlib.suppress(OSError):
             self.launcher.send(died.header())
         return True
@@ -403,13 +408,46 @@ class Agent:
                 with contextlib.suppress(OSError):
                     os.kill(worker.process.pid, signum)
 
-    def stop_workers(self) -> None:
-        """SIGTERM every live worker, then SIGKILL those still alive after the grace period."""
-        alive = [w.process for w in self.workers if w.process.is_alive()]
-        for process in alive:
+    def on_slurm_sigterm(self) -> None:
+        """SLURM ends this step: every worker got the same SIGTERM, and SLURM's SIGKILL follows.
+
+        The workers may use that time (to checkpoint): `stop_workers` then waits for them, and
+        the launcher is told, so that it waits for this agent as long.
+        """
+        if self.slurm_ending.is_set():
+            return
+        self.slurm_ending.set()
+        # Not from this signal handler: the main thread may hold the connection's send lock.
+        threading.Thread(target=self._say_terminating, daemon=True).start()
+
+    def _say_terminating(self) -> None:
+        """Tells the launcher (once) that SLURM is ending this step, if it is."""
+        with self._ending_lock:
+            if self._ending_said or not self.slurm_ending.is_set():
+                return
+            self._ending_said = True
+            _say(
+                "SLURM is ending this step (SIGTERM, which the workers got too): waiting up to "
+                f"{protocol.SLURM_TERM_WAIT:g} s for them to exit, or for SLURM to kill them."
+            )
             with contextlib.suppress(OSError):
-                process.terminate()
-        deadline = time.monotonic() + self.grace
+                self.launcher.send({"t": protocol.TERMINATING})
+
+    def stop_workers(self) -> None:
+        """SIGTERM every live worker, then SIGKILL those still alive after the grace period.
+
+        When SLURM is ending the step, the workers got its SIGTERM already: a second one could
+        cut a checkpoint short (a Python handler runs again), so they are only waited for.
+        """
+        alive = [w.process for w in self.workers if w.process.is_alive()]
+        grace = self.grace
+        if self.slurm_ending.is_set():
+            grace = max(grace, protocol.SLURM_TERM_WAIT)
+        else:
+            for process in alive:
+                with contextlib.suppress(OSError):
+                    process.terminate()
+        deadline = time.monotonic() + grace
         for process in alive:
             process.join(timeout=max(0.0, deadline - time.monotonic()))
         for process in alive:
@@ -577,6 +615,8 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         # included); forwarding there would deliver each signal twice.
         for signum in FORWARDED_SIGNALS:
             signal.signal(signum, lambda s, _: agent.forward_signal(s))
+    else:
+        signal.signal(signal.SIGTERM, lambda *_: agent.on_slurm_sigterm())
     threading.Thread(target=agent._read_launcher, daemon=True).start()
     threading.Thread(target=agent._heartbeat, args=(heartbeat,), daemon=True).start()
     try:

@@ -95,8 +95,9 @@ def main() -> int:
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
-    # SLURM's preemption and time limit: SIGTERM, then SIGKILL after KillWait. Workers get
-    # SIGTERM from stop_workers() on the way out, and their grace period to checkpoint.
+    # Outside a SLURM step (a local or ssh agent): workers get SIGTERM from stop_workers() on
+    # the way out, then the launcher's grace period. In a step the agent, once connected,
+    # takes SIGTERM as SLURM ending the step instead (`agent.Agent.on_slurm_sigterm`).
     raise SystemExit(128 + signum)
 
 

@@ -231,9 +231,16 @@ class Spawner:
 
 
 def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # SLURM ends a step with SIGTERM to every process in it: had the spawner died of it, its
+    # workers would have died with it (PDEATHSIG) with no time to checkpoint. Its life is the
+    # agent's: PDEATHSIG, or the agent's socket closing, ends it.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Workers get the dispositions a Python program starts with (Ctrl-C: KeyboardInterrupt).
-    restore = {signal.SIGINT: signal.default_int_handler, signal.SIGCHLD: signal.SIG_DFL}
+    restore = {
+        signal.SIGINT: signal.default_int_handler,
+        signal.SIGCHLD: signal.SIG_DFL,
+        signal.SIGTERM: signal.SIG_DFL,
+    }
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
     _die_with_parent(agent_pid, NAME)
     for module in preload:

@@ -332,7 +332,9 @@ ctld_up() { timeout 5 scontrol ping 2>/dev/null | grep -q 'is UP'; }
 nodes_ready() {  # N : all N nodes responding and usable (idle/alloc/mix/comp, no drain)
   local n=$1 states
   states=$(timeout 5 sinfo -h -N -p debug -o '%N %T' 2>/dev/null | sort -u) || return 1
-  [ "$(echo "$states" | grep -cE '^node[0-9]+ (idle|allocated|mixed|completing)$')" -eq "$n" ]
+  # "planned": the backfill scheduler holds the node for a job (for a moment after a
+  # preemption, with the queue already empty): usable all the same.
+  [ "$(echo "$states" | grep -cE '^node[0-9]+ (idle|allocated|mixed|completing|planned)$')" -eq "$n" ]
 }
 
 ctld_up_or_dead() {

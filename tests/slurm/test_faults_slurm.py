@@ -371,7 +371,8 @@ FAULTS = [
     Fault(
         "scancel_job",
         "AgentFailedError",
-        (r"the agent on node[123] failed", r"SLURM cancelled the step"),
+        # the agents' step ended (srun's word), or its workers died of SLURM's SIGTERM first
+        (r"the agent on node[123] failed", r"SLURM (cancelled the step|is ending its step)"),
         5,
     ),
     Fault(

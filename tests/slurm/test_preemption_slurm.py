@@ -107,3 +107,46 @@ def test_launch_says_its_job_was_preempted_and_does_not_restart(slurm_cluster, t
     assert f"slurmrun: SLURM preempted job {job_id} at " in out
     assert "the launch is not restarted" in out
     assert sorted(p.name for p in tmp_path.glob("attempt*")) == ["attempt0.0", "attempt0.1"]
+
+
+CHECKPOINT = """
+import os, pathlib, signal, time
+import slurmrun
+
+def train():
+    rank = os.environ["RANK"]
+    sigterms = []
+    if rank == "0":  # rank 0 checkpoints on SIGTERM; rank 1 dies of it at once
+        signal.signal(signal.SIGTERM, lambda *_: sigterms.append(time.time()))
+    pathlib.Path(f"ready.{rank}").touch()
+    while not sigterms:
+        time.sleep(0.1)
+    # longer than the launcher's own grace, well within the partition's GraceTime (20 s)
+    time.sleep(10)
+    pathlib.Path("checkpoint.0").write_text(str(len(sigterms)))
+
+try:
+    slurmrun.launch(train, backend=None)
+except Exception as e:
+    print("raised", type(e).__name__, e, *getattr(e, "__notes__", ()), sep="\\n", flush=True)
+"""
+
+
+def test_a_preempted_worker_has_the_grace_time_to_checkpoint(slurm_cluster, tmp_path):
+    """SLURM's SIGTERM reaches every process of the agents' step: the spawner must survive it
+    (its workers die with it), the agent must not signal or kill the workers after its own
+    short grace, and the launcher must wait for that agent, until SLURM's kill at the latest."""
+    (tmp_path / "driver.py").write_text(CHECKPOINT)
+    with preemption_grace(20):
+        job_id = _submit(tmp_path, f"{sys.executable} driver.py\n", "--no-requeue")
+        _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
+        preempt_debug_jobs(tmp_path, slurm_cluster)
+        _wait_for(lambda: "raised" in (tmp_path / "job.out").read_text(), 60, "the error", job_id)
+    out = (tmp_path / "job.out").read_text()
+    # one SIGTERM (SLURM's), and the whole checkpoint written before the launch returned
+    assert (tmp_path / "checkpoint.0").read_text() == "1", out
+    # rank 1 died of SLURM's SIGTERM: the error says so, rather than blame the worker
+    assert "AgentFailedError" in out and "SLURM is ending its step" in out
+    assert "worker rank 1 (host node2, local rank 0) was killed by SIGTERM" in out
+    assert f"slurmrun: SLURM preempted job {job_id} at " in out
+    assert "SLURM is ending the step on node1" in out
