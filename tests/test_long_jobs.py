@@ -27,7 +27,8 @@ import psutil
 import pytest
 
 import slurmrun
-from slurmrun.node.agent import Agent, _Worker
+from slurmrun.node.agent import Agent
+from slurmrun.node.relay import WorkerLink
 from slurmrun.transport import Connection
 
 # ---------------------------------------------------------------- functions run on workers
@@ -154,13 +155,13 @@ def test_agent_forwards_worker_output_on_fds_past_1024() -> None:
             spawner=None,  # type: ignore[arg-type]  # never spawns here
             connect=socket.socket,
         )
-        worker = _Worker(3, process=None, conn=None, streams=None)  # type: ignore[arg-type]
+        worker = WorkerLink(3, process=None, conn=None, streams=None)  # type: ignore[arg-type]
         worker.outputs = [ours]
-        reader = threading.Thread(target=agent._forward_output, args=(worker, ours, "stdout"))
+        reader = threading.Thread(target=agent.relay._forward_output, args=(worker, ours, "stdout"))
         reader.start()
         try:
             workers.sendall(b"first line\nsecond line\n")
-            agent._drain_output(worker)  # returns once both lines are on their way
+            agent.relay._drain_output(worker)  # returns once both lines are on their way
             frames = [Connection(launcher_side).recv() for _ in range(2)]
         finally:
             workers.close()

@@ -18,7 +18,6 @@ workers' results travel back, as opaque bytes that the agent only forwards.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import queue
 import random
@@ -28,17 +27,17 @@ import struct
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from slurmrun import allocation, protocol
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.errors import signal_name
-from slurmrun.logs import LINE, LineAssembler, WorkerLog
-from slurmrun.node.spawner import Spawner, WorkerProcess, wait_any
+from slurmrun.logs import WorkerLog
+from slurmrun.node.relay import Relay, WorkerLink
+from slurmrun.node.spawner import Spawner, wait_any
 from slurmrun.node.store_port import StorePort
-from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED, WorkerSpec
+from slurmrun.node.worker import WorkerSpec
 from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
 from slurmrun.transport import (
     AuthenticationError,
@@ -47,14 +46,11 @@ from slurmrun.transport import (
     bound_unacknowledged_sends,
     client_handshake,
 )
-from slurmrun.waiting import wait_readable
 
 __all__ = ["main"]
 
 HANDSHAKE_TIMEOUT = 30.0
 DRAIN_TIMEOUT = 2.0
-OUTPUT_DRAIN_LIMIT = 1.0
-TAIL_LINES = 30
 _POLL = 0.05
 # How long an agent keeps trying to reach its launcher (seconds; the agent then exits with 1,
 # which fails the launch at once, naming this host). A launcher that thousands of agents reach
@@ -76,23 +72,6 @@ def _exit_description(exitcode: int | None) -> tuple[str, str | None]:
 
 
 @dataclass
-class _Worker:
-    local_rank: int
-    process: WorkerProcess
-    conn: Connection
-    streams: socket.socket  # where it gets connections of its own for large results
-    readers: list[threading.Thread] = field(default_factory=list)
-    outputs: list[socket.socket] = field(default_factory=list)  # its stdout and stderr
-    output_lock: threading.Lock = field(default_factory=threading.Lock)
-    last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    relay: threading.Thread | None = None
-    delivered: bool = False
-    judged: bool = False
-    log: WorkerLog | None = None  # its log file, when this agent writes it
-    forward: bool = True  # whether its output and logging records go to the launcher
-
-
-@dataclass
 class Agent:
     """State of one agent process: kept from run to run, with each run's workers."""
 
@@ -106,12 +85,16 @@ class Agent:
     inbox: queue.Queue[Frame | None] = field(default_factory=queue.Queue)
     gone: threading.Event = field(default_factory=threading.Event)  # no more runs
     run_stop: threading.Event = field(default_factory=threading.Event)  # END (or gone)
-    workers: list[_Worker] = field(default_factory=list)  # this run's
+    workers: list[WorkerLink] = field(default_factory=list)  # this run's
     grace: float = 3.0
+    relay: Relay = field(init=False)  # carries the workers' output and frames to the launcher
     # SLURM is ending our step: the workers got its SIGTERM and have until its SIGKILL.
     slurm_ending: threading.Event = field(default_factory=threading.Event)
     _ending_said: bool = False  # TERMINATING sent (once, and before any DIED that follows)
     _ending_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.relay = Relay(self.launcher, self.connect)
 
     def _read_launcher(self) -> None:
         try:
@@ -172,116 +155,6 @@ class Agent:
                 worker.log.close()
         self.workers = []
 
-    def _relay(self, worker: _Worker) -> None:
-        try:
-            while True:
-                head = worker.conn.recv_head()
-                if head is None:
-                    break
-                if head.kind == protocol.STREAM:
-                    self._grant_stream(worker)
-                    continue
-                head.header["local_rank"] = worker.local_rank
-                if head.kind == protocol.LOG:
-                    forward = self._logged(worker, head.header)
-                    if not forward and not head.payload_bytes:
-                        continue  # in its file, and not for the launcher
-                final = head.kind in (protocol.RESULT, protocol.ERROR)
-                if final:
-                    self._drain_output(worker)  # what it printed first reaches the launcher first
-                worker.conn.forward(head, self.launcher)
-                if final:
-                    worker.delivered = True
-        except (OSError, EOFError, ValueError):
-            pass
-
-    @staticmethod
-    def _logged(worker: _Worker, header: dict[str, object]) -> bool:
-        """Writes a worker's logging record to its file; True if it goes to the launcher too."""
-        if worker.log is not None:
-            level = header.get("level", logging.INFO)
-            worker.log.write(
-                "logging",
-                level if isinstance(level, int) else logging.INFO,
-                str(header.get("name", "")),
-                str(header.get("msg", "")),
-            )
-        return worker.forward
-
-    def _grant_stream(self, worker: _Worker) -> None:
-        """Hands the worker a connection of its own to the launcher, for one large result.
-
-        Workers' results then travel in parallel and straight from their memory to the
-        launcher's, with no copy through this process. The connection is opened and
-        authenticated here, so the secret never reaches a worker; the worker announces the
-        result through us afterwards, behind the output it printed before.
-        """
-        try:
-            sock = self.connect()
-        except OSError:
-            worker.streams.sendall(STREAM_REFUSED)  # it sends the result through us instead
-            return
-        with sock:
-            socket.send_fds(worker.streams, [STREAM_GRANTED], [sock.fileno()])
-
-    @staticmethod
-    def _drain_output(worker: _Worker, limit: float = OUTPUT_DRAIN_LIMIT) -> None:
-        """Waits (briefly) until everything the worker wrote before now has been forwarded.
-
-        The worker flushes stdout and stderr before it sends a result or an error, so once
-        its output sockets hold nothing unread, nothing it printed before is left behind.
-        """
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            with worker.output_lock:
-                # A reader closes its socket at end of stream: nothing is left there then.
-                fds = [sock.fileno() for sock in worker.outputs]
-                try:
-                    pending = wait_readable([fd for fd in fds if fd >= 0], 0)
-                except (OSError, ValueError):
-                    pending = True  # closed under us: look again
-                if not pending:
-                    return
-            time.sleep(0.001)
-
-    def _forward_output(self, worker: _Worker, sock: socket.socket, stream: str) -> None:
-        """Turns a worker's fd-level output into records for the launcher."""
-
-        def emit(text: str, end: str) -> None:
-            if end == LINE:
-                worker.last_lines.append(text)
-            if worker.log is not None:
-                worker.log.write(stream, logging.INFO, "", text, end)
-            if not worker.forward:
-                return
-            with contextlib.suppress(OSError):
-                self.launcher.send(
-                    {
-                        "t": protocol.LOG,
-                        "local_rank": worker.local_rank,
-                        "stream": stream,
-                        "level": logging.INFO,
-                        "msg": text,
-                        "end": end,
-                    }
-                )
-
-        lines = LineAssembler(emit)
-        try:
-            while True:
-                if not wait_readable([sock.fileno()], 3600.0):
-                    continue
-                with worker.output_lock:  # a read and its forwarding are one step
-                    data = sock.recv(1 << 16)
-                    if not data:
-                        break
-                    lines.feed(data)
-        except (OSError, ValueError):
-            pass
-        with worker.output_lock:  # the last partial line, then "nothing left" for the drain
-            lines.close()
-            sock.close()
-
     def spawn(self, start: protocol.Start, func_payload: bytes) -> None:
         """Forks one worker per local rank and hands each the pickled function."""
         assert self.spawner is not None  # noqa: S101 - serve() runs no start without one
@@ -322,19 +195,12 @@ class Agent:
                     theirs.close()
                 if local_rank == 0 and store_listener is not None:
                     store_listener.close()  # the worker holds it now (or the spawn failed)
-            worker = _Worker(local_rank, process, Connection(pairs[0][0]), pairs[3][0])
+            worker = WorkerLink(local_rank, process, Connection(pairs[0][0]), pairs[3][0])
             worker.outputs = [mine for mine, _ in pairs[1:3]]
             if start.log_dir is not None:
                 worker.log = WorkerLog(start.log_dir, self.hostname, local_rank, start.log_level)
             worker.forward = start.forward_ranks is None or local_rank in start.forward_ranks
-            for (mine, _), stream in zip(pairs[1:3], ("stdout", "stderr"), strict=True):
-                reader = threading.Thread(
-                    target=self._forward_output, args=(worker, mine, stream), daemon=True
-                )
-                reader.start()
-                worker.readers.append(reader)
-            worker.relay = threading.Thread(target=self._relay, args=(worker,), daemon=True)
-            worker.relay.start()
+            self.relay.start(worker)
             self.workers.append(worker)
         for worker in self.workers:
             with contextlib.suppress(OSError):
@@ -358,7 +224,7 @@ class Agent:
             return None
         return self.store_port.take()
 
-    def _judge(self, worker: _Worker) -> bool:
+    def _judge(self, worker: WorkerLink) -> bool:
         """Called once a worker exited; reports it if it died without a result. True if it did."""
         worker.judged = True
         # The result and the last output may still be in flight on the sockets: let them land.

@@ -1,0 +1,185 @@
+"""What a worker sends, carried to the launcher by its agent.
+
+Each worker of a run has a control socket (results, errors, logging records: frames that the
+agent forwards as opaque bytes, and requests for a connection of its own for a large result)
+and its stdout and stderr (bytes, turned into line records here). One thread per socket
+carries them; records go to the worker's log file when the agent writes it, and to the
+launcher when it shows them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from slurmrun import protocol
+from slurmrun.logs import LINE, LineAssembler, WorkerLog
+from slurmrun.node.spawner import WorkerProcess
+from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED
+from slurmrun.transport import Connection
+from slurmrun.waiting import wait_readable
+
+__all__ = ["OUTPUT_DRAIN_LIMIT", "Relay", "WorkerLink"]
+
+OUTPUT_DRAIN_LIMIT = 1.0
+TAIL_LINES = 30
+
+
+@dataclass
+class WorkerLink:
+    """The agent's handle on one worker of a run: its process, its sockets, their threads."""
+
+    local_rank: int
+    process: WorkerProcess
+    conn: Connection
+    streams: socket.socket  # where it gets connections of its own for large results
+    readers: list[threading.Thread] = field(default_factory=list)
+    outputs: list[socket.socket] = field(default_factory=list)  # its stdout and stderr
+    output_lock: threading.Lock = field(default_factory=threading.Lock)
+    last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    relay: threading.Thread | None = None
+    delivered: bool = False
+    judged: bool = False
+    log: WorkerLog | None = None  # its log file, when this agent writes it
+    forward: bool = True  # whether its output and logging records go to the launcher
+
+
+@dataclass
+class Relay:
+    """Carries every worker's output and frames to the launcher.
+
+    Args:
+        launcher: the agent's connection to the launcher.
+        connect: a new authenticated connection to the launcher (for a large result).
+    """
+
+    launcher: Connection
+    connect: Callable[[], socket.socket]
+
+    def start(self, worker: WorkerLink) -> None:
+        """Starts the threads that carry `worker`'s output and frames to the launcher."""
+        for sock, stream in zip(worker.outputs, ("stdout", "stderr"), strict=True):
+            reader = threading.Thread(
+                target=self._forward_output, args=(worker, sock, stream), daemon=True
+            )
+            reader.start()
+            worker.readers.append(reader)
+        worker.relay = threading.Thread(target=self._relay, args=(worker,), daemon=True)
+        worker.relay.start()
+
+    def _relay(self, worker: WorkerLink) -> None:
+        """Forwards the worker's frames (results, errors, logging records) as they come."""
+        try:
+            while True:
+                head = worker.conn.recv_head()
+                if head is None:
+                    break
+                if head.kind == protocol.STREAM:
+                    self._grant_stream(worker)
+                    continue
+                head.header["local_rank"] = worker.local_rank
+                if head.kind == protocol.LOG:
+                    forward = self._logged(worker, head.header)
+                    if not forward and not head.payload_bytes:
+                        continue  # in its file, and not for the launcher
+                final = head.kind in (protocol.RESULT, protocol.ERROR)
+                if final:
+                    self._drain_output(worker)  # what it printed first reaches the launcher first
+                worker.conn.forward(head, self.launcher)
+                if final:
+                    worker.delivered = True
+        except (OSError, EOFError, ValueError):
+            pass
+
+    @staticmethod
+    def _logged(worker: WorkerLink, header: dict[str, object]) -> bool:
+        """Writes a worker's logging record to its file; True if it goes to the launcher too."""
+        if worker.log is not None:
+            level = header.get("level", logging.INFO)
+            worker.log.write(
+                "logging",
+                level if isinstance(level, int) else logging.INFO,
+                str(header.get("name", "")),
+                str(header.get("msg", "")),
+            )
+        return worker.forward
+
+    def _grant_stream(self, worker: WorkerLink) -> None:
+        """Hands the worker a connection of its own to the launcher, for one large result.
+
+        Workers' results then travel in parallel and straight from their memory to the
+        launcher's, with no copy through this process. The connection is opened and
+        authenticated here, so the secret never reaches a worker; the worker announces the
+        result through us afterwards, behind the output it printed before.
+        """
+        try:
+            sock = self.connect()
+        except OSError:
+            worker.streams.sendall(STREAM_REFUSED)  # it sends the result through us instead
+            return
+        with sock:
+            socket.send_fds(worker.streams, [STREAM_GRANTED], [sock.fileno()])
+
+    @staticmethod
+    def _drain_output(worker: WorkerLink, limit: float = OUTPUT_DRAIN_LIMIT) -> None:
+        """Waits (briefly) until everything the worker wrote before now has been forwarded.
+
+        The worker flushes stdout and stderr before it sends a result or an error, so once
+        its output sockets hold nothing unread, nothing it printed before is left behind.
+        """
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            with worker.output_lock:
+                # A reader closes its socket at end of stream: nothing is left there then.
+                fds = [sock.fileno() for sock in worker.outputs]
+                try:
+                    pending = wait_readable([fd for fd in fds if fd >= 0], 0)
+                except (OSError, ValueError):
+                    pending = True  # closed under us: look again
+                if not pending:
+                    return
+            time.sleep(0.001)
+
+    def _forward_output(self, worker: WorkerLink, sock: socket.socket, stream: str) -> None:
+        """Turns a worker's fd-level output into records for the launcher."""
+
+        def emit(text: str, end: str) -> None:
+            if end == LINE:
+                worker.last_lines.append(text)
+            if worker.log is not None:
+                worker.log.write(stream, logging.INFO, "", text, end)
+            if not worker.forward:
+                return
+            with contextlib.suppress(OSError):
+                self.launcher.send(
+                    {
+                        "t": protocol.LOG,
+                        "local_rank": worker.local_rank,
+                        "stream": stream,
+                        "level": logging.INFO,
+                        "msg": text,
+                        "end": end,
+                    }
+                )
+
+        lines = LineAssembler(emit)
+        try:
+            while True:
+                if not wait_readable([sock.fileno()], 3600.0):
+                    continue
+                with worker.output_lock:  # a read and its forwarding are one step
+                    data = sock.recv(1 << 16)
+                    if not data:
+                        break
+                    lines.feed(data)
+        except (OSError, ValueError):
+            pass
+        with worker.output_lock:  # the last partial line, then "nothing left" for the drain
+            lines.close()
+            sock.close()
