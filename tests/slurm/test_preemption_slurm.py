@@ -1,6 +1,7 @@
 """A job that SLURM preempts with a GraceTime, when the launch runs in the user's own batch
 script: ``slurmrun SCRIPT.py`` requeues the job (SLURM requeues only a job whose batch
-script still runs when the grace ends), and `launch` says why it failed and does not restart.
+script still runs when the grace ends), and `launch` gives its workers the grace time, says
+why it failed and does not restart.
 (`slurmrun.submit`'s jobs: tests/slurm/test_requeue_slurm.py.)
 """
 
@@ -31,21 +32,6 @@ if os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
     time.sleep(120)
     raise SystemExit("not preempted")
 pathlib.Path(f"second.{rank}").write_text(os.environ["SLURMD_NODENAME"])
-"""
-
-DRIVER = """
-import os, pathlib, time
-import slurmrun
-
-def hold():
-    pathlib.Path(f"attempt{os.environ['SLURMRUN_RESTART_COUNT']}.{os.environ['RANK']}").touch()
-    pathlib.Path(f"ready.{os.environ['RANK']}").touch()
-    time.sleep(120)
-
-try:
-    slurmrun.launch(hold, backend=None, max_restarts=3)
-except Exception as e:
-    print("raised", type(e).__name__, *getattr(e, "__notes__", ()), sep="\\n", flush=True)
 """
 
 
@@ -96,25 +82,13 @@ def test_slurmrun_in_a_batch_script_requeues_its_preempted_job(slurm_cluster, tm
     assert "slurmrun exited with 0" in out
 
 
-def test_launch_says_its_job_was_preempted_and_does_not_restart(slurm_cluster, tmp_path):
-    (tmp_path / "driver.py").write_text(DRIVER)
-    with preemption_grace(20):
-        job_id = _submit(tmp_path, f"{sys.executable} driver.py\n", "--no-requeue")
-        _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
-        preempt_debug_jobs(tmp_path, slurm_cluster)
-        _wait_for(lambda: "raised" in (tmp_path / "job.out").read_text(), 60, "the error", job_id)
-    out = (tmp_path / "job.out").read_text()
-    assert f"slurmrun: SLURM preempted job {job_id} at " in out
-    assert "the launch is not restarted" in out
-    assert sorted(p.name for p in tmp_path.glob("attempt*")) == ["attempt0.0", "attempt0.1"]
-
-
 CHECKPOINT = """
 import os, pathlib, signal, time
 import slurmrun
 
 def train():
     rank = os.environ["RANK"]
+    pathlib.Path(f"attempt{os.environ['SLURMRUN_RESTART_COUNT']}.{rank}").touch()
     sigterms = []
     if rank == "0":  # rank 0 checkpoints on SIGTERM; rank 1 dies of it at once
         signal.signal(signal.SIGTERM, lambda *_: sigterms.append(time.time()))
@@ -126,16 +100,19 @@ def train():
     pathlib.Path("checkpoint.0").write_text(str(len(sigterms)))
 
 try:
-    slurmrun.launch(train, backend=None)
+    slurmrun.launch(train, backend=None, max_restarts=3)
 except Exception as e:
     print("raised", type(e).__name__, e, *getattr(e, "__notes__", ()), sep="\\n", flush=True)
 """
 
 
-def test_a_preempted_worker_has_the_grace_time_to_checkpoint(slurm_cluster, tmp_path):
+def test_a_preempted_launch_gives_its_workers_the_grace_time_and_says_why_it_failed(
+    slurm_cluster, tmp_path
+):
     """SLURM's SIGTERM reaches every process of the agents' step: the spawner must survive it
     (its workers die with it), the agent must not signal or kill the workers after its own
-    short grace, and the launcher must wait for that agent, until SLURM's kill at the latest."""
+    short grace, and the launcher must wait for that agent, until SLURM's kill at the latest.
+    The error then says that SLURM preempted the job, and `max_restarts` is not spent."""
     (tmp_path / "driver.py").write_text(CHECKPOINT)
     with preemption_grace(20):
         job_id = _submit(tmp_path, f"{sys.executable} driver.py\n", "--no-requeue")
@@ -148,5 +125,7 @@ def test_a_preempted_worker_has_the_grace_time_to_checkpoint(slurm_cluster, tmp_
     # rank 1 died of SLURM's SIGTERM: the error says so, rather than blame the worker
     assert "AgentFailedError" in out and "SLURM is ending its step" in out
     assert "worker rank 1 (host node2, local rank 0) was killed by SIGTERM" in out
+    assert "the launch is not restarted" in out
+    assert sorted(p.name for p in tmp_path.glob("attempt*")) == ["attempt0.0", "attempt0.1"]
     assert f"slurmrun: SLURM preempted job {job_id} at " in out
     assert "SLURM is ending the step on node1" in out
