@@ -92,7 +92,7 @@ fi
 
 export SLURMRUN_TEST_CLUSTER=1
 rc=0
-python3 -m pytest "$@" || rc=$?
+python3 -m pytest --durations=15 "$@"  # the slowest tests, to keep the suite short || rc=$?
 
 if [ "$rc" != 0 ]; then
   say "pytest exited with $rc; SLURM cluster state and daemon logs follow"
