@@ -92,7 +92,8 @@ fi
 
 export SLURMRUN_TEST_CLUSTER=1
 rc=0
-python3 -m pytest --durations=15 "$@"  # the slowest tests, to keep the suite short || rc=$?
+# --durations: the slowest tests, named in every run, to keep the suite short
+python3 -m pytest --durations=15 "$@" || rc=$?
 
 if [ "$rc" != 0 ]; then
   say "pytest exited with $rc; SLURM cluster state and daemon logs follow"
