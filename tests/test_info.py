@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from slurmrun import allocation
 from slurmrun.cli import info
+from slurmrun.job_end import JobEnd, job_end
 from tests.test_dry_run import JOB, UPDATE, _environ, normalise
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -138,3 +140,70 @@ def test_python_m_slurmrun_cli_info_runs(tmp_path):
     )
     assert bad.returncode == 2
     assert "--nope" in bad.stderr
+
+
+# What the test cluster's scontrol printed (2026-11-25), cut to the fields that matter.
+SHOW_JOB = (
+    "JobId=66 JobName=job.sh UserId=root(0) JobState=RUNNING Reason=None Requeue=1 "
+    "RunTime=00:00:03 TimeLimit=00:05:00 TimeMin=N/A SubmitTime=2026-11-25T10:17:33 "
+    "StartTime=2026-11-25T10:17:33 EndTime=2026-11-25T10:22:33 Deadline=N/A "
+    "PreemptEligibleTime=2026-11-25T10:17:33 PreemptTime=None Partition=debug "
+    "AllocNode:Sid=slurmctl:1 NodeList=node[1-2]\n"
+)
+SHOW_PARTITION = (
+    "PartitionName=debug AllowGroups=ALL Default=YES DefaultTime=NONE GraceTime=20 Hidden=NO "
+    "Nodes=node[1-3] PriorityJobFactor=1 PriorityTier=1 OverTimeLimit=NONE "
+    "PreemptMode=REQUEUE State=UP TotalCPUs=12 TotalNodes=3\n"
+)
+SHOW_CONFIG = (
+    "Configuration data as of 2026-11-25T10:20:00\n"
+    "KillOnBadExit           = 0\n"
+    "KillWait                = 5 sec\n"
+    "PreemptMode             = REQUEUE\n"
+    "PreemptType             = preempt/partition_prio\n"
+)
+
+
+def _scontrol(outputs):
+    def scontrol(args):
+        return outputs.get(args[1])
+
+    return scontrol
+
+
+def test_job_end_reads_the_time_limit_killwait_and_the_partitions_grace():
+    outputs = {"job": SHOW_JOB, "partition": SHOW_PARTITION, "config": SHOW_CONFIG}
+    end = job_end("66", _scontrol(outputs))
+    assert end == JobEnd(
+        time_limit="00:05:00",
+        end_time="2026-11-25T10:22:33",
+        kill_wait=5,
+        partition="debug",
+        preempt_mode="REQUEUE",
+        grace_time=20,
+    )
+    assert end.preemptible
+    lines = info._ending_lines({**dataclasses.asdict(end), "preemptible": True})
+    assert lines[0] == (
+        "  time limit:       00:05:00, ends 2026-11-25T10:22:33; then SIGKILL 5 s after SIGTERM "
+        "(KillWait)"
+    )
+    assert lines[1] == (
+        "  preemption:       REQUEUE (partition debug); then SIGKILL 20 s after SIGTERM (GraceTime)"
+    )
+
+
+def test_job_end_without_preemption_an_unlimited_job_or_an_unknown_one():
+    job = SHOW_JOB.replace("TimeLimit=00:05:00", "TimeLimit=UNLIMITED").replace(
+        "EndTime=2026-11-25T10:22:33", "EndTime=Unknown"
+    )
+    partition = SHOW_PARTITION.replace("PreemptMode=REQUEUE", "PreemptMode=OFF")
+    end = job_end("66", _scontrol({"job": job, "partition": partition, "config": ""}))
+    assert end is not None and not end.preemptible
+    assert (end.time_limit, end.end_time, end.kill_wait) == ("UNLIMITED", None, None)
+    lines = info._ending_lines({**dataclasses.asdict(end), "preemptible": False})
+    assert lines[:2] == [
+        "  time limit:       UNLIMITED; then SIGKILL ? s after SIGTERM (KillWait)",
+        "  preemption:       OFF",
+    ]
+    assert job_end("4242", _scontrol({})) is None  # scontrol does not know the job

@@ -7,6 +7,7 @@ environment does not tell, and plans a launch with `Launcher.dry_run`'s planning
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -17,6 +18,7 @@ from typing import Any
 import hostlist
 
 from slurmrun import allocation, launcher
+from slurmrun.job_end import job_end
 from slurmrun.launcher.dryrun import DryRun
 from slurmrun.launcher.plan import make_plan, plan_dry_run
 
@@ -81,7 +83,13 @@ def _slurm_section(alloc: allocation.SlurmAllocation, warnings: list[str]) -> di
             for i, host in enumerate(alloc.hostnames)
         ],
         "sources": sources,
+        "ending": _ending(alloc),
     }
+
+
+def _ending(alloc: allocation.SlurmAllocation) -> dict[str, Any] | None:
+    end = job_end(allocation.own_job_id() or alloc.job_id)
+    return None if end is None else {**dataclasses.asdict(end), "preemptible": end.preemptible}
 
 
 def _this_process(alloc: allocation.SlurmAllocation | None) -> dict[str, Any]:
@@ -184,6 +192,8 @@ def render(info: dict[str, Any]) -> str:
         for key, label in (("cpus_per_node", "CPUs"), ("gpus_per_node", "GPUs")):
             lines.append(f"    {label} from {sources.get(key, _UNKNOWN[key])}")
         lines.append(f"    tasks from {sources.get('tasks_per_node', _UNKNOWN['tasks_per_node'])}")
+        if slurm.get("ending") is not None:
+            lines += _ending_lines(slurm["ending"])
     here = info["this_process"]
     lines.append(
         f"  this process:     on {here['hostname']}, sees {here['gpus']} GPU(s) (from "
@@ -199,6 +209,32 @@ def render(info: dict[str, Any]) -> str:
     else:
         lines.append("warnings: none")
     return "\n".join(lines)
+
+
+def _ending_lines(end: dict[str, Any]) -> list[str]:
+    """When SLURM ends the job, and how long its SIGTERM leaves the workers to checkpoint."""
+
+    def wait(seconds: int | None, name: str) -> str:
+        return f"SIGKILL {'?' if seconds is None else seconds} s after SIGTERM ({name})"
+
+    ends = f", ends {end['end_time']}" if end["end_time"] else ""
+    lines = [
+        f"  time limit:       {end['time_limit']}{ends}; then {wait(end['kill_wait'], 'KillWait')}"
+    ]
+    if not end["preemptible"]:
+        lines.append(f"  preemption:       {end['preempt_mode'] or 'unknown'}")
+    elif end["grace_time"] == 0:
+        lines.append(
+            f"  preemption:       {end['preempt_mode']} (partition {end['partition']}), "
+            "GraceTime 0: killed at once"
+        )
+    else:
+        lines.append(
+            f"  preemption:       {end['preempt_mode']} (partition {end['partition']}); "
+            f"then {wait(end['grace_time'], 'GraceTime')}"
+        )
+    lines.append("    workers get SLURM's SIGTERM themselves, and all of that time to checkpoint")
+    return lines
 
 
 _UNKNOWN = {

@@ -31,9 +31,22 @@ def test_info_in_salloc_shows_the_job_and_the_srun_plan(run_cmd, node_processes)
     assert launch["job_id"] == slurm["job_id"]
     assert "--nodes=3" in launch["commands"][0]
     assert data["warnings"] == []
+    # how SLURM ends the job: the test cluster's KillWait=5, debug's PreemptMode and GraceTime
+    assert {k: v for k, v in slurm["ending"].items() if k != "end_time"} == {
+        "time_limit": "00:02:00",
+        "kill_wait": 5,
+        "partition": "debug",
+        "preempt_mode": "REQUEUE",
+        "grace_time": 0,
+        "preemptible": True,
+    }
+    assert slurm["ending"]["end_time"][:4].isdigit()
     text = _salloc(run_cmd, ["-N3"], INFO).stdout
     assert "SLURM job" in text
     assert "node[1-3] (from SLURM_JOB_NODELIST)" in text
+    assert "time limit:       00:02:00, ends " in text
+    assert "then SIGKILL 5 s after SIGTERM (KillWait)" in text
+    assert "preemption:       REQUEUE (partition debug), GraceTime 0: killed at once" in text
     assert node_processes() == {}
 
 

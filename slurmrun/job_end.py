@@ -1,0 +1,97 @@
+"""How SLURM will end a job: its time limit, and what time SIGTERM leaves before SIGKILL.
+
+SLURM ends a job's steps with SIGTERM to every process in them (workers included) and
+SIGKILL after ``KillWait`` (the time limit, ``scancel``) or the partition's ``GraceTime``
+(preemption); slurmrun leaves all of that time to the workers (docs/slurm.md, "Cancellation,
+signals"). ``slurmrun info`` shows it, so that a user knows how long a checkpoint may take.
+Three ``scontrol`` calls, each bounded; what scontrol does not say is None.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["JobEnd", "job_end", "scontrol_fields"]
+
+_SECONDS = re.compile(r"(\d+)(?: sec)?")
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """When and how SLURM ends a job (see `job_end`)."""
+
+    time_limit: str  # as scontrol prints it: "00:05:00", "1-00:00:00", "UNLIMITED"
+    end_time: str | None  # "2026-11-25T10:23:14"; None when unknown or unlimited
+    kill_wait: int | None  # seconds from SIGTERM to SIGKILL at the time limit or scancel
+    partition: str
+    preempt_mode: str | None  # the partition's, else the cluster's: OFF, REQUEUE, CANCEL...
+    grace_time: int | None  # seconds from SIGTERM to SIGKILL when the job is preempted
+
+    @property
+    def preemptible(self) -> bool:
+        """Whether the job can be preempted (PreemptMode is neither OFF nor unknown)."""
+        return self.preempt_mode is not None and self.preempt_mode.upper() != "OFF"
+
+
+def scontrol_fields(text: str) -> dict[str, str]:
+    """The fields of scontrol's output, as one dict (the first of a key wins).
+
+    ``Key=Value`` words (``scontrol show job/partition``) and ``Key = Value`` lines
+    (``scontrol show config``) alike.
+    """
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and " " not in key.strip():
+            fields.setdefault(key.strip(), value.strip())
+            continue
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if sep:
+                fields.setdefault(key, value)
+    return fields
+
+
+def _run_scontrol(args: Sequence[str]) -> str | None:
+    try:
+        done = subprocess.run(
+            ["scontrol", *args], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _seconds(value: str | None) -> int | None:
+    match = _SECONDS.fullmatch(value.strip()) if value else None
+    return int(match.group(1)) if match else None
+
+
+def job_end(
+    job_id: str, scontrol: Callable[[Sequence[str]], str | None] = _run_scontrol
+) -> JobEnd | None:
+    """How SLURM will end job `job_id`; None when scontrol does not know the job.
+
+    Args:
+        job_id: the job, as scontrol names it (`slurmrun.allocation.own_job_id`).
+        scontrol: runs scontrol with these arguments; its output, or None if it failed.
+    """
+    text = scontrol(["show", "job", "--oneliner", job_id])
+    job = scontrol_fields(text.strip().split("\n")[0]) if text else {}
+    if "TimeLimit" not in job:
+        return None
+    partition = job.get("Partition", "")
+    part = scontrol_fields(scontrol(["show", "partition", "--oneliner", partition]) or "")
+    config = scontrol_fields(scontrol(["show", "config"]) or "")
+    end_time = job.get("EndTime")
+    return JobEnd(
+        time_limit=job["TimeLimit"],
+        end_time=end_time if end_time and end_time[:1].isdigit() else None,
+        kill_wait=_seconds(config.get("KillWait")),
+        partition=partition,
+        preempt_mode=part.get("PreemptMode") or config.get("PreemptMode"),
+        grace_time=_seconds(part.get("GraceTime")),
+    )
