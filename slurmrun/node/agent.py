@@ -90,8 +90,9 @@ class Agent:
     relay: Relay = field(init=False)  # carries the workers' output and frames to the launcher
     # SLURM is ending our step: the workers got its SIGTERM and have until its SIGKILL.
     slurm_ending: threading.Event = field(default_factory=threading.Event)
-    _ending_said: bool = False  # TERMINATING sent (once, and before any DIED that follows)
-    _ending_lock: threading.Lock = field(default_factory=threading.Lock)
+    # TERMINATING was sent (once, and before any DIED that follows)
+    _ending_said: bool = field(default=False, init=False)
+    _ending_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
         self.relay = Relay(self.launcher, self.connect)

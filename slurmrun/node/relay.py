@@ -25,7 +25,7 @@ from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED
 from slurmrun.transport import Connection
 from slurmrun.waiting import wait_readable
 
-__all__ = ["OUTPUT_DRAIN_LIMIT", "Relay", "WorkerLink"]
+__all__ = ["Relay", "WorkerLink"]
 
 OUTPUT_DRAIN_LIMIT = 1.0
 TAIL_LINES = 30
