@@ -43,6 +43,7 @@ __all__ = [
     "LaunchFinished",
     "LaunchStarted",
     "Restarting",
+    "StepEnding",
     "WorkerFailed",
     "WorkersStarted",
     "log_events",
@@ -159,6 +160,23 @@ class AgentFailed(Event):
     kind: ClassVar[str] = "agent_failed"
     host: str = ""
     message: str = ""
+
+
+@dataclass(frozen=True)
+class StepEnding(Event):
+    """SLURM is ending an agent's step (SIGTERM: preemption, the time limit, ``scancel``).
+
+    Its workers got the signal too, and have until SLURM's SIGKILL (``GraceTime`` or
+    ``KillWait``) to checkpoint and exit; the launch waits for them.
+
+    Attributes:
+        host: the agent's host.
+        node_rank: its place among the hosts.
+    """
+
+    kind: ClassVar[str] = "step_ending"
+    host: str = ""
+    node_rank: int = 0
 
 
 @dataclass(frozen=True)

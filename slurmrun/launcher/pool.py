@@ -25,7 +25,7 @@ from typing import Any
 
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
-from slurmrun.events import AgentConnected, Trace
+from slurmrun.events import AgentConnected, StepEnding, Trace
 from slurmrun.launcher.failures import agent_exit_error
 from slurmrun.launcher.listener import Listener
 from slurmrun.launcher.starters import AgentStarter
@@ -216,6 +216,8 @@ class AgentPool:
             agent.hostname,
             protocol.SLURM_TERM_WAIT,
         )
+        if self.trace is not None:
+            self.trace.emit(StepEnding, host=agent.hostname, node_rank=agent.node_rank)
 
     def slurm_ending(self, agent: PoolAgent) -> bool:
         """Whether `agent` said that SLURM is ending its step."""

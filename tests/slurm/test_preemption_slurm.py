@@ -99,8 +99,12 @@ def train():
     time.sleep(10)
     pathlib.Path("checkpoint.0").write_text(str(len(sigterms)))
 
+def on_event(event):
+    if event.kind == "step_ending":
+        print("event", event.kind, event.host, flush=True)
+
 try:
-    slurmrun.launch(train, backend=None, max_restarts=3)
+    slurmrun.launch(train, backend=None, max_restarts=3, on_event=on_event)
 except Exception as e:
     print("raised", type(e).__name__, e, *getattr(e, "__notes__", ()), sep="\\n", flush=True)
 """
@@ -129,3 +133,4 @@ def test_a_preempted_launch_gives_its_workers_the_grace_time_and_says_why_it_fai
     assert sorted(p.name for p in tmp_path.glob("attempt*")) == ["attempt0.0", "attempt0.1"]
     assert f"slurmrun: SLURM preempted job {job_id} at " in out
     assert "SLURM is ending the step on node1" in out
+    assert "event step_ending node1" in out and "event step_ending node2" in out
