@@ -1,8 +1,9 @@
 """How SLURM will end a job: its time limit, and what time SIGTERM leaves before SIGKILL.
 
 SLURM ends a job's steps with SIGTERM to every process in them (workers included) and
-SIGKILL after ``KillWait`` (the time limit, ``scancel``) or the partition's ``GraceTime``
-(preemption); slurmrun leaves all of that time to the workers (docs/slurm.md, "Cancellation,
+SIGKILL ``KillWait`` later (the time limit, ``scancel``); a preempted job gets the partition's
+``GraceTime`` first, then SIGTERM again and SIGKILL ``KillWait`` later. slurmrun leaves all of
+that time to the workers (docs/slurm.md, "Cancellation,
 signals"). ``slurmrun info`` shows it, so that a user knows how long a checkpoint may take.
 Three ``scontrol`` calls, each bounded; what scontrol does not say is None.
 """
@@ -28,11 +29,16 @@ class JobEnd:
     kill_wait: int | None  # seconds from SIGTERM to SIGKILL at the time limit or scancel
     partition: str
     preempt_mode: str | None  # the partition's, else the cluster's: OFF, REQUEUE, CANCEL...
-    grace_time: int | None  # seconds from SIGTERM to SIGKILL when the job is preempted
+    # seconds from the first SIGTERM to the second when preempted (SIGKILL then follows after
+    # KillWait); with PreemptType=preempt/qos the job's QOS sets it, not the partition
+    grace_time: int | None
+    preempt_type: str | None = None  # the cluster's: preempt/none, preempt/partition_prio...
 
     @property
     def preemptible(self) -> bool:
-        """Whether the job can be preempted (PreemptMode is neither OFF nor unknown)."""
+        """Whether the job can be preempted (a preemption type, and a mode other than OFF)."""
+        if self.preempt_type is not None and self.preempt_type.endswith("/none"):
+            return False
         return self.preempt_mode is not None and self.preempt_mode.upper() != "OFF"
 
 
@@ -94,4 +100,5 @@ def job_end(
         partition=partition,
         preempt_mode=part.get("PreemptMode") or config.get("PreemptMode"),
         grace_time=_seconds(part.get("GraceTime")),
+        preempt_type=config.get("PreemptType"),
     )

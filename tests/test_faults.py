@@ -570,6 +570,50 @@ def test_sigterm_to_the_spawner_leaves_its_workers_running() -> None:
     assert result.values() == [(True, True)]
 
 
+def slurm_ends_the_step(work: str) -> str:
+    """On a worker: rank 1 plays slurmstepd ending the step (SIGTERM to every process of it:
+    agent, spawner, workers); rank 0 checkpoints for longer than slurmrun's own grace."""
+    import psutil
+
+    ready = Path(work, "ready")
+    if os.environ["RANK"] == "0":
+        sigterms: list[float] = []
+        signal.signal(signal.SIGTERM, lambda *_: sigterms.append(time.time()))
+        ready.touch()
+        while not sigterms:
+            time.sleep(0.05)
+        time.sleep(4.0)  # slurmrun's own grace is 3 s
+        Path(work, "checkpoint").write_text(str(len(sigterms)))
+        return "checkpointed"
+    while not ready.exists():
+        time.sleep(0.05)
+    spawner = psutil.Process().parent()
+    for process in [spawner.parent(), spawner, *spawner.children()]:
+        os.kill(process.pid, signal.SIGTERM)  # this worker last: it dies of it
+    time.sleep(60)
+    return "not reached"
+
+
+def test_an_agent_in_a_slurm_step_leaves_its_workers_slurms_time(tmp_path: Path) -> None:
+    # SLURM_STEP_ID makes the local agent behave as inside a step (no SLURM needed here);
+    # tests/slurm/test_preemption_slurm.py and test_job_end_slurm.py do it for real.
+    seen: list[Any] = []
+    with pytest.raises(slurmrun.AgentFailedError, match="SLURM is ending its step") as info:
+        slurmrun.launch(
+            slurm_ends_the_step,
+            (str(tmp_path),),
+            workers_per_host=2,
+            backend=None,
+            extra_env_vars=("SLURM_STEP_ID=0",),
+            on_event=seen.append,
+        )
+    assert "worker rank 1 (host localhost, local rank 1) was killed by SIGTERM" in str(info.value)
+    # rank 0 had its 4 s, and one SIGTERM: the agent sent none of its own
+    assert (tmp_path / "checkpoint").read_text() == "1"
+    assert [e.host for e in seen if e.kind == "step_ending"] == ["localhost"]
+    assert psutil.Process().children() == []
+
+
 # ---------------------------------------------------------------- leaks on error paths
 
 

@@ -10,12 +10,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from slurmrun import allocation
 from slurmrun.cli import info
 from slurmrun.job_end import JobEnd, job_end
 from tests.test_dry_run import JOB, UPDATE, _environ, normalise
 
 GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.fixture(autouse=True)
+def _no_real_job_end(request, monkeypatch):
+    """The fake job 4242 is nobody's: scontrol (which may be slow, or know a real 4242) is
+    not asked how it ends; the tests of that part call `job_end` themselves."""
+    monkeypatch.setattr(info, "job_end", lambda job_id: None)
 
 
 def _golden(name: str, text: str) -> None:
@@ -181,15 +190,21 @@ def test_job_end_reads_the_time_limit_killwait_and_the_partitions_grace():
         partition="debug",
         preempt_mode="REQUEUE",
         grace_time=20,
+        preempt_type="preempt/partition_prio",
     )
     assert end.preemptible
     lines = info._ending_lines({**dataclasses.asdict(end), "preemptible": True})
     assert lines[0] == (
-        "  time limit:       00:05:00, ends 2026-11-25T10:22:33; then SIGKILL 5 s after SIGTERM "
-        "(KillWait)"
+        "  time limit:       00:05:00, ends 2026-11-25T10:22:33; then SIGTERM, and SIGKILL 5 s "
+        "later (KillWait)"
     )
     assert lines[1] == (
-        "  preemption:       REQUEUE (partition debug); then SIGKILL 20 s after SIGTERM (GraceTime)"
+        "  preemption:       REQUEUE (partition debug); then SIGTERM, again 20 s later "
+        "(GraceTime), and SIGKILL 5 s later (KillWait)"
+    )
+    qos = dataclasses.replace(end, preempt_type="preempt/qos")
+    assert info._ending_lines({**dataclasses.asdict(qos), "preemptible": True})[1] == (
+        "  preemption:       REQUEUE (partition debug); the job's QOS sets its GraceTime"
     )
 
 
@@ -203,7 +218,11 @@ def test_job_end_without_preemption_an_unlimited_job_or_an_unknown_one():
     assert (end.time_limit, end.end_time, end.kill_wait) == ("UNLIMITED", None, None)
     lines = info._ending_lines({**dataclasses.asdict(end), "preemptible": False})
     assert lines[:2] == [
-        "  time limit:       UNLIMITED; then SIGKILL ? s after SIGTERM (KillWait)",
-        "  preemption:       OFF",
+        "  time limit:       UNLIMITED; then SIGTERM, and SIGKILL ? s later (KillWait)",
+        "  preemption:       none (OFF, ?)",
     ]
     assert job_end("4242", _scontrol({})) is None  # scontrol does not know the job
+    # PreemptType=preempt/none: nothing preempts, whatever the mode says
+    config = SHOW_CONFIG.replace("preempt/partition_prio", "preempt/none")
+    outputs = {"job": SHOW_JOB, "partition": SHOW_PARTITION, "config": config}
+    assert not job_end("66", _scontrol(outputs)).preemptible  # type: ignore[union-attr]

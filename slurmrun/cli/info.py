@@ -214,24 +214,24 @@ def render(info: dict[str, Any]) -> str:
 def _ending_lines(end: dict[str, Any]) -> list[str]:
     """When SLURM ends the job, and how long its SIGTERM leaves the workers to checkpoint."""
 
-    def wait(seconds: int | None, name: str) -> str:
-        return f"SIGKILL {'?' if seconds is None else seconds} s after SIGTERM ({name})"
+    def seconds(value: int | None) -> str:
+        return "?" if value is None else f"{value}"
 
+    kill = f"SIGKILL {seconds(end['kill_wait'])} s later (KillWait)"
     ends = f", ends {end['end_time']}" if end["end_time"] else ""
-    lines = [
-        f"  time limit:       {end['time_limit']}{ends}; then {wait(end['kill_wait'], 'KillWait')}"
-    ]
+    lines = [f"  time limit:       {end['time_limit']}{ends}; then SIGTERM, and {kill}"]
+    where = f"{end['preempt_mode']} (partition {end['partition']})"
     if not end["preemptible"]:
-        lines.append(f"  preemption:       {end['preempt_mode'] or 'unknown'}")
+        mode = end["preempt_mode"] or "unknown"
+        lines.append(f"  preemption:       none ({mode}, {end['preempt_type'] or '?'})")
+    elif (end["preempt_type"] or "").endswith("/qos"):
+        lines.append(f"  preemption:       {where}; the job's QOS sets its GraceTime")
     elif end["grace_time"] == 0:
-        lines.append(
-            f"  preemption:       {end['preempt_mode']} (partition {end['partition']}), "
-            "GraceTime 0: killed at once"
-        )
+        lines.append(f"  preemption:       {where}, GraceTime 0: ended at once")
     else:
         lines.append(
-            f"  preemption:       {end['preempt_mode']} (partition {end['partition']}); "
-            f"then {wait(end['grace_time'], 'GraceTime')}"
+            f"  preemption:       {where}; then SIGTERM, again {seconds(end['grace_time'])} s "
+            f"later (GraceTime), and {kill}"
         )
     lines.append("    workers get SLURM's SIGTERM themselves, and all of that time to checkpoint")
     return lines

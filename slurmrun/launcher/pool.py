@@ -148,29 +148,31 @@ class AgentPool:
                 agent.conn.send({"t": protocol.CLOSE})
         waiting = {id(a.conn) for a in live}
         start = time.monotonic()
-        while waiting and time.monotonic() < start + self.stop_wait(grace) + 3.0:
-            try:
-                kind, conn, data = self.events.get(timeout=TICK)
-            except queue.Empty:
-                continue
-            sender = self.agent_of(conn)
-            if kind == "eof":
-                waiting.discard(id(conn))
-            elif sender is None:
-                conn.close()  # authenticated, but too late to take part
-            else:
-                self.on_frame_between_runs(sender, data)
-        self.starter.stop(STOP_WAIT if not waiting else 0.0)
-        for agent in self.agents.values():
-            agent.conn.close()
-        while True:  # connections that were still in the accept queue
-            try:
-                _, conn, _ = self.events.get_nowait()
-            except queue.Empty:
-                break
-            if id(conn) not in self._by_conn:
-                conn.close()
-        self.listener.join()
+        try:
+            while waiting and time.monotonic() < start + self.stop_wait(grace) + 3.0:
+                try:
+                    kind, conn, data = self.events.get(timeout=TICK)
+                except queue.Empty:
+                    continue
+                sender = self.agent_of(conn)
+                if kind == "eof":
+                    waiting.discard(id(conn))
+                elif sender is None:
+                    conn.close()  # authenticated, but too late to take part
+                else:
+                    self.on_frame_between_runs(sender, data)
+        finally:  # also on Ctrl-C during a long wait for SLURM: nothing may be left running
+            self.starter.stop(STOP_WAIT if not waiting else 0.0)
+            for agent in self.agents.values():
+                agent.conn.close()
+            while True:  # connections that were still in the accept queue
+                try:
+                    _, conn, _ = self.events.get_nowait()
+                except queue.Empty:
+                    break
+                if id(conn) not in self._by_conn:
+                    conn.close()
+            self.listener.join()
 
     def ready(self) -> None:
         """Before a run: takes in what happened since the last one, and checks every agent.
@@ -193,6 +195,9 @@ class AgentPool:
                 conn.close()
             else:
                 self.on_frame_between_runs(agent, data)
+        self.end_of_run()
+        if self.broken:
+            raise AgentFailedError(f"the launcher's agents cannot run again ({self.broken})")
         now = time.monotonic()
         self.check_processes(now, running=False)
         self.check_silence(now)
@@ -204,20 +209,29 @@ class AgentPool:
             self.on_slurm_ending(agent)
 
     def on_slurm_ending(self, agent: PoolAgent) -> None:
-        """SLURM is ending `agent`'s step: its workers may take until SLURM's kill to exit."""
+        """SLURM is ending `agent`'s step: its workers may take until SLURM's kill to exit.
+
+        The run goes on to its end (its workers' last output and errors still count); the
+        pool then cannot take another run (`end_of_run`).
+        """
         if agent.node_rank in self._slurm_ending:
             return
+        if not self._slurm_ending:  # once per pool: a job of 4096 nodes would say it 4096 times
+            log.warning(
+                "slurmrun: SLURM is ending the step on %s (SIGTERM); its workers got the signal "
+                "too, and are given until SLURM's kill to exit (at most %g s)",
+                agent.hostname,
+                protocol.SLURM_TERM_WAIT,
+            )
         self._slurm_ending.add(agent.node_rank)
-        # Its agents cannot take another run; closing the pool waits for them (stop_wait).
-        self.broken = self.broken or f"SLURM is ending the step of the agent on {agent.hostname}"
-        log.warning(
-            "slurmrun: SLURM is ending the step on %s (SIGTERM); its workers got the signal "
-            "too, and are given until SLURM's kill to exit (at most %g s)",
-            agent.hostname,
-            protocol.SLURM_TERM_WAIT,
-        )
         if self.trace is not None:
             self.trace.emit(StepEnding, host=agent.hostname, node_rank=agent.node_rank)
+
+    def end_of_run(self) -> None:
+        """After a run: agents whose step SLURM is ending cannot take another (broken)."""
+        if self._slurm_ending and not self.broken:
+            hosts = sorted(self.agents[r].hostname for r in self._slurm_ending)
+            self.broken = f"SLURM is ending the step of the agents on {hosts}"
 
     def slurm_ending(self, agent: PoolAgent) -> bool:
         """Whether `agent` said that SLURM is ending its step."""

@@ -163,6 +163,7 @@ class Session:
                 self._on_log(share, data)
             elif data.kind == protocol.TERMINATING:
                 self.pool.on_slurm_ending(share.agent)
+        self.pool.end_of_run()
 
     # ------------------------------------------------------------------ hand-out
     def _hand_out(self) -> None:
@@ -340,7 +341,7 @@ class Session:
         exc: BaseException
         if frame.kind == protocol.DIED:
             exc = worker_died(where, frame.header)
-            if frame.header.get("signal") == "SIGTERM" and self.pool.slurm_ending(share.agent):
+            if self.pool.slurm_ending(share.agent):  # SIGTERM, or its own exit once it got it
                 exc = step_ended(where, exc)
         else:
             exc = worker_error(where, frame)

@@ -279,13 +279,17 @@ class Agent:
         """SLURM ends this step: every worker got the same SIGTERM, and SLURM's SIGKILL follows.
 
         The workers may use that time (to checkpoint): `stop_workers` then waits for them, and
-        the launcher is told, so that it waits for this agent as long.
+        the launcher is told (by `announce_slurm_ending`'s thread: a signal handler must not
+        take locks the main thread may hold), so that it waits for this agent as long.
         """
-        if self.slurm_ending.is_set():
-            return
         self.slurm_ending.set()
-        # Not from this signal handler: the main thread may hold the connection's send lock.
-        threading.Thread(target=self._say_terminating, daemon=True).start()
+
+    def announce_slurm_ending(self) -> None:
+        """Runs in a thread of its own: tells the launcher once SLURM is ending the step."""
+        while not self.slurm_ending.wait(1.0):
+            if self.gone.is_set():
+                return
+        self._say_terminating()
 
     def _say_terminating(self) -> None:
         """Tells the launcher (once) that SLURM is ending this step, if it is."""
@@ -304,19 +308,25 @@ class Agent:
         """SIGTERM every live worker, then SIGKILL those still alive after the grace period.
 
         When SLURM is ending the step, the workers got its SIGTERM already: a second one could
-        cut a checkpoint short (a Python handler runs again), so they are only waited for.
+        cut a checkpoint short (a Python handler runs again), so they are only waited for, up
+        to `protocol.SLURM_TERM_WAIT`; also when SLURM's SIGTERM comes during the grace period
+        (the launcher's END can arrive first, when SLURM signals it too).
         """
         alive = [w.process for w in self.workers if w.process.is_alive()]
-        grace = self.grace
-        if self.slurm_ending.is_set():
-            grace = max(grace, protocol.SLURM_TERM_WAIT)
-        else:
+        ending = self.slurm_ending.is_set()
+        if not ending:
             for process in alive:
                 with contextlib.suppress(OSError):
                     process.terminate()
-        deadline = time.monotonic() + grace
+        start = time.monotonic()
         for process in alive:
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            while process.is_alive():
+                ending = ending or self.slurm_ending.is_set()
+                grace = max(self.grace, protocol.SLURM_TERM_WAIT) if ending else self.grace
+                left = start + grace - time.monotonic()
+                if left <= 0:
+                    break
+                process.join(timeout=min(left, _POLL))
         for process in alive:
             if process.is_alive():
                 with contextlib.suppress(OSError):
@@ -484,6 +494,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
             signal.signal(signum, lambda s, _: agent.forward_signal(s))
     else:
         signal.signal(signal.SIGTERM, lambda *_: agent.on_slurm_sigterm())
+        threading.Thread(target=agent.announce_slurm_ending, daemon=True).start()
     threading.Thread(target=agent._read_launcher, daemon=True).start()
     threading.Thread(target=agent._heartbeat, args=(heartbeat,), daemon=True).start()
     try:
