@@ -47,7 +47,7 @@ def test_info_in_salloc_shows_the_job_and_the_srun_plan(run_cmd, node_processes)
     assert "node[1-3] (from SLURM_JOB_NODELIST)" in text
     assert "time limit:       00:02:00, ends " in text
     assert "then SIGTERM, and SIGKILL 5 s later (KillWait)" in text
-    assert "preemption:       REQUEUE (partition debug), GraceTime 0: killed at once" in text
+    assert "preemption:       REQUEUE (partition debug), GraceTime 0: ended at once" in text
     assert node_processes() == {}
 
 
