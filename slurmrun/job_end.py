@@ -3,9 +3,9 @@
 SLURM ends a job's steps with SIGTERM to every process in them (workers included) and
 SIGKILL ``KillWait`` later (the time limit, ``scancel``); a preempted job gets the partition's
 ``GraceTime`` first, then SIGTERM again and SIGKILL ``KillWait`` later. slurmrun leaves all of
-that time to the workers (docs/slurm.md, "Cancellation,
-signals"). ``slurmrun info`` shows it, so that a user knows how long a checkpoint may take.
-Three ``scontrol`` calls, each bounded; what scontrol does not say is None.
+that time to the workers (docs/slurm.md, "Cancellation, signals"). ``slurmrun info`` shows
+it, so that a user knows how long a checkpoint may take. Three ``scontrol`` calls, each
+bounded; what scontrol does not say is None.
 """
 
 from __future__ import annotations

@@ -152,7 +152,10 @@ def worker_died(where: WorkerPlace, header: dict[str, Any]) -> WorkerFailedError
 
 
 def step_ended(where: WorkerPlace, died: WorkerFailedError) -> AgentFailedError:
-    """The error for a worker killed by the SIGTERM with which SLURM ends its step."""
+    """The error for a worker that died while SLURM ends its step.
+
+    Of SLURM's SIGTERM, or by exiting after it: SLURM ended the run, not a failure of its own.
+    """
     error = AgentFailedError(
         f"the agent on {where.hostname} failed: SLURM is ending its step (SIGTERM: scancel, the "
         f"job's time limit, or preemption), and {died}",
