@@ -26,12 +26,15 @@ __all__ = [
     "agent_auto_workers",
     "auto_workers_per_host",
     "expand_counts",
+    "first_record",
     "job_node_index",
     "job_tasks_per_node",
     "own_job_id",
     "parse_scontrol_gpus",
     "parse_scontrol_tasks",
     "preemption",
+    "scontrol",
+    "scontrol_fields",
     "scontrol_gpus",
     "slurm_allocation",
     "usable_cpu_count",
@@ -296,6 +299,22 @@ def job_tasks_per_node(text: str, cpus_per_node: Sequence[int]) -> list[int] | N
     return tasks
 
 
+def scontrol(args: Sequence[str], timeout: float = 10) -> str | None:
+    """The output of ``scontrol ARGS...``, or None if scontrol fails or is missing.
+
+    Args:
+        args: scontrol's arguments (``["show", "config"]``).
+        timeout: seconds to wait for scontrol before giving up.
+    """
+    try:
+        result = subprocess.run(
+            ["scontrol", *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
 def scontrol_show_job(job_id: str, timeout: float = 10) -> str | None:
     """The output of ``scontrol show job -d <job_id>``, or None if scontrol fails or is missing.
 
@@ -303,17 +322,32 @@ def scontrol_show_job(job_id: str, timeout: float = 10) -> str | None:
         job_id: the SLURM job id.
         timeout: seconds to wait for scontrol before giving up.
     """
-    try:
-        result = subprocess.run(
-            ["scontrol", "show", "job", "-d", job_id],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout if result.returncode == 0 else None
+    return scontrol(["show", "job", "-d", job_id], timeout)
+
+
+def scontrol_fields(text: str) -> dict[str, str]:
+    """The fields of scontrol's output, as one dict (the first of a key wins).
+
+    ``Key=Value`` words (``scontrol show job/partition``) and ``Key = Value`` lines
+    (``scontrol show config``) alike. For a job, pass its own record only: ``scontrol show
+    job <array id>`` lists every task of the array after it (`first_record`).
+    """
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and " " not in key.strip():
+            fields.setdefault(key.strip(), value.strip())
+            continue
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if sep:
+                fields.setdefault(key, value)
+    return fields
+
+
+def first_record(text: str) -> str:
+    """The first record of ``scontrol show job`` (records are separated by blank lines)."""
+    return text.strip().split("\n\n")[0]
 
 
 # A launch fails seconds after SLURM terminates a preempted job's steps; an older PreemptTime
@@ -366,9 +400,7 @@ def preemption(
         scontrol: ``scontrol show job``'s output for a job id (default: run it).
         now: the time to compare ``PreemptTime`` with (default: now; SLURM prints local time).
     """
-    text = (scontrol or scontrol_show_job)(job_id) or ""
-    first = text.strip().split("\n\n")[0]  # an array's whole id lists every task after it
-    fields = dict(word.partition("=")[::2] for word in first.split() if "=" in word)
+    fields = scontrol_fields(first_record((scontrol or scontrol_show_job)(job_id) or ""))
     try:
         when = datetime.datetime.fromisoformat(fields.get("PreemptTime", ""))
     except ValueError:  # "None", "Unknown", or no such job

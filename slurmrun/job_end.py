@@ -11,11 +11,13 @@ bounded; what scontrol does not say is None.
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["JobEnd", "job_end", "scontrol_fields"]
+from slurmrun import allocation
+from slurmrun.allocation import first_record, scontrol_fields
+
+__all__ = ["JobEnd", "job_end"]
 
 _SECONDS = re.compile(r"(\d+)(?: sec)?")
 
@@ -42,42 +44,13 @@ class JobEnd:
         return self.preempt_mode is not None and self.preempt_mode.upper() != "OFF"
 
 
-def scontrol_fields(text: str) -> dict[str, str]:
-    """The fields of scontrol's output, as one dict (the first of a key wins).
-
-    ``Key=Value`` words (``scontrol show job/partition``) and ``Key = Value`` lines
-    (``scontrol show config``) alike.
-    """
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(" = ")
-        if sep and " " not in key.strip():
-            fields.setdefault(key.strip(), value.strip())
-            continue
-        for word in line.split():
-            key, sep, value = word.partition("=")
-            if sep:
-                fields.setdefault(key, value)
-    return fields
-
-
-def _run_scontrol(args: Sequence[str]) -> str | None:
-    try:
-        done = subprocess.run(
-            ["scontrol", *args], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
 def _seconds(value: str | None) -> int | None:
     match = _SECONDS.fullmatch(value.strip()) if value else None
     return int(match.group(1)) if match else None
 
 
 def job_end(
-    job_id: str, scontrol: Callable[[Sequence[str]], str | None] = _run_scontrol
+    job_id: str, scontrol: Callable[[Sequence[str]], str | None] = allocation.scontrol
 ) -> JobEnd | None:
     """How SLURM will end job `job_id`; None when scontrol does not know the job.
 
@@ -85,12 +58,11 @@ def job_end(
         job_id: the job, as scontrol names it (`slurmrun.allocation.own_job_id`).
         scontrol: runs scontrol with these arguments; its output, or None if it failed.
     """
-    text = scontrol(["show", "job", "--oneliner", job_id])
-    job = scontrol_fields(text.strip().split("\n")[0]) if text else {}
+    job = scontrol_fields(first_record(scontrol(["show", "job", job_id]) or ""))
     if "TimeLimit" not in job:
         return None
     partition = job.get("Partition", "")
-    part = scontrol_fields(scontrol(["show", "partition", "--oneliner", partition]) or "")
+    part = scontrol_fields(scontrol(["show", "partition", partition]) or "")
     config = scontrol_fields(scontrol(["show", "config"]) or "")
     end_time = job.get("EndTime")
     return JobEnd(
