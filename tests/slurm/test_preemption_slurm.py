@@ -7,6 +7,7 @@ why it failed and does not restart.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -132,5 +133,6 @@ def test_a_preempted_launch_gives_its_workers_the_grace_time_and_says_why_it_fai
     assert "the launch is not restarted" in out
     assert sorted(p.name for p in tmp_path.glob("attempt*")) == ["attempt0.0", "attempt0.1"]
     assert f"slurmrun: SLURM preempted job {job_id} at " in out
-    assert "SLURM is ending the step on node1" in out
+    # the warning comes once per launch, for whichever agent said so first; each agent's event
+    assert re.search(r"SLURM is ending the step on node[12] \(SIGTERM\)", out)
     assert "event step_ending node1" in out and "event step_ending node2" in out
