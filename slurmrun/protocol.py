@@ -87,33 +87,54 @@ SLURM_TERM_WAIT = 900.0
 # ------------------------------------------------------------ message kinds
 # launcher -> agent
 START = "start"  # `Start`, with the pickled call as body: fork the workers of one run
-END = "end"  # the run is over: stop its workers (if any are left), then say IDLE
-CLOSE = "close"  # exit (stopping workers first)
-HEARTBEAT = "hb"  # both ways; no fields
+END = "end"  # `End`: the run is over: stop its workers (if any are left), then say IDLE
+CLOSE = "close"  # `Close`: exit (stopping workers first)
+HEARTBEAT = "hb"  # `Heartbeat`, both ways
 # agent -> launcher
 HELLO = "hello"  # `Hello`, first thing after the handshake
-STARTED = "started"  # "pids": the run's workers' process ids, by local rank
+STARTED = "started"  # `Started`: the run's workers' process ids, by local rank
 IDLE = "idle"  # `Idle`: the run's workers are gone and their output was forwarded
-DONE = "done"  # every worker of the run exited, and its result and output were forwarded
+DONE = "done"  # `Done`: every worker exited, and its result and output were forwarded
 DIED = "died"  # `Died`: a worker exited without a result
-TERMINATING = "terminating"  # SLURM is ending this step (SIGTERM): see SLURM_TERM_WAIT
-# worker -> agent -> launcher (the agent adds "local_rank")
-LOG = "log"  # stream ("stdout", "stderr", "logging"), level, msg; end; name (logging)
-RESULT = "result"  # the pickled return value; "streamed": true if it came on its own connection
-ERROR = "error"  # the pickled exception: exc_type, message, traceback, secondary, unpicklable
+TERMINATING = "terminating"  # `Terminating`: SLURM is ending this step (see SLURM_TERM_WAIT)
+# worker -> agent -> launcher (the agent stamps "run" and "local_rank": `stamp`)
+LOG = "log"  # `Log`
+RESULT = "result"  # `Result`, with the pickled return value as body
+ERROR = "error"  # `Error`, with the pickled exception as body
 # worker <-> agent
-STREAM = "stream"  # a worker asks for a connection of its own for a large result
-FUNC = "func"  # agent -> worker: the pickled call
-STOP = "stop"  # agent -> worker: stop now
+STREAM = "stream"  # `StreamRequest`: a worker asks for a connection of its own (large result)
+FUNC = "func"  # `Func`, agent -> worker, with the pickled call as body
+STOP = "stop"  # `Stop`, agent -> worker: stop now
 
-M = TypeVar("M", bound="_Message")
+# A text field of a header (an exception's message, a traceback, an output tail) holds at
+# most this many characters: JSON may spend 6 bytes on one, and a header's limit is 1 MiB
+# (`slurmrun.transport.MAX_HEADER_BYTES`) for every field together. What is cut stays in the
+# worker's log file.
+TEXT_LIMIT = 32 * 1024
+
+M = TypeVar("M", bound="Message")
+
+
+class ProtocolError(ValueError):
+    """A header that is no message of this protocol (unknown kind, missing or wrong fields)."""
+
+
+def clip(text: str, limit: int = TEXT_LIMIT) -> str:
+    """`text`, or its first and last parts around a marker that says how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep = max(0, limit - 100)
+    head, tail = keep // 4, keep - keep // 4
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[... {cut:,} characters cut by slurmrun ...]\n{text[-tail:]}"
 
 
 @dataclass(frozen=True)
-class _Message:
-    """A message with fields: its header is ``{"t": KIND, **fields}``."""
+class Message:
+    """A message: its header is ``{"t": KIND, **fields}``; some kinds also carry a body."""
 
     KIND: ClassVar[str]
+    _names: ClassVar[tuple[str, ...]] = ()
 
     def header(self) -> dict[str, Any]:
         """The frame header that carries this message.
@@ -121,36 +142,39 @@ class _Message:
         Its values are the message's own (not copies, as `dataclasses.asdict` would make):
         a header is only encoded, and a run sends one START per agent.
         """
-        return {"t": self.KIND} | {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {"t": self.KIND} | {name: getattr(self, name) for name in self._field_names()}
+
+    @classmethod
+    def _field_names(cls) -> tuple[str, ...]:
+        names = cls.__dict__.get("_names")
+        if not names:
+            names = tuple(f.name for f in dataclasses.fields(cls))
+            cls._names = names
+        return names
 
     @classmethod
     def from_header(cls: type[M], header: dict[str, Any]) -> M:
-        """The message in `header` (unknown keys ignored; a missing one raises TypeError)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in header.items() if k in names})
+        """The message in `header` (unknown keys ignored).
+
+        Raises:
+            ProtocolError: a field is missing.
+        """
+        names = cls._field_names()
+        try:
+            return cls(**{name: header[name] for name in names if name in header})
+        except TypeError as e:
+            raise ProtocolError(f"a {cls.KIND!r} message without its fields: {e}") from e
+
+
+# ------------------------------------------------------------ launcher -> agent
 
 
 @dataclass(frozen=True)
-class Hello(_Message):
-    """An agent introduces itself (once per connection, before anything else)."""
-
-    KIND: ClassVar[str] = HELLO
-    hostname: str
-    node_rank: int  # -1: an srun agent, known by its hostname
-    addr: str  # its address on the way to the launcher (MASTER_ADDR if it hosts rank 0)
-    auto_workers: int  # its workers if workers_per_host is "auto"
-    master_port: int  # a free port for the first run's rank 0
-    pid: int
-    slurm_job: str = ""
-    slurm_step: str = ""
-    error: str | None = None  # why it cannot start workers (a broken env file)
-
-
-@dataclass(frozen=True)
-class Start(_Message):
+class Start(Message):
     """One run's share of an agent: its workers and where they meet."""
 
     KIND: ClassVar[str] = START
+    run: int  # the run's id: every message of the run carries it back
     workers: int
     rank_offset: int
     world_size: int
@@ -170,6 +194,7 @@ class Start(_Message):
     # The local ranks whose output and logging records go to the launcher (None: every
     # rank's). The agent's own always do.
     forward_ranks: list[int] | None = None
+    unset: list[str] = dataclasses.field(default_factory=list)  # removed from every worker's env
 
 
 def start_header(
@@ -194,20 +219,187 @@ def start_header(
 
 
 @dataclass(frozen=True)
-class Idle(_Message):
-    """An agent is ready for the next run."""
+class End(Message):
+    """The run is over: stop its workers if any are left, then say `Idle`."""
+
+    KIND: ClassVar[str] = END
+    run: int
+
+
+@dataclass(frozen=True)
+class Close(Message):
+    """Exit, stopping the workers first."""
+
+    KIND: ClassVar[str] = CLOSE
+
+
+@dataclass(frozen=True)
+class Heartbeat(Message):
+    """I am alive (both ways, every heartbeat interval)."""
+
+    KIND: ClassVar[str] = HEARTBEAT
+
+
+# ------------------------------------------------------------ agent -> launcher
+
+
+@dataclass(frozen=True)
+class Hello(Message):
+    """An agent introduces itself (once per connection, before anything else)."""
+
+    KIND: ClassVar[str] = HELLO
+    hostname: str
+    node_rank: int  # -1: an srun agent, known by its hostname
+    addr: str  # its address on the way to the launcher (MASTER_ADDR if it hosts rank 0)
+    auto_workers: int  # its workers if workers_per_host is "auto"
+    master_port: int  # a free port for the first run's rank 0
+    pid: int
+    slurm_job: str = ""
+    slurm_step: str = ""
+    error: str | None = None  # why it cannot start workers (a broken env file)
+
+
+@dataclass(frozen=True)
+class Started(Message):
+    """The run's workers were forked."""
+
+    KIND: ClassVar[str] = STARTED
+    run: int
+    pids: list[int]  # by local rank
+
+
+@dataclass(frozen=True)
+class Idle(Message):
+    """An agent is ready for the next run: the workers of `run` are gone."""
 
     KIND: ClassVar[str] = IDLE
+    run: int
     master_port: int  # a free port for the next run's rank 0
 
 
 @dataclass(frozen=True)
-class Died(_Message):
+class Done(Message):
+    """Every worker of the run exited, and its result and output were forwarded."""
+
+    KIND: ClassVar[str] = DONE
+    run: int
+
+
+@dataclass(frozen=True)
+class Died(Message):
     """A worker exited (or was killed) without a result."""
 
     KIND: ClassVar[str] = DIED
+    run: int
     local_rank: int
     exitcode: int | None
     signal: str | None
     what: str  # "exited with code 3", "was killed by SIGKILL"
-    stderr_tail: str
+    stderr_tail: str  # clipped to TEXT_LIMIT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stderr_tail", clip(self.stderr_tail))
+
+
+@dataclass(frozen=True)
+class Terminating(Message):
+    """SLURM is ending the agent's step (SIGTERM): see `SLURM_TERM_WAIT`."""
+
+    KIND: ClassVar[str] = TERMINATING
+
+
+# ------------------------------------------------------------ worker -> agent -> launcher
+
+
+@dataclass(frozen=True)
+class Log(Message):
+    """A line of a worker's output, or a `logging` record (the agent's own: local_rank -1)."""
+
+    KIND: ClassVar[str] = LOG
+    stream: str  # "stdout", "stderr" or "logging"
+    level: int
+    msg: str
+    end: str = "\n"  # "\n": a finished line; "\r": the current state of an unfinished one
+    name: str = ""  # the logger's (logging records)
+    local_rank: int = -1
+    run: int = 0
+
+
+@dataclass(frozen=True)
+class Result(Message):
+    """A worker's return value (the body), or the announcement of one that was streamed."""
+
+    KIND: ClassVar[str] = RESULT
+    streamed: bool = False  # it came (or comes) on a connection of its own
+    node_rank: int = -1  # set on a streamed result's own connection
+    local_rank: int = -1
+    run: int = 0
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """A worker's exception (pickled in the body, if it could be)."""
+
+    KIND: ClassVar[str] = ERROR
+    exc_type: str
+    message: str  # clipped to TEXT_LIMIT (the whole text is in the pickled exception)
+    traceback: str  # clipped to TEXT_LIMIT
+    secondary: bool = False  # likely a consequence of another rank's failure
+    unpicklable: str | None = None  # why the exception could not be pickled
+    local_rank: int = -1
+    run: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", clip(self.message))
+        object.__setattr__(self, "traceback", clip(self.traceback))
+
+
+def stamp(header: dict[str, Any], *, run: int, local_rank: int) -> None:
+    """Marks a worker's header (forwarded as it is) with its run and local rank."""
+    header["run"] = run
+    header["local_rank"] = local_rank
+
+
+# ------------------------------------------------------------ worker <-> agent
+
+
+@dataclass(frozen=True)
+class StreamRequest(Message):
+    """A worker asks its agent for a connection of its own to the launcher (a large result)."""
+
+    KIND: ClassVar[str] = STREAM
+
+
+@dataclass(frozen=True)
+class Func(Message):
+    """The call to run (the body), agent -> worker."""
+
+    KIND: ClassVar[str] = FUNC
+
+
+@dataclass(frozen=True)
+class Stop(Message):
+    """Stop now, agent -> worker."""
+
+    KIND: ClassVar[str] = STOP
+
+
+KINDS: dict[str, type[Message]] = {
+    cls.KIND: cls
+    for cls in (
+        Start, End, Close, Heartbeat, Hello, Started, Idle, Done, Died, Terminating,
+        Log, Result, Error, StreamRequest, Func, Stop,
+    )
+}  # fmt: skip
+
+
+def parse(header: dict[str, Any]) -> Message:
+    """The message a frame header carries.
+
+    Raises:
+        ProtocolError: an unknown kind, or a missing field.
+    """
+    cls = KINDS.get(header.get("t"))  # type: ignore[arg-type]
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {header.get('t')!r}")
+    return cls.from_header(header)

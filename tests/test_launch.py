@@ -17,7 +17,7 @@ import pytest
 import slurmrun
 from slurmrun import transport
 from slurmrun.errors import RemoteTraceback
-from slurmrun.launcher.session import Session
+from slurmrun.launcher.run import Run
 from slurmrun.node.worker import STREAM_MIN_BYTES
 
 # ---------------------------------------------------------------- functions run on workers
@@ -336,13 +336,13 @@ def test_auto_workers_per_host_is_the_usable_cpu_count(monkeypatch):
 def streamed(monkeypatch):
     """Local ranks whose results reached the launcher over connections of their own."""
     seen: list[int] = []
-    real = Session._on_streamed
+    real = Run.on_streamed
 
-    def spy(self, conn, frame, now):
-        seen.append(frame.header.get("local_rank"))
-        return real(self, conn, frame, now)
+    def spy(self, conn, result, frame):
+        seen.append(result.local_rank)
+        return real(self, conn, result, frame)
 
-    monkeypatch.setattr(Session, "_on_streamed", spy)
+    monkeypatch.setattr(Run, "on_streamed", spy)
     return seen
 
 

@@ -13,7 +13,7 @@ import warnings
 import pytest
 
 import slurmrun
-from slurmrun.launcher.session import Session
+from slurmrun.launcher.run import Run
 from slurmrun.logs import LINE, PROGRESS, LineAssembler
 
 # ---------------------------------------------------------------- functions run on workers
@@ -86,13 +86,13 @@ def test_agents_write_the_files_and_send_the_launcher_only_what_it_shows(tmp_pat
     # not all pass through it. The agents, which see the log directory, write the files.
     monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
     received: list[logging.LogRecord] = []
-    real = slurmrun.launcher.session.dispatch
+    real = slurmrun.launcher.run.dispatch
 
     def spy(record, handlers):
         received.append(record)
         real(record, handlers)
 
-    monkeypatch.setattr(slurmrun.launcher.session, "dispatch", spy)
+    monkeypatch.setattr(slurmrun.launcher.run, "dispatch", spy)
     result = slurmrun.launch(print_lines_then_return, (300, 1024), workers_per_host=3)
     assert result.world_size == 3
     assert {r.rank for r in received} == {0}, "only rank 0's records reach the launcher"
@@ -171,13 +171,13 @@ def test_output_printed_before_returning_is_handled_before_the_result(n_bytes, m
             if "line" in record.getMessage():
                 events.append(("line", record.local_rank))
 
-    real = Session._got_result
+    real = Run._got_result
 
     def spy(self, agent, local_rank, frame, now):
         events.append(("result", local_rank))
         return real(self, agent, local_rank, frame, now)
 
-    monkeypatch.setattr(Session, "_got_result", spy)
+    monkeypatch.setattr(Run, "_got_result", spy)
     slurmrun.launch(
         print_lines_then_return, (300, n_bytes), workers_per_host=2, log_handlers=[Collect()]
     )

@@ -213,10 +213,14 @@ class Launcher:
         Rules of a warm launcher: an agent that fails during a run (its process, its node,
         its heartbeats) fails that run with AgentFailedError and the next run starts every
         agent again (one new srun step), as does an agent that died between runs (with a
-        warning); a failed worker or a Ctrl-C ends only that run's workers. Changing
-        ``hostnames``, ``workers_per_host`` or what agents start with (environment, env file,
-        heartbeat and connect timeouts, backend None) between runs is a ValueError: close the
-        launcher first. After `close`, `run` is a cold launch again.
+        warning); a failed worker or a Ctrl-C ends only that run's workers (and every process
+        they started). Changing ``hostnames``, ``workers_per_host`` or what agents start with
+        (the variable patterns, env file, heartbeat and connect timeouts, backend None)
+        between runs is a ValueError: close the launcher first. The variables that
+        ``default_env_vars`` and ``extra_env_vars`` select are read at every run: a change of
+        ``os.environ`` between runs (``OMP_NUM_THREADS``, ``HF_HOME``) reaches the next run's
+        workers, and a variable unset since is unset there. After `close`, `run` is a cold
+        launch again.
         """
         warm = warm_of(self)
         if warm is not None:

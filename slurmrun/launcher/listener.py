@@ -2,8 +2,9 @@
 
 One reader thread accepts, authenticates and reads every connection through one selector
 (epoll on Linux): a connection is a `slurmrun.launcher.incoming.Incoming`, fed what arrives without
-ever blocking the others. It turns frames into events on one queue (``("frame", conn,
-frame)``, then ``("eof", conn, why)``) and notes when each connection last delivered a frame.
+ever blocking the others. It turns frames into typed events on one queue
+(`slurmrun.launcher.pump.Received`, then `slurmrun.launcher.pump.Closed`) and notes when each
+connection last delivered a frame.
 A large payload is received by a short-lived thread of its own, so big results still arrive
 in parallel. A heartbeat thread tells agents that the launcher is alive.
 `slurmrun.launcher.pool.AgentPool` and the run on it (`slurmrun.launcher.session.Session`) make
@@ -19,10 +20,10 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any
 
 from slurmrun import protocol
 from slurmrun.launcher.incoming import Incoming
+from slurmrun.launcher.pump import Closed, Events, Received
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
 from slurmrun.transport import AuthenticationError, Connection, FrameError
 
@@ -58,7 +59,7 @@ class Listener:
         self.secret = secret
         self.silence = silence
         # SimpleQueue: 4096 agents put ~50,000 frames through it in a launch.
-        self.events: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
+        self.events: Events = queue.SimpleQueue()
         self.closing = threading.Event()
         # When each connection last delivered a frame: liveness is judged by what arrived,
         # not by what the (possibly backlogged) event queue got round to.
@@ -207,7 +208,7 @@ class Listener:
         if frames:
             self._heard[id(conn)] = time.monotonic()
             for frame in frames:
-                self.events.put(("frame", conn, frame))
+                self.events.put(Received(conn, frame))
         if not still_open:
             self._ended(incoming, "")
         elif incoming.handoff:
@@ -226,7 +227,7 @@ class Listener:
         if incoming.conn is None:
             self._reject(incoming, f"handshake broke off: {why}")
             return
-        self.events.put(("eof", incoming.conn, why))
+        self.events.put(Closed(incoming.conn, why))
 
     def _receive_rest(self, incoming: Incoming) -> None:
         """A large payload's rest, on a thread of its own; then the reader takes it back."""
@@ -234,10 +235,10 @@ class Listener:
         try:
             frame = incoming.receive_rest()
         except (OSError, EOFError) as e:
-            self.events.put(("eof", incoming.conn, str(e) or type(e).__name__))
+            self.events.put(Closed(incoming.conn, str(e) or type(e).__name__))
             return
         self._heard[id(incoming.conn)] = time.monotonic()
-        self.events.put(("frame", incoming.conn, frame))
+        self.events.put(Received(incoming.conn, frame))
         self._post(incoming)
 
     def _take_todo(self) -> None:
@@ -257,7 +258,7 @@ class Listener:
                 except (KeyError, ValueError, OSError):
                     # Closed meanwhile (by the pool): nothing more will come from it.
                     assert item.conn is not None  # noqa: S101 - handed back after a frame
-                    self.events.put(("eof", item.conn, "closed"))
+                    self.events.put(Closed(item.conn, "closed"))
 
     def _sweep(self, now: float) -> None:
         """Ends handshakes past their deadline."""
@@ -285,7 +286,8 @@ class Listener:
         A heartbeat never waits: a connection busy sending (the function, to a slow agent)
         already shows the agent that the launcher is alive.
         """
+        beat = protocol.Heartbeat().header()
         while not self.closing.wait(self.silence / HEARTBEATS_PER_TIMEOUT):
             for conn in list(self._agents):
                 with contextlib.suppress(OSError):
-                    conn.send_nowait({"t": protocol.HEARTBEAT})
+                    conn.send_nowait(beat)

@@ -54,6 +54,7 @@ __all__ = [
     "plan_dry_run",
     "silence",
     "step_order",
+    "user_env",
     "wanted_port",
 ]
 
@@ -282,16 +283,23 @@ def launcher_address(plan: Plan) -> Address:
     )
 
 
-def _agent_env(
-    cfg: Launcher, control: dict[str, str], environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """What agents start with: the matching variables of ours, the given ones, the launch's."""
+def user_env(cfg: Launcher, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The user's part of what agents and workers get: the matching variables, the given ones.
+
+    A warm launcher reads it again at every run (`slurmrun.launcher.warm`).
+    """
     environ = os.environ if environ is None else environ
     patterns, values = env_words(cfg.extra_env_vars)
     env = matching_env(environ, [*cfg.default_env_vars, *patterns])
     env.update(values)
-    env.update(control)
     return env
+
+
+def _agent_env(
+    cfg: Launcher, control: dict[str, str], environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """What agents start with: the matching variables of ours, the given ones, the launch's."""
+    return user_env(cfg, environ) | control
 
 
 def silence(cfg: Launcher) -> float:

@@ -1,46 +1,66 @@
 """The launcher's agents, connected once and kept: started, watched, closed.
 
 A pool lives as long as a warm launcher (`Launcher` used as a context manager), or one call
-of a cold one; each run (`slurmrun.launcher.session.Session`) borrows its agents. The pool
-judges what concerns agents whatever the run: an agent process that exited, an agent silent
-for longer than its heartbeat timeout, a connection that closed. Once such a failure was seen
-the pool is `broken`: the launcher closes it, and the next run starts new agents.
+of a cold one; each run (`slurmrun.launcher.run.Run`) borrows its agents. The pool reads every
+event (`slurmrun.launcher.pump`) and routes it: what concerns agents whatever the run (hello,
+heartbeats, SLURM ending a step, an agent ready again, a connection that ended) is its own;
+a message of the run in progress goes to the run; a message of any other run (a process a
+finished run left behind, a run cut short by Ctrl-C) is dropped and counted. Once an agent
+failed, the pool is `PoolState.BROKEN`: the launcher closes it, and the next run starts new
+agents.
 
 Threads only move bytes (`slurmrun.launcher.listener`): every decision is taken by the calling
-thread from the listener's single event queue.
+thread, in `slurmrun.launcher.pump.pump`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
-import queue
-import re
 import shutil
 import socket
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
-from slurmrun.events import AgentConnected, StepEnding, Trace
-from slurmrun.launcher.failures import agent_exit_error
+from slurmrun.events import AgentConnected, Trace
+from slurmrun.launcher.health import AgentHealth, StepEndings
 from slurmrun.launcher.listener import Listener
+from slurmrun.launcher.pump import Closed, Event, Received, drain, pump
 from slurmrun.launcher.starters import AgentStarter
-from slurmrun.logs import LogDir, tail_file
+from slurmrun.logs import LogDir
 from slurmrun.transport import Connection, Frame
 
-__all__ = ["AgentPool", "PoolAgent"]
+__all__ = ["AgentPool", "PoolAgent", "PoolBroken", "PoolState", "RunOwner"]
 
-# After an agent's process exits, how long its connection may take to deliver what it sent.
-DRAIN_TIMEOUT = 2.0
 # Once agents closed their connections, how long their processes (or srun) may take to exit.
 STOP_WAIT = 1.0
-TICK = 0.05
+# Beyond the workers' grace period: how long agents may take to say IDLE after END.
+IDLE_WAIT = 5.0
 log = logging.getLogger("slurmrun")
-_SRUN_TASK_EXIT = re.compile(r"srun: error: (\S+): task \d+: Exited with exit code (\d+)")
+
+
+class PoolState(enum.Enum):
+    """Where a pool is in its life.
+
+    NEW -> OPENING (agents start and connect) -> READY <-> RUNNING (a run holds the agents);
+    any state -> BROKEN (an agent failed: the pool takes no other run) -> CLOSED.
+    """
+
+    NEW = "new"
+    OPENING = "opening"
+    READY = "ready"
+    RUNNING = "running"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+class PoolBroken(AgentFailedError):
+    """The pool's agents cannot take another run (it broke earlier, or was closed)."""
 
 
 @dataclass
@@ -53,6 +73,28 @@ class PoolAgent:
     hello: protocol.Hello
     master_port: int  # for the next run's rank 0, if this agent hosts it
     closed: bool = False  # its connection ended
+    run: int | None = None  # the run whose workers it has (until its IDLE)
+
+
+class RunOwner(Protocol):
+    """What a run takes from the pool's loop (`slurmrun.launcher.run.Run`)."""
+
+    id: int
+    ending: bool  # END was sent: only output still counts, nothing is judged
+
+    def on_message(
+        self, agent: PoolAgent, message: protocol.Message, frame: Frame, now: float
+    ) -> None:
+        """A message of this run from `agent`."""
+
+    def on_streamed(self, conn: Connection, message: protocol.Result, frame: Frame) -> None:
+        """A result of this run that came over a connection of its own."""
+
+    def on_closed(self, agent: PoolAgent, why: str) -> None:
+        """`agent`'s connection ended during the run."""
+
+    def on_tick(self, now: float) -> None:
+        """What time alone reveals about the run."""
 
 
 @dataclass
@@ -77,18 +119,21 @@ class AgentPool:
     silence: float
     log_dir: LogDir | None = None
     agents: dict[int, PoolAgent] = field(default_factory=dict)
+    state: PoolState = PoolState.NEW
     broken: str | None = None  # why its agents cannot take another run
     trace: Trace | None = None  # the current launch's events (set by the launcher)
+    run: RunOwner | None = None  # the run in progress
+    dropped: int = 0  # messages of other runs than the one in progress
 
     def __post_init__(self) -> None:
         self.listener = Listener(self.server, self.secret, self.silence)
         self.events = self.listener.events
+        self.health = AgentHealth(
+            self.hostnames, self.starter, self.silence, self.listener.heard_at
+        )
         self._by_conn: dict[int, PoolAgent] = {}
-        self._exited_at: dict[int | None, float] = {}
-        self._dead: set[int] = set()  # node ranks declared dead (no heartbeat): not waited for
-        self._slurm_ending: set[int] = set()  # node ranks whose step SLURM is ending
-        self._next_silence_check = 0.0
-        self._opened = False
+        self.endings = StepEndings()  # agents whose step SLURM is ending
+        self._last_run = 0
 
     # ------------------------------------------------------------------ life
     def open(self, env: Mapping[str, str]) -> None:
@@ -97,32 +142,19 @@ class AgentPool:
         Raises:
             AgentFailedError: an agent failed to start, exited, or did not connect in time.
         """
-        self._opened = True
+        self.state = PoolState.OPENING
         self.listener.start()
         self.starter.start(env)
         deadline = time.monotonic() + self.connect_timeout
-        next_check = 0.0
-        while len(self.agents) < len(self.hostnames):
-            now = time.monotonic()
-            if now >= next_check:
-                if now > deadline:
-                    missing = [h for i, h in enumerate(self.hostnames) if i not in self.agents]
-                    raise AgentFailedError(
-                        f"agents on {missing} did not connect within timeout="
-                        f"{self.connect_timeout:.0f} s. Their output: "
-                        f"{self.starter.log_file(None) or self.starter.log_file(0)}",
-                        hostname=missing[0],
-                    )
-                self.check_processes(now, running=False)
-                next_check = now + TICK
-            try:
-                kind, conn, data = self.events.get(timeout=max(0.0, next_check - now))
-            except queue.Empty:
-                continue
-            if kind == "eof":
-                self.on_eof(conn, data, running=False)
-            elif self.agent_of(conn) is None:
-                self.on_hello(conn, data)
+        if not pump(self.events, self, lambda: len(self.agents) == len(self.hostnames), deadline):
+            missing = [h for i, h in enumerate(self.hostnames) if i not in self.agents]
+            raise AgentFailedError(
+                f"agents on {missing} did not connect within timeout="
+                f"{self.connect_timeout:.0f} s. Their output: "
+                f"{self.starter.log_file(None) or self.starter.log_file(0)}",
+                hostname=missing[0],
+            )
+        self.state = PoolState.READY
 
     def close(self, grace: float = 3.0) -> None:
         """Tells every live agent to exit, waits for them (bounded), then kills what is left.
@@ -130,9 +162,12 @@ class AgentPool:
         Agents stop their workers first (SIGTERM, `grace`, SIGKILL). Agents declared dead, or
         lost with their node, are not waited for.
         """
-        self.broken = self.broken or "closed"
+        opened = self.state is not PoolState.NEW
+        self.breaks("closed")
+        self.state = PoolState.CLOSED
+        self.run = None
         try:
-            if self._opened:
+            if opened:
                 self._close_agents(grace)
         finally:
             with contextlib.suppress(OSError):
@@ -142,121 +177,176 @@ class AgentPool:
 
     def _close_agents(self, grace: float) -> None:
         self.listener.close()
-        live = [a for a in self.agents.values() if not a.closed and a.node_rank not in self._dead]
+        live = [a for a in self.agents.values() if not a.closed and a.node_rank not in self.dead]
+        close = protocol.Close().header()
         for agent in live:
             with contextlib.suppress(OSError):
-                agent.conn.send({"t": protocol.CLOSE})
-        waiting = {id(a.conn) for a in live}
-        start = time.monotonic()
+                agent.conn.send(close)
+        deadline = time.monotonic() + self.endings.stop_wait(grace) + 3.0
+
+        def all_gone() -> bool:
+            return all(a.closed for a in live)
+
+        all_closed = False
         try:
-            while waiting and time.monotonic() < start + self.stop_wait(grace) + 3.0:
-                try:
-                    kind, conn, data = self.events.get(timeout=TICK)
-                except queue.Empty:
-                    continue
-                sender = self.agent_of(conn)
-                if kind == "eof":
-                    waiting.discard(id(conn))
-                elif sender is None:
-                    conn.close()  # authenticated, but too late to take part
-                else:
-                    self.on_frame_between_runs(sender, data)
+            all_closed = pump(self.events, _Closing(self), all_gone, deadline)
         finally:  # also on Ctrl-C during a long wait for SLURM: nothing may be left running
-            self.starter.stop(STOP_WAIT if not waiting else 0.0)
+            self.starter.stop(STOP_WAIT if all_closed else 0.0)
             for agent in self.agents.values():
                 agent.conn.close()
-            while True:  # connections that were still in the accept queue
-                try:
-                    _, conn, _ = self.events.get_nowait()
-                except queue.Empty:
-                    break
-                if id(conn) not in self._by_conn:
-                    conn.close()
+            drain(self.events, _Closing(self))  # connections still in the accept queue
             self.listener.join()
 
-    def ready(self) -> None:
+    def ready(self, grace: float = 3.0) -> None:
         """Before a run: takes in what happened since the last one, and checks every agent.
 
+        Agents still ending an earlier run (one cut short by Ctrl-C) are waited for, bounded.
+
         Raises:
+            PoolBroken: the pool broke earlier, or agents did not end an earlier run in time.
             AgentFailedError: an agent exited, closed its connection or went silent while idle.
         """
-        if self.broken:
-            raise AgentFailedError(f"the launcher's agents cannot run again ({self.broken})")
-        while True:
-            try:
-                kind, conn, data = self.events.get_nowait()
-            except queue.Empty:
-                break
-            agent = self.agent_of(conn)
-            if kind == "eof":
-                self.on_eof(conn, data, running=False)
-            # unknown connections (a streamed result of a run that failed) are dropped
-            elif agent is None:
-                conn.close()
-            else:
-                self.on_frame_between_runs(agent, data)
-        self.end_of_run()
-        if self.broken:
-            raise AgentFailedError(f"the launcher's agents cannot run again ({self.broken})")
+        self._check_usable()
+        drain(self.events, self)
+        busy = [a for a in self.agents.values() if a.run is not None]
+        if busy:
+            deadline = time.monotonic() + self.endings.stop_wait(grace) + IDLE_WAIT
+            if not pump(self.events, self, lambda: all(a.run is None for a in busy), deadline):
+                late = sorted(a.hostname for a in busy if a.run is not None)
+                self.breaks(f"the agents on {late} did not end an earlier run in time")
+        self._end_of_run()
+        self._check_usable()
         now = time.monotonic()
-        self.check_processes(now, running=False)
-        self.check_silence(now)
+        self.health.check_processes(self.agents, now, running=False)
+        self.health.check_silence(self.agents, now)
 
-    # ------------------------------------------------------------------ decisions
-    def on_frame_between_runs(self, agent: PoolAgent, frame: Frame) -> None:
-        """Takes in what an agent sends outside a run (heartbeats, its workers' late lines)."""
-        if frame.kind == protocol.TERMINATING:
-            self.on_slurm_ending(agent)
+    def _check_usable(self) -> None:
+        if self.state in {PoolState.BROKEN, PoolState.CLOSED}:
+            raise PoolBroken(f"the launcher's agents cannot run again ({self.broken})")
 
-    def on_slurm_ending(self, agent: PoolAgent) -> None:
-        """SLURM is ending `agent`'s step: its workers may take until SLURM's kill to exit.
+    def begin(self, run: RunOwner) -> int:
+        """`run` holds the agents from now on; returns its id (new for every run)."""
+        self._last_run += 1
+        run.id = self._last_run
+        self.run = run
+        if self.state is PoolState.READY:
+            self.state = PoolState.RUNNING
+        return run.id
 
-        The run goes on to its end (its workers' last output and errors still count); the
-        pool then cannot take another run (`end_of_run`).
-        """
-        if agent.node_rank in self._slurm_ending:
-            return
-        if not self._slurm_ending:  # once per pool: a job of 4096 nodes would say it 4096 times
-            log.warning(
-                "slurmrun: SLURM is ending the step on %s (SIGTERM); its workers got the signal "
-                "too, and are given until SLURM's kill to exit (at most %g s)",
-                agent.hostname,
-                protocol.SLURM_TERM_WAIT,
-            )
-        self._slurm_ending.add(agent.node_rank)
-        if self.trace is not None:
-            self.trace.emit(StepEnding, host=agent.hostname, node_rank=agent.node_rank)
+    def finish(self, run: RunOwner) -> None:
+        """`run` is over (its agents may still be ending it: `ready` waits for them)."""
+        if self.run is run:
+            self.run = None
+        self._end_of_run()
+        if self.state is PoolState.RUNNING:
+            self.state = PoolState.READY
+        if self.dropped:
+            log.debug("slurmrun: %d message(s) of other runs dropped so far", self.dropped)
 
-    def end_of_run(self) -> None:
+    def _end_of_run(self) -> None:
         """After a run: agents whose step SLURM is ending cannot take another (broken)."""
-        if self._slurm_ending and not self.broken:
-            hosts = sorted(self.agents[r].hostname for r in self._slurm_ending)
-            self.broken = f"SLURM is ending the step of the agents on {hosts}"
+        if self.endings.hosts:
+            self.breaks(f"SLURM is ending the step of the agents on {sorted(self.endings.hosts)}")
 
-    def slurm_ending(self, agent: PoolAgent) -> bool:
-        """Whether `agent` said that SLURM is ending its step."""
-        return agent.node_rank in self._slurm_ending
+    def breaks(self, why: str) -> None:
+        """Marks the pool broken (the first reason is kept): it takes no other run."""
+        self.broken = self.broken or why
+        if self.state is not PoolState.CLOSED:
+            self.state = PoolState.BROKEN
 
-    def stop_wait(self, grace: float) -> float:
-        """How long agents may take to stop their workers: `grace`, or SLURM's time."""
-        return max(grace, protocol.SLURM_TERM_WAIT) if self._slurm_ending else grace
+    @property
+    def dead(self) -> set[int]:
+        """Node ranks of agents declared dead (silent): not waited for."""
+        return self.health.dead
+
+    # ------------------------------------------------------------------ the loop's events
+    def on_event(self, event: Event, now: float) -> None:
+        """Routes one event: the pool's own, the run's, or another run's (dropped)."""
+        agent = self.agent_of(event.conn)
+        if isinstance(event, Closed):
+            if agent is not None:
+                self._on_closed(agent, event.why)
+            return
+        message = self._parse(agent, event)
+        if message is None:
+            return
+        if agent is None:
+            self._on_stranger(event.conn, message, event.frame)
+        elif isinstance(message, protocol.Heartbeat):
+            pass
+        elif isinstance(message, protocol.Terminating):
+            self.endings.note(agent, self.trace)
+        elif isinstance(message, protocol.Idle):
+            self._on_idle(agent, message)
+        elif isinstance(message, protocol.Hello):
+            raise self.exit_error(agent.node_rank, "it said hello twice")
+        elif self.run is not None and getattr(message, "run", None) == self.run.id:
+            self.run.on_message(agent, message, event.frame, now)
+        else:
+            self.dropped += 1
 
     def agent_of(self, conn: Connection) -> PoolAgent | None:
         """The agent whose control connection `conn` is (None: a streamed result, or new)."""
         return self._by_conn.get(id(conn))
 
-    def on_hello(self, conn: Connection, frame: Frame) -> None:
+    def on_tick(self, now: float) -> None:
+        """Judges agents (and the run's own clock)."""
+        if self.run is not None and self.run.ending:
+            return  # the run's outcome stands; `Run._end`'s wait is bounded
+        self.health.check_processes(self.agents, now, running=self.run is not None)
+        if self.state is not PoolState.OPENING:
+            self.health.check_silence(self.agents, now)
+        if self.run is not None:
+            self.run.on_tick(now)
+
+    def _parse(self, agent: PoolAgent | None, event: Received) -> protocol.Message | None:
+        try:
+            return protocol.parse(event.frame.header)
+        except protocol.ProtocolError as e:
+            event.conn.close()
+            if agent is None:
+                return None
+            why = f"it sent a message the launcher does not know ({e})"
+            raise self.exit_error(agent.node_rank, why) from e
+
+    def _on_stranger(self, conn: Connection, message: protocol.Message, frame: Frame) -> None:
+        """A message on a connection that is no agent's (yet)."""
+        if isinstance(message, protocol.Hello) and self.state is PoolState.OPENING:
+            self.on_hello(conn, message)
+        elif isinstance(message, protocol.Result) and self.run and message.run == self.run.id:
+            self.run.on_streamed(conn, message, frame)
+        elif self.state is PoolState.OPENING:
+            conn.close()
+            raise AgentFailedError(f"an agent sent {message.KIND!r} before hello")
+        else:
+            conn.close()  # a streamed result of another run, or an agent too late to count
+            self.dropped += 1
+
+    def _on_idle(self, agent: PoolAgent, idle: protocol.Idle) -> None:
+        if agent.run == idle.run:
+            agent.run = None
+            agent.master_port = idle.master_port
+
+    def _on_closed(self, agent: PoolAgent, why: str) -> None:
+        agent.closed = True
+        self.breaks(f"the agent on {agent.hostname} closed its connection")
+        if self.state is PoolState.CLOSED:
+            return
+        if self.run is not None:
+            self.run.on_closed(agent, why)
+            return
+        time.sleep(0.2)  # give the exit code a moment to appear, for the message
+        detail = f" ({why})" if why else ""
+        why = f"it closed its connection before its work was done{detail}"
+        raise self.exit_error(agent.node_rank, why)
+
+    def exit_error(self, node_rank: int, why: str) -> AgentFailedError:
+        """The error for an agent that ended too early (the pool is broken)."""
+        self.breaks(why)
+        return self.health.exit_error(self.agents, node_rank, why)
+
+    def on_hello(self, conn: Connection, hello: protocol.Hello) -> None:
         """Takes in a new agent (or raises for a connection that is not one)."""
-        if frame.kind == protocol.RESULT:  # no worker is running yet: it is not theirs
-            conn.close()
-            raise AgentFailedError(
-                "a result arrived for an unknown or finished worker (node rank "
-                f"{frame.header.get('node_rank')!r}, local rank {frame.header.get('local_rank')!r})"
-            )
-        if frame.kind != protocol.HELLO:
-            conn.close()
-            raise AgentFailedError(f"an agent sent {frame.kind!r} before hello")
-        hello = protocol.Hello.from_header(frame.header)
         rank = hello.node_rank
         if rank < 0:
             # Agents of an srun step are known by their node name.
@@ -270,7 +360,7 @@ class AgentPool:
                 hostname=hello.hostname,
             )
         agent = PoolAgent(rank, self.hostnames[rank], conn, hello, hello.master_port)
-        self.starter.agent_hello(rank, frame.header)
+        self.starter.agent_hello(rank, hello.header())
         self.agents[rank] = agent
         self._by_conn[id(conn)] = agent
         self.listener.add_agent(conn)
@@ -285,90 +375,35 @@ class AgentPool:
                 log_file=self.starter.log_file(rank),
             )
 
-    def on_eof(self, conn: Connection, why: str, *, running: bool) -> PoolAgent | None:
-        """An agent's connection ended: raises unless a run may let it go (`running`).
-
-        Returns the agent (None: not an agent's connection). The pool is broken either way.
-        """
-        agent = self.agent_of(conn)
-        if agent is None:
-            return None
-        agent.closed = True
-        self.broken = f"the agent on {agent.hostname} closed its connection"
-        if not running:
-            time.sleep(0.2)  # give the exit code a moment to appear, for the message
-            detail = f" ({why})" if why else ""
-            raise self.exit_error(
-                agent.node_rank, f"it closed its connection before its work was done{detail}"
-            )
-        return agent
-
-    def exit_error(self, node_rank: int | None, why: str) -> AgentFailedError:
-        """The error for an agent (None: the srun step) that ended too early."""
-        self.broken = self.broken or why
-        hostname = ""
-        if node_rank is not None:
-            agent = self.agents.get(node_rank)
-            hostname = agent.hostname if agent else self.hostnames[node_rank]
-        return agent_exit_error(self.starter, node_rank, hostname, why)
-
-    def check_processes(self, now: float, *, running: bool) -> None:
-        """Turns agent process exits into errors once their connections had time to drain."""
-        for node_rank in self.starter.exit_codes():
-            first_seen = self._exited_at.setdefault(node_rank, now)
-            if node_rank is None:
-                agents = [a for a in self.agents.values() if not a.closed]
-                if not agents and len(self.agents) < len(self.hostnames):
-                    # srun ended before every agent connected (e.g. it could not create the
-                    # step, or an agent gave up reaching us): name the agent that ended first
-                    raise self.exit_error(self._first_failed(), "the srun step ended early")
-                if agents and (not running or now - first_seen > DRAIN_TIMEOUT):
-                    raise self.exit_error(agents[0].node_rank, "the srun step ended early")
-                continue
-            agent = self.agents.get(node_rank)
-            drained = agent is not None and (agent.closed or now - first_seen <= DRAIN_TIMEOUT)
-            if not running or not drained:
-                raise self.exit_error(node_rank, "it ended before its workers did")
-
-    def _first_failed(self) -> int | None:
-        """The node rank of the first task srun saw fail on its own (not from its SIGTERM)."""
-        step_log = self.starter.log_file(None)
-        for host, code in _SRUN_TASK_EXIT.findall(tail_file(step_log, 100)):
-            if host in self.hostnames and int(code) != 128 + 15:
-                return self.hostnames.index(host)
-        return None
-
-    def check_silence(self, now: float) -> None:
-        """Raises for an agent that sent nothing (not even a heartbeat) for `silence` s.
-
-        It looks at most every `silence` / 10 s (and at least every second): each look goes
-        over every agent, and a run calls it every `TICK`.
-        """
-        if now < self._next_silence_check:
-            return
-        self._next_silence_check = now + min(1.0, self.silence / 10)
-        for agent in self.agents.values():
-            if agent.closed or agent.conn.receiving:
-                continue
-            if now - self.listener.heard_at(agent.conn) > self.silence:
-                self._dead.add(agent.node_rank)
-                self.broken = f"the agent on {agent.hostname} went silent"
-                raise AgentFailedError(
-                    f"the agent on {agent.hostname} sent nothing for {self.silence:g} s "
-                    "(no heartbeat): its node may be hung or unreachable. Its log: "
-                    f"{self.starter.log_file(agent.node_rank)}",
-                    hostname=agent.hostname,
-                    log_file=self.starter.log_file(agent.node_rank),
-                )
-
+    # ------------------------------------------------------------------ sending
     def send(self, agent: PoolAgent, header: dict[str, Any], body: bytes = b"") -> None:
         """Sends one message to `agent`; a failure breaks the pool and raises."""
         try:
             agent.conn.send(header, body)
         except OSError as e:
-            self.broken = f"could not reach the agent on {agent.hostname}"
+            self.breaks(f"could not reach the agent on {agent.hostname}")
             raise AgentFailedError(
                 f"could not send to the agent on {agent.hostname}: {e}",
                 hostname=agent.hostname,
                 log_file=self.starter.log_file(agent.node_rank),
             ) from e
+
+
+@dataclass
+class _Closing:
+    """The pool's loop while it closes: connections end, late ones are turned away."""
+
+    pool: AgentPool
+
+    def on_event(self, event: Event, now: float) -> None:
+        agent = self.pool.agent_of(event.conn)
+        if isinstance(event, Closed):
+            if agent is not None:
+                agent.closed = True
+        elif agent is None:
+            event.conn.close()  # authenticated, but too late to take part
+        elif event.frame.header.get("t") == protocol.TERMINATING:
+            self.pool.endings.note(agent, self.pool.trace)
+
+    def on_tick(self, now: float) -> None:
+        """Nothing to judge: the pool is going."""

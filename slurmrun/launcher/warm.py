@@ -2,7 +2,7 @@
 
 A cold `launch()` is a warm launcher used once (`Launcher.run` opens one for the call), so
 this is the only way a run starts: `run_attempt` readies the kept pool (or starts new agents,
-if there are none or they broke), runs one `Session` on it, and drops a pool that broke.
+if there are none or they broke), runs one `Run` on it, and drops a pool that broke.
 """
 
 from __future__ import annotations
@@ -28,9 +28,10 @@ from slurmrun.launcher.plan import (
     listen,
     silence,
     step_order,
+    user_env,
 )
-from slurmrun.launcher.pool import AgentPool
-from slurmrun.launcher.session import Session
+from slurmrun.launcher.pool import AgentPool, PoolBroken
+from slurmrun.launcher.run import Run
 from slurmrun.launcher.starters import LocalAgents, SrunAgents
 from slurmrun.logs import LogDir, log_level, resolve_log_dir
 from slurmrun.protocol import RESTART_VAR
@@ -95,6 +96,18 @@ class Warm:
     def __init__(self) -> None:
         self.pool: AgentPool | None = None
         self.options: dict[str, object] | None = None
+        self.env: dict[str, str] = {}  # the user's variables, as the pool's agents got them
+
+    def env_changes(self, cfg: Launcher) -> tuple[dict[str, str], list[str]]:
+        """The user's variables that changed since the agents started, and those now unset.
+
+        A warm launcher's agents keep the environment they started with; each run's workers
+        get the variables that `default_env_vars` and `extra_env_vars` select as they are at
+        that run (`os.environ` changed between runs included).
+        """
+        now = user_env(cfg)
+        changed = {k: v for k, v in now.items() if self.env.get(k) != v}
+        return changed, sorted(k for k in self.env if k not in now)
 
     def check_unchanged(self, cfg: Launcher, plan: Plan) -> None:
         """Raises ValueError when what the agents started with changed since the first run."""
@@ -122,11 +135,13 @@ class Warm:
         if self.pool is not None:
             try:
                 self.pool.ready()
+            except PoolBroken:
+                self.close_pool()  # its failure was the last run's error already
             except AgentFailedError as e:
-                if self.pool.broken != "closed" and "cannot run again" not in str(e):
-                    log.warning("slurmrun: agents failed between runs (%s); starting new ones", e)
+                log.warning("slurmrun: agents failed between runs (%s); starting new ones", e)
                 self.close_pool()
         if self.pool is None:
+            self.env = user_env(cfg)
             self.pool = open_pool(cfg, plan, trace)
         self.pool.trace = trace
         return self.pool
@@ -191,7 +206,7 @@ def run_attempt(  # noqa: PLR0917 - private, called once
     pool = warm.ready_pool(cfg, plan, trace)
     trace.mark("agents_connected")
     try:
-        return _run_session(cfg, plan, pool, payload, attempt, trace)
+        return _run(cfg, warm, plan, pool, payload, attempt, trace)
     except AgentFailedError as e:
         raise explained(e, pool, plan) from e.__cause__
     finally:
@@ -199,11 +214,18 @@ def run_attempt(  # noqa: PLR0917 - private, called once
             warm.close_pool()
 
 
-def _run_session(  # noqa: PLR0917 - private, called once
-    cfg: Launcher, plan: Plan, pool: AgentPool, payload: bytes, attempt: int, trace: Trace
+def _run(  # noqa: PLR0917 - private, called once
+    cfg: Launcher,
+    warm: Warm,
+    plan: Plan,
+    pool: AgentPool,
+    payload: bytes,
+    attempt: int,
+    trace: Trace,
 ) -> LaunchResult[Any]:
     log_dir = pool.log_dir
-    session = Session(
+    changed, unset = warm.env_changes(cfg)
+    run = Run(
         pool=pool,
         workers_per_host=plan.workers_per_host,
         backend=cfg.backend,
@@ -213,7 +235,8 @@ def _run_session(  # noqa: PLR0917 - private, called once
         start_header={
             "sys_path": [p if p else os.getcwd() for p in sys.path],
             "cwd": os.getcwd(),
-            "env": {RESTART_VAR: str(attempt)},
+            "env": {**changed, RESTART_VAR: str(attempt)},
+            "unset": unset,
         },
         local_master=plan.local,
         handlers=cfg.log_handlers,
@@ -222,4 +245,4 @@ def _run_session(  # noqa: PLR0917 - private, called once
         log_level=log_level(),
         trace=trace,
     )
-    return session.run()
+    return run.run()

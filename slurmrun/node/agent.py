@@ -18,6 +18,7 @@ workers' results travel back, as opaque bytes that the agent only forwards.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import random
@@ -32,26 +33,22 @@ from dataclasses import dataclass, field
 
 from slurmrun import allocation, protocol
 from slurmrun.environment import FORWARDED_SIGNALS
-from slurmrun.errors import signal_name
-from slurmrun.logs import WorkerLog
-from slurmrun.node.relay import Relay, WorkerLink
-from slurmrun.node.spawner import Spawner, wait_any
+from slurmrun.node.link import LauncherConnection
+from slurmrun.node.relay import Relay
+from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
-from slurmrun.node.worker import WorkerSpec
+from slurmrun.node.supervisor import RunWorkers
 from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
 from slurmrun.transport import (
     AuthenticationError,
-    Connection,
     Frame,
     bound_unacknowledged_sends,
     client_handshake,
 )
 
-__all__ = ["main"]
+__all__ = ["Agent", "RunEnds", "main"]
 
 HANDSHAKE_TIMEOUT = 30.0
-DRAIN_TIMEOUT = 2.0
-_POLL = 0.05
 # How long an agent keeps trying to reach its launcher (seconds; the agent then exits with 1,
 # which fails the launch at once, naming this host). A launcher that thousands of agents reach
 # within a second can see its listen backlog full: such connects are refused or time out.
@@ -62,20 +59,49 @@ BACKOFF_CAP = 2.0
 STREAM_CONNECT_RETRY = 2.0
 
 
-def _exit_description(exitcode: int | None) -> tuple[str, str | None]:
-    if exitcode is None:
-        return "did not exit", None
-    if exitcode < 0:
-        name = signal_name(-exitcode)
-        return f"was killed by {name}", name
-    return f"exited with code {exitcode}", None
+class RunEnds:
+    """Which runs the launcher ended (END carries the run's id), or all of them (it is gone).
+
+    A run's end is its own: an END that arrives while the agent still finishes an earlier run,
+    or a START that arrives right behind an END, never ends or revives the wrong run.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._through = 0  # every run up to this one is ended
+        self._all = False
+
+    def end(self, run: int) -> None:
+        """The launcher ended `run` (and so every run before it)."""
+        with self._cond:
+            self._through = max(self._through, run)
+            self._cond.notify_all()
+
+    def end_all(self) -> None:
+        """The launcher is gone: every run is over."""
+        with self._cond:
+            self._all = True
+            self._cond.notify_all()
+
+    def ended(self, run: int) -> bool:
+        """Whether `run` is over."""
+        return self._all or run <= self._through
+
+    def gone(self) -> bool:
+        """Whether the launcher is gone (no run will come)."""
+        return self._all
+
+    def wait(self, run: int) -> None:
+        """Waits until `run` is over (the launcher's silence ends every wait: `_read_launcher`)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.ended(run))
 
 
 @dataclass
 class Agent:
-    """State of one agent process: kept from run to run, with each run's workers."""
+    """State of one agent process, kept from run to run; each run's workers are a `RunWorkers`."""
 
-    launcher: Connection
+    launcher: LauncherConnection
     hostname: str
     spawner: Spawner | None  # None: workers cannot start here (hello said why)
     connect: Callable[[], socket.socket]  # a new authenticated connection to the launcher
@@ -83,10 +109,8 @@ class Agent:
     silence: float = 15.0  # a launcher silent this long is gone (see _expect_heartbeats)
     # START frames, then None once the launcher closed, went away or went silent.
     inbox: queue.Queue[Frame | None] = field(default_factory=queue.Queue)
-    gone: threading.Event = field(default_factory=threading.Event)  # no more runs
-    run_stop: threading.Event = field(default_factory=threading.Event)  # END (or gone)
-    workers: list[WorkerLink] = field(default_factory=list)  # this run's
-    grace: float = 3.0
+    runs: RunEnds = field(default_factory=RunEnds)
+    current: RunWorkers | None = None  # the run in progress
     relay: Relay = field(init=False)  # carries the workers' output and frames to the launcher
     # SLURM is ending our step: the workers got its SIGTERM and have until its SIGKILL.
     slurm_ending: threading.Event = field(default_factory=threading.Event)
@@ -101,31 +125,36 @@ class Agent:
         try:
             while True:
                 frame = self.launcher.recv()
-                if frame is None or frame.kind == protocol.CLOSE:
+                if frame is None:
                     break
-                if frame.kind == protocol.START:
-                    self.run_stop.clear()  # here: an END right behind it must not be lost
+                message = protocol.parse(frame.header)
+                if isinstance(message, protocol.Close):
+                    break
+                if isinstance(message, protocol.Start):
                     self.inbox.put(frame)
-                elif frame.kind == protocol.END:
-                    self.run_stop.set()
+                elif isinstance(message, protocol.End):
+                    self.runs.end(message.run)
         except BlockingIOError:
             _say(f"the launcher sent nothing for {self.silence:g} s: stopping the workers.")
+        except protocol.ProtocolError as e:
+            _say(f"the launcher sent a message this agent does not know ({e}): stopping.")
         except (OSError, EOFError):  # EOFError: the launcher died in the middle of a frame
             pass
         finally:
             # Whatever ended the reader, the agent must stop waiting for runs: nothing else
             # would ever wake `serve`, and the agent would outlive its launcher.
-            self.gone.set()
-            self.run_stop.set()
+            self.runs.end_all()
             self.inbox.put(None)
 
     def _heartbeat(self, interval: float) -> None:
-        while not self.gone.wait(interval):
+        beat = protocol.Heartbeat().header()
+        while not self.runs.gone():
+            time.sleep(interval)
             try:
-                self.launcher.send({"t": protocol.HEARTBEAT})
+                self.launcher.send(beat)
             except OSError:
-                self.gone.set()
-                self.run_stop.set()
+                self.runs.end_all()
+                return
 
     def serve(self) -> None:
         """Runs every run the launcher starts, until it closes, goes away or goes silent."""
@@ -133,161 +162,52 @@ class Agent:
             if self.spawner is None:
                 continue  # the launcher fails the run on our hello's error, and closes
             start = protocol.Start.from_header(frame.header)
-            self.workers = []
-            self.grace = start.grace
-            try:
-                self.spawn(start, bytes(frame.body))
-                self.supervise()
-            finally:
-                self.stop_workers()
-            self._forget_workers()
-            if not self.gone.is_set():
-                with contextlib.suppress(OSError):
-                    self.launcher.send(protocol.Idle(master_port=self.store_port.renew()).header())
-
-    def _forget_workers(self) -> None:
-        """Waits (briefly) until the run's workers' output and results were forwarded."""
-        deadline = time.monotonic() + DRAIN_TIMEOUT
-        for worker in self.workers:
-            for thread in [worker.relay, *worker.readers]:
-                if thread is not None:
-                    thread.join(timeout=max(0.0, deadline - time.monotonic()))
-            if worker.log is not None:
-                worker.log.close()
-        self.workers = []
-
-    def spawn(self, start: protocol.Start, func_payload: bytes) -> None:
-        """Forks one worker per local rank and hands each the pickled function."""
-        assert self.spawner is not None  # noqa: S101 - serve() runs no start without one
-        n = start.workers
-        store_listener = self._store_listener(start)
-        for local_rank in range(n):
-            spec = WorkerSpec(
+            run = RunWorkers(
+                start=start,
+                spawner=self.spawner,
                 hostname=self.hostname,
-                local_rank=local_rank,
-                rank=start.rank_offset + local_rank,
-                world_size=start.world_size,
-                local_world_size=n,
-                node_rank=start.node_rank,
-                master_addr=start.master_addr,
-                master_port=start.master_port,
-                backend=start.backend,
-                timeout=start.timeout,
-                sys_path=tuple(start.sys_path),
-                cwd=start.cwd,
-                env=tuple(sorted(start.env.items())),
-                log_level=start.log_level,
+                launcher=self.launcher,
+                relay=self.relay,
+                store_port=self.store_port,
+                slurm_ending=self.slurm_ending,
+                say_terminating=self._say_terminating,
             )
-            pairs: list[tuple[socket.socket, socket.socket]] = []
-            fds: list[int] = []
+            self.current = run
             try:
-                for _ in range(4):  # control, stdout, stderr, streams
-                    pairs.append(socket.socketpair())
-                fds = [theirs.fileno() for _, theirs in pairs]
-                if local_rank == 0 and store_listener is not None:
-                    fds.append(store_listener.fileno())  # rank 0 serves the store on it
-                process = self.spawner.spawn(spec, fds)
-            except BaseException:
-                for mine, _ in pairs:
-                    mine.close()
+                run.spawn(bytes(frame.body))
+                run.supervise(functools.partial(self.runs.ended, start.run))
+                self.runs.wait(start.run)
+            except SpawnError as e:
+                _say(str(e))
+                self.launcher.cut(f"cannot start workers: {e}")
                 raise
             finally:
-                for _, theirs in pairs:
-                    theirs.close()
-                if local_rank == 0 and store_listener is not None:
-                    store_listener.close()  # the worker holds it now (or the spawn failed)
-            worker = WorkerLink(local_rank, process, Connection(pairs[0][0]), pairs[3][0])
-            worker.outputs = [mine for mine, _ in pairs[1:3]]
-            if start.log_dir is not None:
-                worker.log = WorkerLog(start.log_dir, self.hostname, local_rank, start.log_level)
-            worker.forward = start.forward_ranks is None or local_rank in start.forward_ranks
-            self.relay.start(worker)
-            self.workers.append(worker)
-        for worker in self.workers:
-            with contextlib.suppress(OSError):
-                worker.conn.send({"t": protocol.FUNC}, func_payload)
-        with contextlib.suppress(OSError):
-            pids = [w.process.pid for w in self.workers]
-            self.launcher.send({"t": protocol.STARTED, "pids": pids})
-
-    def _store_listener(self, start: protocol.Start) -> socket.socket | None:
-        """The listening socket of the run's store, if rank 0 runs here on our port.
-
-        With no process group of slurmrun's (``backend=None``, a torchrun-style script), the
-        function binds ``MASTER_PORT`` itself: the port is released for it instead.
-        """
-        if start.rank_offset != 0 or start.workers == 0 or not self.store_port.held():
-            return None
-        if start.master_port != self.store_port.port:
-            return None
-        if start.backend is None:
-            self.store_port.release()
-            return None
-        return self.store_port.take()
-
-    def _judge(self, worker: WorkerLink) -> bool:
-        """Called once a worker exited; reports it if it died without a result. True if it did."""
-        worker.judged = True
-        # The result and the last output may still be in flight on the sockets: let them land.
-        for thread in [worker.relay, *worker.readers]:
-            if thread is not None:
-                thread.join(timeout=DRAIN_TIMEOUT)
-        if worker.delivered:
-            return False
-        what, sig = _exit_description(worker.process.exitcode)
-        died = protocol.Died(
-            local_rank=worker.local_rank,
-            exitcode=worker.process.exitcode,
-            signal=sig,
-            what=what,
-            stderr_tail="\n".join(worker.last_lines),
-        )
-        self._say_terminating()  # first: the launcher then knows why the worker died
-        with contextlib.suppress(OSError):
-            self.launcher.send(died.header())
-        return True
-
-    def supervise(self) -> None:
-        """Waits until every worker exited (or one died), then until the launcher says END.
-
-        The launcher answers every report with END or CLOSE, and a launcher that is gone or
-        silent ends the wait too (`_read_launcher`).
-        """
-        failed = False
-        while not self.run_stop.is_set() and not failed:
-            live = [w for w in self.workers if not w.judged]
-            if not live:
-                # Every result and every line of output has been forwarded.
-                with contextlib.suppress(OSError):
-                    self.launcher.send({"t": protocol.DONE})
-                break
-            exited = wait_any([w.process for w in live], _POLL)
-            for worker in live:
-                if worker.process in exited and self._judge(worker):
-                    failed = True
-        self.stop_workers()
-        self.run_stop.wait()
+                run.finish()
+                self.current = None
+            if not self.runs.gone():
+                idle = protocol.Idle(run=start.run, master_port=self.store_port.renew())
+                with contextlib.suppress(OSError):  # cut: the launcher sees the end
+                    self.launcher.send(idle.header())
 
     def forward_signal(self, signum: int) -> None:
         """Passes a signal from SLURM (e.g. ``--signal=USR1@60``) on to every live worker."""
-        for worker in self.workers:
-            if worker.process.is_alive() and worker.process.pid is not None:
-                with contextlib.suppress(OSError):
-                    os.kill(worker.process.pid, signum)
+        current = self.current
+        if current is not None:
+            current.forward_signal(signum)
 
     def on_slurm_sigterm(self) -> None:
         """SLURM ends this step: every worker got the same SIGTERM, and SLURM's SIGKILL follows.
 
-        The workers may use that time (to checkpoint): `stop_workers` then waits for them, and
-        the launcher is told (by `announce_slurm_ending`'s thread: a signal handler must not
-        take locks the main thread may hold), so that it waits for this agent as long.
+        The workers may use that time (to checkpoint): `RunWorkers.stop` then waits for them,
+        and the launcher is told (by `announce_slurm_ending`'s thread: a signal handler must
+        not take locks the main thread may hold), so that it waits for this agent as long.
         """
         self.slurm_ending.set()
 
     def announce_slurm_ending(self) -> None:
         """Runs in a thread of its own: tells the launcher once SLURM is ending the step."""
         while not self.slurm_ending.wait(1.0):
-            if self.gone.is_set():
+            if self.runs.gone():
                 return
         self._say_terminating()
 
@@ -301,40 +221,14 @@ class Agent:
                 "SLURM is ending this step (SIGTERM, which the workers got too): waiting up to "
                 f"{protocol.SLURM_TERM_WAIT:g} s for them to exit, or for SLURM to kill them."
             )
-            with contextlib.suppress(OSError):
-                self.launcher.send({"t": protocol.TERMINATING})
+            with contextlib.suppress(OSError):  # cut: the launcher sees the end
+                self.launcher.send(protocol.Terminating().header())
 
     def stop_workers(self) -> None:
-        """SIGTERM every live worker, then SIGKILL those still alive after the grace period.
-
-        When SLURM is ending the step, the workers got its SIGTERM already: a second one could
-        cut a checkpoint short (a Python handler runs again), so they are only waited for, up
-        to `protocol.SLURM_TERM_WAIT`; also when SLURM's SIGTERM comes during the grace period
-        (the launcher's END can arrive first, when SLURM signals it too).
-        """
-        alive = [w.process for w in self.workers if w.process.is_alive()]
-        ending = self.slurm_ending.is_set()
-        if not ending:
-            for process in alive:
-                with contextlib.suppress(OSError):
-                    process.terminate()
-        start = time.monotonic()
-        for process in alive:
-            while process.is_alive():
-                ending = ending or self.slurm_ending.is_set()
-                grace = max(self.grace, protocol.SLURM_TERM_WAIT) if ending else self.grace
-                left = start + grace - time.monotonic()
-                if left <= 0:
-                    break
-                process.join(timeout=min(left, _POLL))
-        for process in alive:
-            if process.is_alive():
-                with contextlib.suppress(OSError):
-                    process.kill()
-                process.join(timeout=5.0)
-        for worker in self.workers:
-            worker.conn.close()
-            worker.streams.close()
+        """Stops the run in progress, if any (on the agent's way out)."""
+        current = self.current
+        if current is not None:
+            current.stop()
 
 
 def _hostname(environ: Mapping[str, str]) -> str:
@@ -465,7 +359,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         return 1
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     _expect_heartbeats(sock, silence)
-    launcher = Connection(sock)
+    launcher = LauncherConnection(sock, hostname)
     store_port = StorePort()
     hello = protocol.Hello(
         hostname=hostname,
@@ -499,9 +393,10 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     threading.Thread(target=agent._heartbeat, args=(heartbeat,), daemon=True).start()
     try:
         agent.serve()
+    except SpawnError:
+        return 1
     finally:
-        agent.gone.set()
-        agent.run_stop.set()
+        agent.runs.end_all()
         agent.stop_workers()
         launcher.close()
     return 0

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from slurmrun import protocol
 from slurmrun.logs import LINE, LineAssembler, WorkerLog
+from slurmrun.node.link import LauncherConnection
 from slurmrun.node.spawner import WorkerProcess
 from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED
 from slurmrun.transport import Connection
@@ -48,6 +49,7 @@ class WorkerLink:
     judged: bool = False
     log: WorkerLog | None = None  # its log file, when this agent writes it
     forward: bool = True  # whether its output and logging records go to the launcher
+    run: int = 0  # the run it belongs to: every frame it sends is marked with it
 
 
 @dataclass
@@ -59,7 +61,7 @@ class Relay:
         connect: a new authenticated connection to the launcher (for a large result).
     """
 
-    launcher: Connection
+    launcher: LauncherConnection
     connect: Callable[[], socket.socket]
 
     def start(self, worker: WorkerLink) -> None:
@@ -83,15 +85,15 @@ class Relay:
                 if head.kind == protocol.STREAM:
                     self._grant_stream(worker)
                     continue
-                head.header["local_rank"] = worker.local_rank
+                protocol.stamp(head.header, run=worker.run, local_rank=worker.local_rank)
                 if head.kind == protocol.LOG:
                     forward = self._logged(worker, head.header)
                     if not forward and not head.payload_bytes:
                         continue  # in its file, and not for the launcher
                 final = head.kind in (protocol.RESULT, protocol.ERROR)
                 if final:
-                    self._drain_output(worker)  # what it printed first reaches the launcher first
-                worker.conn.forward(head, self.launcher)
+                    self.drain_output(worker)  # what it printed first reaches the launcher first
+                self.launcher.take(head, worker.conn)
                 if final:
                     worker.delivered = True
         except (OSError, EOFError, ValueError):
@@ -127,7 +129,7 @@ class Relay:
             socket.send_fds(worker.streams, [STREAM_GRANTED], [sock.fileno()])
 
     @staticmethod
-    def _drain_output(worker: WorkerLink, limit: float = OUTPUT_DRAIN_LIMIT) -> None:
+    def drain_output(worker: WorkerLink, limit: float = OUTPUT_DRAIN_LIMIT) -> None:
         """Waits (briefly) until everything the worker wrote before now has been forwarded.
 
         The worker flushes stdout and stderr before it sends a result or an error, so once
@@ -158,14 +160,14 @@ class Relay:
                 return
             with contextlib.suppress(OSError):
                 self.launcher.send(
-                    {
-                        "t": protocol.LOG,
-                        "local_rank": worker.local_rank,
-                        "stream": stream,
-                        "level": logging.INFO,
-                        "msg": text,
-                        "end": end,
-                    }
+                    protocol.Log(
+                        stream=stream,
+                        level=logging.INFO,
+                        msg=text,
+                        end=end,
+                        local_rank=worker.local_rank,
+                        run=worker.run,
+                    ).header()
                 )
 
         lines = LineAssembler(emit)

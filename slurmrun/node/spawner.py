@@ -9,6 +9,13 @@ The agent sends a request over a private socketpair: the pickled `WorkerSpec` pl
 worker's sockets and the write end of a status pipe as file descriptors. The spawner forks,
 answers with the worker's pid, reaps it when it exits and writes its exit code (negative:
 killed by that signal) into the status pipe, whose read end the agent waits on.
+
+A run owns every process its workers start. Each worker leads a session of its own (its
+process group holds what it starts, unless they move), and the spawner is the child
+subreaper of everything below it: a process that a worker started and left behind (a helper
+server, a DataLoader worker, a daemon that called setsid) becomes the spawner's child when its
+parent exits. Once a run's workers are gone, the agent asks the spawner to end those strays
+(`Spawner.end_strays`): SIGTERM, a short grace, then SIGKILL, until none is left.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ __all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
+_PR_SET_CHILD_SUBREAPER = 36
 NAME = b"slurmrun-spawn"  # what ps and top show for it (its command line is the agent's)
 _PID = struct.Struct("!q")
 _CODE = struct.Struct("!i")
@@ -42,22 +50,30 @@ MAX_REQUEST_BYTES = 1 << 20
 WORKER_FDS = 4  # control, stdout, stderr, streams (see agent.Agent.spawn)
 # ... and rank 0's may come with a fifth: the listening socket of the run's store.
 SPAWN_TIMEOUT = 120.0  # the spawner answers once its imports are done; this bounds a wedged one
+_END_STRAYS = b"end-strays"  # the agent's request (not a pickle: one never starts this way)
+# How long strays may take to exit after SIGTERM, and to vanish after SIGKILL.
+STRAY_GRACE = 1.0
+STRAY_KILL_WAIT = 5.0
+_STRAY_POLL = 0.01
 
 
 class SpawnError(RuntimeError):
     """The spawner could not start a worker (it died, or never answered)."""
 
 
-def _die_with_parent(parent_pid: int, name: bytes | None = None) -> None:
+def _die_with_parent(parent_pid: int, name: bytes | None = None, *, reaper: bool = False) -> None:
     """Asks the kernel to SIGKILL this fresh fork when its parent goes away (and names it).
 
-    Not Linux: the agent's socket closing still ends spawner and workers.
+    With `reaper`, this process also becomes the child subreaper of its descendants. Not
+    Linux: the agent's socket closing still ends spawner and workers.
     """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         if name is not None:
             libc.prctl(_PR_SET_NAME, name, 0, 0, 0)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if reaper:
+            libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(70)
 
@@ -129,18 +145,19 @@ class WorkerProcess:
         """Waits up to `timeout` seconds for the worker to exit."""
         self.poll(max(0.0, timeout))
 
-    def _signal(self, signum: int) -> None:
+    def send_signal(self, signum: int) -> None:
+        """Sends `signum` to the worker, if it is alive."""
         if self.is_alive():  # never signal a pid that the spawner may have reaped already
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signum)
 
     def terminate(self) -> None:
         """Sends SIGTERM."""
-        self._signal(signal.SIGTERM)
+        self.send_signal(signal.SIGTERM)
 
     def kill(self) -> None:
         """Sends SIGKILL."""
-        self._signal(signal.SIGKILL)
+        self.send_signal(signal.SIGKILL)
 
 
 def wait_any(processes: Sequence[WorkerProcess], timeout: float) -> list[WorkerProcess]:
@@ -211,6 +228,24 @@ class Spawner:
             raise SpawnError(f"the worker spawner (pid {self.pid}) died; see the agent's log")
         return WorkerProcess(_PID.unpack(reply)[0], status_r)
 
+    def end_strays(self) -> int:
+        """Ends every process that workers started and left behind; call once they are gone.
+
+        Returns:
+            How many were found (0 in the common case, which costs one look at /proc).
+
+        Raises:
+            SpawnError: the spawner is gone or did not answer.
+        """
+        try:
+            self.sock.send(_END_STRAYS)
+            reply = self.sock.recv(_PID.size)
+        except OSError as e:
+            raise SpawnError(f"the worker spawner (pid {self.pid}) did not answer: {e}") from e
+        if len(reply) != _PID.size:
+            raise SpawnError(f"the worker spawner (pid {self.pid}) died; see the agent's log")
+        return int(_PID.unpack(reply)[0])
+
     def close(self, timeout: float = 5.0) -> None:
         """Ends the spawner and reaps it; call once every worker was stopped.
 
@@ -242,7 +277,7 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
         signal.SIGTERM: signal.SIG_DFL,
     }
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
-    _die_with_parent(agent_pid, NAME)
+    _die_with_parent(agent_pid, NAME, reaper=True)
     for module in preload:
         with contextlib.suppress(ImportError):  # e.g. no torch on this node: backend=None works
             importlib.import_module(module)
@@ -269,6 +304,13 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
                 agent_gone = True  # finish reaping; PDEATHSIG ends the workers with us anyway
                 for fd in fds:
                     os.close(fd)
+                continue
+            if msg == _END_STRAYS:
+                found = _end_strays(status)
+                try:
+                    sock.send(_PID.pack(found))
+                except OSError:
+                    agent_gone = True
                 continue
             spec = pickle.loads(msg)  # noqa: S301 - from the agent, our parent, over a socketpair
             pid = os.fork()
@@ -302,6 +344,7 @@ def _worker_child(
 ) -> None:  # pragma: no cover - runs in the forked worker
     code = 1
     try:
+        os.setsid()  # its own session and process group: what it starts is the run's
         signal.set_wakeup_fd(-1)
         for signum, handler in restore.items():
             signal.signal(signum, handler)
@@ -317,8 +360,53 @@ def _worker_child(
         os._exit(code)
 
 
+def _children() -> set[int]:
+    """This process's children (strays that were reparented here included)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
+                found.update(int(pid) for pid in f.read().split())
+    return found
+
+
+def _signal_stray(pid: int, signum: int) -> None:
+    """Signals a stray and the process group it leads, if it leads one (not ours)."""
+    with contextlib.suppress(OSError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signum)
+
+
+def _end_strays(status: dict[int, int]) -> int:
+    """Ends every child that is not a live worker (see the module's docstring); returns how many.
+
+    Killing a stray makes its own children ours in turn: they are found on the next look.
+    """
+    _reap(status)
+    strays = _children() - set(status)
+    if not strays:
+        return 0
+    seen = set(strays)
+    for pid in strays:
+        _signal_stray(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STRAY_GRACE
+    kill_deadline = deadline + STRAY_KILL_WAIT
+    while strays and time.monotonic() < kill_deadline:
+        time.sleep(_STRAY_POLL)
+        _reap(status)
+        strays = _children() - set(status)
+        seen |= strays
+        if time.monotonic() >= deadline:
+            for pid in strays:
+                _signal_stray(pid, signal.SIGKILL)
+    return len(seen)
+
+
 def _reap(status: dict[int, int]) -> None:
-    while status:
+    """Reaps every child that exited: workers (their code goes to their status pipe) and strays."""
+    while True:
         try:
             pid, wait_status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:

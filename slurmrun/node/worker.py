@@ -52,6 +52,8 @@ class WorkerSpec:
     cwd: str
     env: tuple[tuple[str, str], ...]
     log_level: int
+    unset: tuple[str, ...] = ()  # removed from its environment (a warm run's unset variables)
+    run: int = 0  # the run's id (a streamed result carries it: the agent marks the rest)
 
 
 def _redirect_output(stdout: socket.socket, stderr: socket.socket) -> None:
@@ -181,20 +183,21 @@ def _send_result(
     """
     size = len(body) + sum(nbytes(b) for b in buffers)
     if size >= STREAM_MIN_BYTES:
-        conn.send({"t": protocol.STREAM})
+        conn.send(protocol.StreamRequest().header())
         streams.settimeout(STREAM_WAIT)
         _, fds, _, _ = socket.recv_fds(streams, 1, 1)
         if fds:
             with socket.socket(fileno=fds[0]) as sock:
-                header = {
-                    "t": protocol.RESULT,
-                    "node_rank": spec.node_rank,
-                    "local_rank": spec.local_rank,
-                }
-                Connection(sock).send(header, body, buffers)
-            conn.send({"t": protocol.RESULT, "streamed": True})
+                own = protocol.Result(
+                    streamed=True,
+                    node_rank=spec.node_rank,
+                    local_rank=spec.local_rank,
+                    run=spec.run,
+                )
+                Connection(sock).send(own.header(), body, buffers)
+            conn.send(protocol.Result(streamed=True).header())
             return
-    conn.send({"t": protocol.RESULT}, body, buffers)
+    conn.send(protocol.Result().header(), body, buffers)
 
 
 def _safe_str(obj: object) -> str:
@@ -297,6 +300,8 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
         if signum.name not in keep:
             signal.signal(signum, signal.SIG_DFL)
     faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
+    for name in spec.unset:
+        os.environ.pop(name, None)
     os.environ.update(_worker_env(spec))
     sys.path[:] = list(spec.sys_path)
     with contextlib.suppress(OSError):

@@ -153,16 +153,16 @@ def test_heterogeneous_workers_per_host(run_in_allocation):
 
 
 LARGE_RESULTS = """
-from slurmrun.launcher.session import Session
+from slurmrun.launcher.run import Run
 
 streamed = []
-real = Session._on_streamed
+real = Run.on_streamed
 
-def spy(self, conn, frame, now):
-    streamed.append((frame.header["node_rank"], frame.header["local_rank"]))
-    return real(self, conn, frame, now)
+def spy(self, conn, result, frame):
+    streamed.append((result.node_rank, result.local_rank))
+    return real(self, conn, result, frame)
 
-Session._on_streamed = spy
+Run.on_streamed = spy
 
 def large(n_bytes):
     import torch

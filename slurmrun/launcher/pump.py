@@ -1,0 +1,94 @@
+"""The launcher's one loop: typed events from the network threads, handed to their owner.
+
+The listener's threads (`slurmrun.launcher.listener`) only move bytes: they put a `Received`
+for every whole frame and a `Closed` when a connection ends on one queue. `pump` is the only
+loop that reads it: the owner of the phase at hand (the pool while agents connect, between
+runs and while they close; the run while it lasts) gets every event, and a tick on a clock
+(not when the queue runs dry: steady output must not postpone what time alone reveals, like
+a silent agent).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from slurmrun.transport import Connection, Frame
+
+__all__ = ["TICK", "Closed", "Event", "Events", "Owner", "Received", "pump"]
+
+TICK = 0.05  # seconds between ticks
+
+
+@dataclass(frozen=True)
+class Received:
+    """A whole frame arrived on `conn` (authenticated)."""
+
+    conn: Connection
+    frame: Frame
+
+
+@dataclass(frozen=True)
+class Closed:
+    """`conn` ended; `why` is empty for a clean close between frames."""
+
+    conn: Connection
+    why: str
+
+
+Event = Received | Closed
+Events = queue.SimpleQueue[Event]
+
+
+class Owner(Protocol):
+    """What the pump hands events and ticks to."""
+
+    def on_event(self, event: Event, now: float) -> None:
+        """Takes one event (may raise: the pump lets it through)."""
+
+    def on_tick(self, now: float) -> None:
+        """Judges what time alone reveals (may raise)."""
+
+
+def pump(
+    events: Events,
+    owner: Owner,
+    until: Callable[[], bool],
+    deadline: float | None = None,
+    tick: float = TICK,
+) -> bool:
+    """Hands `owner` every event and a tick every `tick` s until `until()` or `deadline`.
+
+    Returns:
+        True once `until()` held; False when `deadline` (monotonic) came first.
+    """
+    next_tick = 0.0
+    while not until():
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return False
+        if now >= next_tick:
+            owner.on_tick(now)
+            next_tick = now + tick
+            if until():
+                break
+        wait = next_tick - now if deadline is None else min(next_tick, deadline) - now
+        try:
+            event = events.get(timeout=max(0.0, wait))
+        except queue.Empty:
+            continue
+        owner.on_event(event, time.monotonic())
+    return True
+
+
+def drain(events: Events, owner: Owner) -> None:
+    """Hands `owner` every event already queued, without waiting."""
+    while True:
+        try:
+            event = events.get_nowait()
+        except queue.Empty:
+            return
+        owner.on_event(event, time.monotonic())

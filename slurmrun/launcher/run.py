@@ -1,0 +1,302 @@
+"""One run on the pool's agents: hand out the call, gather results, judge failures.
+
+A run borrows the agents of a `slurmrun.launcher.pool.AgentPool`: it sends each its share
+(START, with the run's id), takes the messages of its own run that the pool's loop hands it
+until every result is in or something failed, and ends by telling every agent to stop its
+workers (END) and waiting until each says IDLE. Messages of other runs never reach it.
+Whether the pool lives on afterwards (a warm launcher) or is closed (a cold launch) is the
+launcher's business.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmrun import protocol
+from slurmrun.events import Trace, WorkersStarted
+from slurmrun.launcher.pool import IDLE_WAIT, AgentPool, PoolAgent
+from slurmrun.launcher.pump import pump
+from slurmrun.launcher.verdicts import Verdicts
+from slurmrun.logs import default_handlers, dispatch, make_record
+from slurmrun.result import LaunchResult
+from slurmrun.transport import Connection, Frame, loads
+
+__all__ = ["Run", "Share"]
+
+# After the last result, how long to wait for agents to forward their workers' last output.
+DONE_WAIT = 2.0
+
+
+@dataclass
+class Share:
+    """One agent's part of the run."""
+
+    agent: PoolAgent
+    workers: int = 0
+    rank_offset: int = 0  # global rank of its local rank 0
+    results: dict[int, Frame] = field(default_factory=dict)
+    # Large results come over connections of their own (the frame), announced by the agent
+    # behind the worker's earlier output (the local rank); a result counts once both arrived.
+    streamed: dict[int, Frame] = field(default_factory=dict)
+    announced: set[int] = field(default_factory=set)
+    started: bool = False  # its agent reported its workers' pids
+    done: bool = False  # all its workers exited and their output was forwarded
+
+    @property
+    def hostname(self) -> str:
+        """The agent's host."""
+        return self.agent.hostname
+
+
+@dataclass
+class Run:
+    """One run of the call `payload` on every agent of `pool`. Use once."""
+
+    pool: AgentPool
+    workers_per_host: Sequence[int] | None  # None: each agent's own count
+    backend: str | None
+    timeout: float
+    grace: float
+    payload: bytes
+    start_header: dict[str, Any]  # sys_path, cwd, env (see protocol.Start)
+    local_master: bool = False
+    handlers: list[logging.Handler] | None = None  # None: the defaults (see logs.py)
+    log_dir: str | None = None  # where the default handlers write one file per worker
+    # The agents see `log_dir` and write their workers' files themselves (srun and local
+    # agents); with the default handlers they then send only the records shown live.
+    agents_write_logs: bool = False
+    log_level: int = logging.INFO
+    trace: Trace | None = None  # the launch's events and milestones
+    id: int = 0  # given by the pool (`AgentPool.begin`)
+
+    def __post_init__(self) -> None:
+        self._shares: dict[int, Share] = {}
+        self._last_result = 0.0
+        # Counted, not recounted per event: 4096 agents x 8 workers would make that quadratic.
+        self._results_left = 0
+        self._done_left = 0
+        self._handlers: list[logging.Handler] = list(self.handlers or [])
+        self._own_handlers = self.handlers is None
+        self.ending = False  # END was sent: only output still counts, nothing is judged
+        self.verdicts = Verdicts(self.pool, self._shares, self.trace, self._worker_log_dir())
+
+    # ------------------------------------------------------------------ main
+    def run(self) -> LaunchResult[Any]:
+        """Runs the call on the pool's agents, and always ends the run (workers stopped)."""
+        self.pool.ready(self.grace)
+        self.pool.begin(self)
+        try:
+            try:
+                self._hand_out()
+                pump(self.pool.events, self.pool, self._finished)
+                return self._collect()
+            finally:
+                self._end()
+        finally:
+            self.pool.finish(self)
+            if self._own_handlers:
+                for handler in self._handlers:
+                    handler.close()
+
+    def _end(self) -> None:
+        """Tells every agent to stop the run's workers, and waits until each is idle.
+
+        An agent that does not say so in time breaks the pool (the launcher then closes it);
+        the run's outcome stands. Ctrl-C here leaves agents ending the run: the pool's next
+        `ready` waits for them (bounded).
+        """
+        self.ending = True
+        busy = [s.agent for s in self._shares.values() if s.agent.run == self.id]
+        end = protocol.End(run=self.id).header()
+        for agent in busy:
+            if agent.closed or self.pool.broken:
+                return  # the launcher closes the pool, which stops every worker
+            self.pool.send(agent, end)
+        deadline = time.monotonic() + self.pool.endings.stop_wait(self.grace) + IDLE_WAIT
+        # A counter, not a rescan per event: 4096 agents would make that quadratic.
+        if not pump(self.pool.events, self.pool, lambda: self._idle(busy), deadline):
+            late = [a.hostname for a in busy if a.run == self.id]
+            self.pool.breaks(f"the agents on {late} did not end the run in time")
+
+    def _idle(self, busy: list[PoolAgent]) -> bool:
+        while busy and busy[-1].run != self.id:
+            busy.pop()
+        return not busy or bool(self.pool.broken)
+
+    # ------------------------------------------------------------------ hand-out
+    def _hand_out(self) -> None:
+        pool = self.pool
+        order = [pool.agents[i] for i in range(len(pool.hostnames))]
+        counts = (
+            list(self.workers_per_host)
+            if self.workers_per_host is not None
+            else [a.hello.auto_workers for a in order]
+        )
+        # The default handlers show rank 0; each worker's file is written by its agent where
+        # the agents see the log directory, else here (then every line must come here).
+        own = self._own_handlers
+        agent_files = own and self.agents_write_logs and self.log_dir is not None
+        forward_all = not own or (self.log_dir is not None and not agent_files)
+        if own:
+            files_here = None if agent_files else self.log_dir
+            self._handlers = default_handlers(pool.hostnames, files_here, self.log_level)
+        master_addr = "127.0.0.1" if self.local_master else order[0].hello.addr
+        # What every agent's START shares is built once; each gets its own share on top.
+        shared = protocol.Start(
+            run=self.id,
+            workers=0,
+            rank_offset=0,
+            world_size=sum(counts),
+            node_rank=0,
+            master_addr=master_addr,
+            master_port=order[0].master_port,
+            backend=self.backend,
+            timeout=self.timeout,
+            grace=self.grace,
+            log_level=self.log_level,
+            sys_path=list(self.start_header["sys_path"]),
+            cwd=str(self.start_header["cwd"]),
+            env=dict(self.start_header["env"]),
+            unset=list(self.start_header.get("unset", [])),
+            log_dir=self.log_dir if agent_files else None,
+        ).header()
+        offset = 0
+        for agent, count in zip(order, counts, strict=True):
+            self._shares[agent.node_rank] = Share(agent, count, offset)
+            self._results_left += count
+            self._done_left += 1
+            start = protocol.start_header(
+                shared,
+                workers=count,
+                rank_offset=offset,
+                node_rank=agent.node_rank,
+                forward_ranks=None if forward_all else self._shown_ranks(agent),
+            )
+            agent.run = self.id  # busy until its IDLE for this run
+            pool.send(agent, start, self.payload)
+            offset += count
+
+    def _shown_ranks(self, agent: PoolAgent) -> list[int]:
+        """The local ranks of `agent` that the default handlers show: rank 0 of the first host."""
+        return [0] if agent.hostname == self.pool.hostnames[0] else []
+
+    def _worker_log_dir(self) -> str | None:
+        """Where the workers' log files are (None: nowhere that the launcher can name)."""
+        return self.log_dir if self.handlers is None else None
+
+    # ------------------------------------------------------------------ the run's messages
+    def on_message(
+        self, agent: PoolAgent, message: protocol.Message, frame: Frame, now: float
+    ) -> None:
+        """A message of this run (the pool routes only those here)."""
+        share = self._shares[agent.node_rank]
+        if isinstance(message, protocol.Log):
+            rank = None if message.local_rank < 0 else share.rank_offset + message.local_rank
+            dispatch(make_record(frame.header, share.hostname, rank), self._handlers)
+        elif self.ending:
+            return  # the run's outcome stands: what its workers say now changes nothing
+        elif isinstance(message, protocol.Result):
+            self._on_result(share, message, frame, now)
+        elif isinstance(message, protocol.Done):
+            self._done_left -= not share.done
+            share.done = True
+        elif isinstance(message, protocol.Started):
+            self._on_started(share, message)
+        elif isinstance(message, protocol.Error | protocol.Died):
+            self.verdicts.worker_failed(share, message, frame, now)
+
+    def on_closed(self, agent: PoolAgent, why: str) -> None:
+        """An agent's connection ended during the run: fatal unless its results are all in."""
+        share = self._shares.get(agent.node_rank)
+        if not self.ending and share is not None and len(share.results) < share.workers:
+            time.sleep(0.2)  # give the exit code a moment to appear, for the message
+            detail = f" ({why})" if why else ""
+            raise self.pool.exit_error(
+                agent.node_rank, f"it closed its connection before all results{detail}"
+            )
+
+    def on_tick(self, now: float) -> None:
+        """Raises the failure that time alone reveals: a lone error without its cause."""
+        self.verdicts.check_held(now)
+
+    def _on_result(self, share: Share, result: protocol.Result, frame: Frame, now: float) -> None:
+        local_rank = result.local_rank
+        if not result.streamed:
+            self._got_result(share, local_rank, frame, now)
+        elif local_rank in share.streamed:
+            self._got_result(share, local_rank, share.streamed.pop(local_rank), now)
+        else:
+            share.announced.add(local_rank)
+
+    def _on_started(self, share: Share, started: protocol.Started) -> None:
+        share.started = True
+        if self.trace is None:
+            return
+        self.trace.emit(
+            WorkersStarted,
+            host=share.hostname,
+            node_rank=share.agent.node_rank,
+            pids=tuple(started.pids),
+            seconds=self.trace.seconds(),
+        )
+        if all(s.started for s in self._shares.values()):
+            self.trace.mark("workers_started")
+
+    def _got_result(self, share: Share, local_rank: int, frame: Frame, now: float) -> None:
+        self._results_left -= local_rank not in share.results
+        share.results[local_rank] = frame
+        self._last_result = now
+        if self.trace is not None:
+            self.trace.mark("first_result")
+            self.trace.mark("last_result", last=True)
+
+    def on_streamed(self, conn: Connection, result: protocol.Result, frame: Frame) -> None:
+        """A large result that arrived over a connection of its own (see worker._send_result)."""
+        conn.close()
+        local_rank = result.local_rank
+        share = self._shares.get(result.node_rank)
+        if (
+            share is None
+            or not 0 <= local_rank < share.workers
+            or local_rank in share.results
+            or local_rank in share.streamed
+        ):
+            raise self.verdicts.stray_result(result)
+        if local_rank in share.announced:
+            share.announced.discard(local_rank)
+            self._got_result(share, local_rank, frame, time.monotonic())
+        else:
+            share.streamed[local_rank] = frame
+
+    # ------------------------------------------------------------------ the end
+    def _finished(self) -> bool:
+        if self._results_left > 0:
+            return False
+        # Output written just before returning may still be on its way: wait (briefly) for
+        # every agent to say that its workers exited and their output was forwarded.
+        return self._done_left <= 0 or time.monotonic() - self._last_result > DONE_WAIT
+
+    def _collect(self) -> LaunchResult[Any]:
+        order = [self._shares[i] for i in range(len(self.pool.hostnames))]
+        values: list[list[Any]] = []
+        rank = 0
+        for share in order:
+            host_values = []
+            for local_rank in range(share.workers):
+                frame = share.results[local_rank]
+                try:
+                    host_values.append(loads(frame.body, frame.buffers))
+                except Exception as e:
+                    raise RuntimeError(
+                        f"the return value of rank {rank} (host {share.hostname}) could not be "
+                        f"unpickled in the launcher: {type(e).__name__}: {e}. Return types that "
+                        "the launcher's Python can import."
+                    ) from e
+                share.results[local_rank] = Frame({})  # let go of the raw bytes early
+                rank += 1
+            values.append(host_values)
+        return LaunchResult(hostnames=[s.hostname for s in order], return_values=values)

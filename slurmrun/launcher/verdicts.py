@@ -1,0 +1,128 @@
+"""A run's verdicts: which failure a run raises, with what it knows of the other ranks.
+
+A worker's ERROR or DIED becomes the run's exception (`slurmrun.launcher.failures` builds it).
+A communication error ("peer reset") is likely the consequence of another rank's failure: it
+is held for `ROOT_CAUSE_WAIT` so that the cause, if it comes, is raised instead (with the
+held one in a note); alone, it is raised with the ranks that had already returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from slurmrun import protocol
+from slurmrun.errors import AgentFailedError, add_note
+from slurmrun.events import Trace, WorkerFailed
+from slurmrun.launcher.failures import WorkerPlace, step_ended, worker_died, worker_error
+from slurmrun.logs import worker_log_path
+from slurmrun.transport import Frame
+
+if TYPE_CHECKING:
+    from slurmrun.launcher.pool import AgentPool
+    from slurmrun.launcher.run import Share
+
+__all__ = ["ROOT_CAUSE_WAIT", "Verdicts"]
+
+# How long a communication error ("peer reset") waits for the failure that caused it.
+ROOT_CAUSE_WAIT = 1.0
+
+
+class Verdicts:
+    """Turns a run's failure reports into the exception the run raises.
+
+    Args:
+        pool: the run's agents (whether SLURM is ending an agent's step).
+        shares: the run's shares by node rank (which ranks returned).
+        trace: the launch's events (`WorkerFailed`).
+        log_dir: where the workers' log files are, to name them (None: nowhere).
+    """
+
+    def __init__(
+        self,
+        pool: AgentPool,
+        shares: Mapping[int, Share],
+        trace: Trace | None,
+        log_dir: str | None,
+    ) -> None:
+        self.pool = pool
+        self.shares = shares
+        self.trace = trace
+        self.log_dir = log_dir
+        self.held: tuple[BaseException, float] | None = None
+
+    def worker_failed(
+        self, share: Share, message: protocol.Error | protocol.Died, frame: Frame, now: float
+    ) -> None:
+        """A worker raised or died: raises the run's exception (or holds a likely consequence).
+
+        Raises:
+            BaseException: the worker's exception, or the error for its death.
+        """
+        exc = self._failure(share, message, frame)
+        if isinstance(message, protocol.Error) and message.secondary and self.held is None:
+            self.held = (exc, now)  # likely a consequence: wait briefly for the cause
+            return
+        raise self._with_held(exc)
+
+    def check_held(self, now: float) -> None:
+        """Raises a held communication error whose cause did not come in time."""
+        if self.held is not None and now - self.held[1] > ROOT_CAUSE_WAIT:
+            raise self._without_cause(self.held[0])
+
+    def stray_result(self, result: protocol.Result) -> AgentFailedError:
+        """The error for a streamed result that no worker of the run was due to send."""
+        return AgentFailedError(
+            f"a result arrived for an unknown or finished worker (node rank {result.node_rank!r}, "
+            f"local rank {result.local_rank!r})"
+        )
+
+    def _failure(
+        self, share: Share, message: protocol.Error | protocol.Died, frame: Frame
+    ) -> BaseException:
+        local_rank = message.local_rank
+        log_file = None
+        if self.log_dir is not None:
+            log_file = worker_log_path(self.log_dir, share.hostname, local_rank)
+        where = WorkerPlace(share.hostname, local_rank, share.rank_offset + local_rank, log_file)
+        exc: BaseException
+        if isinstance(message, protocol.Died):
+            exc = worker_died(where, frame.header)
+            if self.pool.endings.ending(share.agent):  # SIGTERM, or its own exit once it got it
+                exc = step_ended(where, exc)
+        else:
+            exc = worker_error(where, frame)
+        if self.trace is not None:
+            if isinstance(message, protocol.Died):
+                code, sig, error, text = message.exitcode, message.signal, None, message.stderr_tail
+            else:
+                code, sig, error, text = None, None, type(exc).__name__, message.traceback
+            self.trace.emit(
+                WorkerFailed,
+                host=share.hostname,
+                local_rank=local_rank,
+                rank=where.rank,
+                exitcode=code,
+                signal=sig,
+                error=error,
+                last_lines="\n".join(text.splitlines()[-20:]),
+            )
+        return exc
+
+    def _with_held(self, exc: BaseException) -> BaseException:
+        if self.held is not None and self.held[0] is not exc:
+            held = self.held[0]
+            add_note(exc, f"slurmrun: another rank then failed with {type(held).__name__}: {held}")
+        return exc
+
+    def _without_cause(self, exc: BaseException) -> BaseException:
+        """A communication error that no other failure explains: say who had already left."""
+        returned = sorted(s.rank_offset + lr for s in self.shares.values() for lr in s.results)
+        if returned:
+            listed = ", ".join(map(str, returned[:10])) + (", ..." if len(returned) > 10 else "")
+            add_note(
+                exc,
+                f"slurmrun: rank(s) {listed} had already returned and left the process group: "
+                "this rank was most likely waiting in a collective that they never joined.",
+            )
+        return exc

@@ -1,0 +1,275 @@
+"""One run's workers on one node: forked, watched, stopped, and all they started ended.
+
+The agent (`slurmrun.node.agent`) lives across runs; a `RunWorkers` lives for one. It forks
+the run's workers from the spawner, tells the launcher when one dies without a result, stops
+the survivors (SIGTERM to each worker's process group, the grace period, SIGKILL; or only a
+wait when SLURM is ending the step), and at the end of the run ends every process the workers
+started and left behind (`slurmrun.node.spawner.Spawner.end_strays`), so that their output
+threads end, their log files close, and nothing of this run is shown as the next run's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from slurmrun import protocol
+from slurmrun.errors import signal_name
+from slurmrun.logs import WorkerLog
+from slurmrun.node.relay import Relay, WorkerLink
+from slurmrun.node.spawner import Spawner, SpawnError, WorkerProcess, wait_any
+from slurmrun.node.store_port import StorePort
+from slurmrun.node.worker import WorkerSpec
+from slurmrun.transport import Connection
+
+__all__ = ["RunWorkers", "exit_description"]
+
+# Once a worker exited: how long its result and last output may take to be forwarded.
+DRAIN_TIMEOUT = 2.0
+# Once the strays were ended: how long the output threads may take to see the end.
+READER_JOIN = 2.0
+_POLL = 0.05
+
+
+def exit_description(exitcode: int | None) -> tuple[str, str | None]:
+    """How a worker ended, in words, and the signal's name if a signal killed it."""
+    if exitcode is None:
+        return "did not exit", None
+    if exitcode < 0:
+        name = signal_name(-exitcode)
+        return f"was killed by {name}", name
+    return f"exited with code {exitcode}", None
+
+
+def _signal_group(process: WorkerProcess, signum: int) -> None:
+    """Signals a live worker and its process group (what it started and did not move)."""
+    if process.is_alive():  # never signal a pid that the spawner may have reaped already
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signum)
+    process.send_signal(signum)  # a worker that left its group still gets it
+
+
+@dataclass
+class RunWorkers:
+    """The workers of one run on this node.
+
+    Args:
+        start: the run's share of this agent.
+        spawner: forks the workers.
+        hostname: this node's name, as the launcher knows it.
+        launcher: the agent's connection to the launcher.
+        relay: carries the workers' frames and output to the launcher.
+        store_port: the port held for the run's store, if rank 0 runs here.
+        slurm_ending: set once SLURM is ending the step (its SIGTERM reached the workers).
+        say_terminating: tells the launcher that SLURM is ending the step (once).
+    """
+
+    start: protocol.Start
+    spawner: Spawner
+    hostname: str
+    launcher: Connection
+    relay: Relay
+    store_port: StorePort
+    slurm_ending: threading.Event
+    say_terminating: Callable[[], None]
+    workers: list[WorkerLink] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ start
+    def spawn(self, func_payload: bytes) -> None:
+        """Forks one worker per local rank and hands each the pickled function.
+
+        Raises:
+            SpawnError: the spawner is gone (what was forked is stopped by `finish`).
+        """
+        start = self.start
+        store_listener = self._store_listener()
+        for local_rank in range(start.workers):
+            spec = WorkerSpec(
+                hostname=self.hostname,
+                local_rank=local_rank,
+                rank=start.rank_offset + local_rank,
+                world_size=start.world_size,
+                local_world_size=start.workers,
+                node_rank=start.node_rank,
+                master_addr=start.master_addr,
+                master_port=start.master_port,
+                backend=start.backend,
+                timeout=start.timeout,
+                sys_path=tuple(start.sys_path),
+                cwd=start.cwd,
+                env=tuple(sorted(start.env.items())),
+                unset=tuple(start.unset),
+                log_level=start.log_level,
+                run=start.run,
+            )
+            listener = store_listener if local_rank == 0 else None
+            self.workers.append(self._fork(spec, listener))
+        func = protocol.Func().header()
+        for worker in self.workers:
+            with contextlib.suppress(OSError):  # a worker that died already: judged as such
+                worker.conn.send(func, func_payload)
+        pids = [w.process.pid for w in self.workers]
+        with contextlib.suppress(OSError):  # the launcher is gone: the agent's reader ends it
+            self.launcher.send(protocol.Started(run=start.run, pids=pids).header())
+
+    def _fork(self, spec: WorkerSpec, store_listener: socket.socket | None) -> WorkerLink:
+        pairs: list[tuple[socket.socket, socket.socket]] = []
+        try:
+            for _ in range(4):  # control, stdout, stderr, streams
+                pairs.append(socket.socketpair())
+            fds = [theirs.fileno() for _, theirs in pairs]
+            if store_listener is not None:
+                fds.append(store_listener.fileno())  # rank 0 serves the store on it
+            process = self.spawner.spawn(spec, fds)
+        except BaseException:
+            for mine, _ in pairs:
+                mine.close()
+            raise
+        finally:
+            for _, theirs in pairs:
+                theirs.close()
+            if store_listener is not None:
+                store_listener.close()  # the worker holds it now (or the spawn failed)
+        worker = WorkerLink(spec.local_rank, process, Connection(pairs[0][0]), pairs[3][0])
+        worker.run = self.start.run
+        worker.outputs = [mine for mine, _ in pairs[1:3]]
+        if self.start.log_dir is not None:
+            worker.log = WorkerLog(
+                self.start.log_dir, self.hostname, spec.local_rank, self.start.log_level
+            )
+        forward = self.start.forward_ranks
+        worker.forward = forward is None or spec.local_rank in forward
+        self.relay.start(worker)
+        return worker
+
+    def _store_listener(self) -> socket.socket | None:
+        """The listening socket of the run's store, if rank 0 runs here on our port.
+
+        With no process group of slurmrun's (``backend=None``, a torchrun-style script), the
+        function binds ``MASTER_PORT`` itself: the port is released for it instead.
+        """
+        start = self.start
+        if start.rank_offset != 0 or start.workers == 0 or not self.store_port.held():
+            return None
+        if start.master_port != self.store_port.port:
+            return None
+        if start.backend is None:
+            self.store_port.release()
+            return None
+        return self.store_port.take()
+
+    # ------------------------------------------------------------------ watch
+    def supervise(self, ended: Callable[[], bool]) -> None:
+        """Waits until every worker exited, one died without a result, or `ended()`.
+
+        Sends DONE when every worker exited with its result forwarded; DIED (by `_judge`)
+        for one that did not. Then stops whatever is left.
+        """
+        failed = False
+        while not ended() and not failed:
+            live = [w for w in self.workers if not w.judged]
+            if not live:
+                with contextlib.suppress(OSError):  # the launcher is gone: nobody waits
+                    self.launcher.send(protocol.Done(run=self.start.run).header())
+                break
+            exited = wait_any([w.process for w in live], _POLL)
+            for worker in live:
+                if worker.process in exited and self._judge(worker):
+                    failed = True
+        self.stop()
+
+    def _judge(self, worker: WorkerLink) -> bool:
+        """Called once a worker exited; reports it if it died without a result. True if it did."""
+        worker.judged = True
+        # Its result or error may still be on its way: the relay forwards it as one step. Its
+        # output is waited for (`Relay.drain_output`) until nothing unread is left, not until
+        # the sockets close: a process it started may hold them open.
+        if worker.relay is not None and not worker.delivered:
+            worker.relay.join(timeout=DRAIN_TIMEOUT)
+        self.relay.drain_output(worker, DRAIN_TIMEOUT)
+        if worker.delivered:
+            return False
+        what, sig = exit_description(worker.process.exitcode)
+        died = protocol.Died(
+            run=self.start.run,
+            local_rank=worker.local_rank,
+            exitcode=worker.process.exitcode,
+            signal=sig,
+            what=what,
+            stderr_tail="\n".join(worker.last_lines),
+        )
+        self.say_terminating()  # first: the launcher then knows why the worker died
+        with contextlib.suppress(OSError):  # the launcher is gone: nobody waits
+            self.launcher.send(died.header())
+        return True
+
+    def forward_signal(self, signum: int) -> None:
+        """Passes a signal from SLURM (e.g. ``--signal=USR1@60``) on to every live worker."""
+        for worker in self.workers:
+            worker.process.send_signal(signum)
+
+    # ------------------------------------------------------------------ stop
+    def stop(self) -> None:
+        """SIGTERM every live worker's group, then SIGKILL what is alive after the grace.
+
+        When SLURM is ending the step, the workers got its SIGTERM already: a second one could
+        cut a checkpoint short (a Python handler runs again), so they are only waited for, up
+        to `protocol.SLURM_TERM_WAIT`; also when SLURM's SIGTERM comes during the grace period
+        (the launcher's END can arrive first, when SLURM signals it too).
+        """
+        alive = [w.process for w in self.workers if w.process.is_alive()]
+        ending = self.slurm_ending.is_set()
+        if not ending:
+            for process in alive:
+                _signal_group(process, signal.SIGTERM)
+        start = time.monotonic()
+        for process in alive:
+            while process.is_alive():
+                ending = ending or self.slurm_ending.is_set()
+                grace = self.start.grace
+                if ending:
+                    grace = max(grace, protocol.SLURM_TERM_WAIT)
+                left = start + grace - time.monotonic()
+                if left <= 0:
+                    break
+                process.join(timeout=min(left, _POLL))
+        for process in alive:
+            if process.is_alive():
+                _signal_group(process, signal.SIGKILL)
+                process.join(timeout=5.0)
+
+    def finish(self) -> None:
+        """Ends what the workers left behind, then their output threads and log files."""
+        self.stop()
+        strays = 0
+        with contextlib.suppress(SpawnError):  # a dead spawner took its strays with it
+            strays = self.spawner.end_strays()
+        if strays:
+            _say(
+                self.hostname,
+                f"ended {strays} process(es) that the workers of run {self.start.run} had "
+                "started and left running",
+            )
+        # Every process that held the workers' sockets is gone: their threads see the end.
+        deadline = time.monotonic() + READER_JOIN
+        for worker in self.workers:
+            for thread in [worker.relay, *worker.readers]:
+                if thread is not None:
+                    thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            worker.conn.close()
+            worker.streams.close()
+            if worker.log is not None:
+                worker.log.close()
+        self.workers = []
+
+
+def _say(hostname: str, message: str) -> None:
+    """A line for the agent's own log."""
+    print(f"slurmrun agent on {hostname}: {message}", file=sys.stderr, flush=True)
