@@ -44,7 +44,11 @@ from fake_agents import CONNECT_TIMEOUT, FakeSpec, fake_agents_main
 
 from slurmrun.launcher.listener import LISTEN_BACKLOG
 from slurmrun.launcher.pool import AgentPool
-from slurmrun.launcher.session import Session
+
+try:  # a version before the typed-event loop (issue 24) calls the run a Session
+    from slurmrun.launcher.run import Run as Session
+except ImportError:  # pragma: no cover - for before/after tables against older trees
+    from slurmrun.launcher.session import Session  # type: ignore[no-redef]
 from slurmrun.transport import dumps_inband, new_secret
 
 # ------------------------------------------------------------------ launcher side (this process)

@@ -38,7 +38,7 @@ class Collect(logging.Handler):
 
 
 def work(token: str, seconds: float) -> str:
-    import signal as sig  # noqa: PLC0415 - on the worker
+    import signal as sig
 
     def checkpoint(*_: object) -> None:
         time.sleep(0.3)
@@ -60,9 +60,9 @@ def settle(timers: list[threading.Timer]) -> None:
                 timer.cancel()
                 timer.join()
             time.sleep(0.05)  # a SIGINT sent just now is raised here
-            return
         except KeyboardInterrupt:
             continue
+        return
 
 
 def main() -> int:

@@ -54,9 +54,7 @@ def say(word: str) -> str:
 @pytest.mark.parametrize("new_session", [False, True], ids=["child", "daemon"])
 def test_a_process_left_by_a_warm_run_ends_with_it_and_stays_out_of_the_next(new_session):
     handler = Collect()
-    with slurmrun.Launcher(
-        workers_per_host=1, backend=None, log_handlers=[handler]
-    ) as launcher:
+    with slurmrun.Launcher(workers_per_host=1, backend=None, log_handlers=[handler]) as launcher:
         handler.run = 1
         pid = launcher.run(leave_a_ticker, (new_session,)).rank(0)
         # The run is over: what its worker started is gone (not merely reparented).
