@@ -211,3 +211,38 @@ class Died(_Message):
     signal: str | None
     what: str  # "exited with code 3", "was killed by SIGKILL"
     stderr_tail: str
+
+
+# ------------------------------------------------------------ bounded texts
+# The most characters of one text field (a message, a traceback, an output tail) in a header.
+# JSON escapes a non-ASCII character as 6 bytes, so a field takes at most ~200 KiB: a header's
+# few such fields stay well under `transport.MAX_HEADER_BYTES` (1 MiB).
+TEXT_LIMIT = 32 * 1024
+
+
+def clip(text: str, limit: int = TEXT_LIMIT, *, where: str | None = None) -> str:
+    """`text`, or its head and tail with a marker saying how much was cut from the middle.
+
+    Args:
+        text: any text bound for a frame header.
+        limit: the most characters returned, the marker included (clipping twice changes
+            nothing); a limit shorter than the marker returns the marker alone.
+        where: where the whole text is (a log file), for the marker.
+
+    Returns:
+        `text` itself when it has at most `limit` characters.
+
+    Example:
+        >>> clip("a" * 20 + "b" * 20, 30)
+        'aa... [37 characters cut] ...b'
+    """
+    if len(text) <= limit:
+        return text
+    whole = f": the whole text is in {where}" if where else ""
+
+    def marker(cut: int) -> str:
+        return f"... [{cut:,} characters cut{whole}] ..."
+
+    keep = max(0, limit - len(marker(len(text))))  # the longest marker this text can need
+    tail = keep // 2
+    return text[: keep - tail] + marker(len(text) - keep) + text[len(text) - tail :]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,6 +90,7 @@ class Session:
         self._done_left = 0
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
+        self._agents_write_files = False
 
     # ------------------------------------------------------------------ main
     def run(self) -> LaunchResult[Any]:
@@ -179,6 +181,7 @@ class Session:
         # the agents see the log directory, else here (then every line must come here).
         own = self._own_handlers
         agent_files = own and self.agents_write_logs and self.log_dir is not None
+        self._agents_write_files = agent_files
         forward_all = not own or (self.log_dir is not None and not agent_files)
         if own:
             files_here = None if agent_files else self.log_dir
@@ -325,10 +328,17 @@ class Session:
             share.streamed[local_rank] = frame
 
     # ------------------------------------------------------------------ verdicts
-    def _worker_log(self, share: _Share, local_rank: int) -> str | None:
+    def _worker_log(self, share: _Share, local_rank: int, frame: Frame) -> str | None:
+        """The worker's log file; with an error, its traceback is written there first.
+
+        Agents that write the files write it themselves (see `slurmrun.node.relay`).
+        """
         if not self._own_handlers or self.log_dir is None:
             return None
-        return worker_log_path(self.log_dir, share.hostname, local_rank)
+        path = worker_log_path(self.log_dir, share.hostname, local_rank)
+        if not self._agents_write_files and frame.kind == protocol.ERROR:
+            _append_traceback(path, frame)
+        return path
 
     def _worker_failure(self, share: _Share, frame: Frame) -> BaseException:
         local_rank = int(frame.header.get("local_rank", -1))
@@ -336,7 +346,7 @@ class Session:
             share.hostname,
             local_rank,
             share.rank_offset + local_rank,
-            self._worker_log(share, local_rank),
+            self._worker_log(share, local_rank, frame),
         )
         exc: BaseException
         if frame.kind == protocol.DIED:
@@ -415,3 +425,19 @@ class Session:
                 rank += 1
             values.append(host_values)
         return LaunchResult(hostnames=[s.hostname for s in order], return_values=values)
+
+
+def _append_traceback(path: str, frame: Frame) -> None:
+    """Appends a worker's whole traceback (its error's last buffer) to its log file.
+
+    Lines still queued for the file's writer may land after it; the file must hold the
+    traceback before the error names it.
+    """
+    if not frame.header.get("full_traceback") or not frame.buffers:
+        return
+    text = bytes(frame.buffers[-1]).decode(errors="replace").rstrip("\n") + "\n"
+    try:
+        with open(path, "a", encoding="utf-8", errors="replace") as f:
+            f.write(text)
+    except OSError as e:
+        print(f"slurmrun: cannot write a worker's log: {e}", file=sys.stderr)
