@@ -7,6 +7,7 @@ named a log file that was never written; the remote traceback began with slurmru
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -106,3 +107,33 @@ def test_function_of_a_main_script_has_its_frame_first_with_path_and_line(tmp_pa
     assert lines[1] == f'  File "{script}", line 6, in fails'
     assert lines[2].strip() == 'raise ValueError("raised in the script")  # the raising line'
     assert "slurmrun" not in remote
+
+
+def report_rank() -> int:
+    rank = int(os.environ["RANK"])
+    print(f"line from rank {rank}", flush=True)
+    return rank
+
+
+def test_repeated_host_gives_every_rank_its_own_file_and_prefix(capfd, tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    result = slurmrun.launch(
+        report_rank, hostnames=["localhost", "localhost"], workers_per_host=1, backend=None
+    )
+    assert result.return_values == [[0], [1]]
+    (run_dir,) = tmp_path.iterdir()
+    for name, rank in (("localhost.0.log", 0), ("localhost#1.0.log", 1)):
+        assert (run_dir / name).read_text() == f"line from rank {rank}\n"
+    out = capfd.readouterr().out
+    assert "[localhost:0] line from rank 0" in out
+    assert "rank 1" not in out  # rank 0 alone is shown live, under a prefix of its own
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="agents on other hosts start over ssh")
+def test_hostname_with_a_slash_gets_a_readable_log_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURMRUN_LAUNCHER_ADDR", "127.0.0.1")  # no lookup of the bad name
+    with pytest.raises(slurmrun.AgentFailedError, match="Could not resolve hostname") as info:
+        slurmrun.launch(report_rank, hostnames=["rack/3"], workers_per_host=1, backend=None)
+    (run_dir,) = tmp_path.iterdir()
+    assert info.value.log_file == str(run_dir / "rack%2F3.agent.log")

@@ -25,7 +25,7 @@ from slurmrun.errors import AgentFailedError, add_note
 from slurmrun.events import Trace, WorkerFailed, WorkersStarted
 from slurmrun.launcher.failures import WorkerPlace, step_ended, worker_died, worker_error
 from slurmrun.launcher.pool import TICK, AgentPool, PoolAgent
-from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
+from slurmrun.logs import default_handlers, dispatch, host_labels, make_record, worker_log_path
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame, loads
 
@@ -90,6 +90,8 @@ class Session:
         self._done_left = 0
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
+        # A host named twice has a label per node (records, prefixes, file names).
+        self._labels = host_labels(self.pool.hostnames)
         self._agents_write_files = False
 
     # ------------------------------------------------------------------ main
@@ -181,6 +183,9 @@ class Session:
         # the agents see the log directory, else here (then every line must come here).
         own = self._own_handlers
         agent_files = own and self.agents_write_logs and self.log_dir is not None
+        # Agents name files by their host, which a repeated host shares: the launcher, which
+        # knows each node's label, writes them then (a few local or ssh agents).
+        agent_files = agent_files and self._labels == list(pool.hostnames)
         self._agents_write_files = agent_files
         forward_all = not own or (self.log_dir is not None and not agent_files)
         if own:
@@ -271,7 +276,8 @@ class Session:
     def _on_log(self, share: _Share, frame: Frame) -> None:
         local_rank = frame.header.get("local_rank")
         rank = None if local_rank is None else share.rank_offset + int(local_rank)
-        dispatch(make_record(frame.header, share.hostname, rank), self._handlers)
+        label = self._labels[share.agent.node_rank]
+        dispatch(make_record(frame.header, label, rank), self._handlers)
 
     def _on_result(self, share: _Share, frame: Frame, now: float) -> None:
         local_rank = int(frame.header["local_rank"])
@@ -335,7 +341,7 @@ class Session:
         """
         if not self._own_handlers or self.log_dir is None:
             return None
-        path = worker_log_path(self.log_dir, share.hostname, local_rank)
+        path = worker_log_path(self.log_dir, self._labels[share.agent.node_rank], local_rank)
         if not self._agents_write_files and frame.kind == protocol.ERROR:
             _append_traceback(path, frame)
         return path
