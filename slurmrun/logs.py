@@ -27,7 +27,8 @@ import queue
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+import urllib.parse
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -38,6 +39,8 @@ __all__ = [
     "add_filter_to_handler",
     "default_handlers",
     "file_handler",
+    "file_name",
+    "host_labels",
     "log_level",
     "resolve_log_dir",
     "stream_handler",
@@ -91,13 +94,45 @@ def resolve_log_dir(environ: dict[str, str] | None = None, *, create: bool = Tru
 
 
 def worker_log_path(log_dir: str, hostname: str, local_rank: int) -> str:
-    """Where a worker's output goes: ``<dir>/<host>.<local rank>.log``."""
-    return os.path.join(log_dir, f"{hostname}.{local_rank}.log")
+    """Where a worker's output goes: ``<dir>/<host>.<local rank>.log``.
+
+    `hostname` may be a label of `host_labels` (``localhost#1``); characters that cannot
+    be in a file name (``/``) are %-escaped (`file_name`).
+    """
+    return os.path.join(log_dir, f"{file_name(hostname)}.{local_rank}.log")
 
 
 def agent_log_path(log_dir: str, hostname: str) -> str:
     """Where an agent's own output goes: ``<dir>/<host>.agent.log``."""
-    return os.path.join(log_dir, f"{hostname}.agent.log")
+    return os.path.join(log_dir, f"{file_name(hostname)}.agent.log")
+
+
+def file_name(hostname: str) -> str:
+    """`hostname` as (part of) one file's name: readable, with ``/`` and the like %-escaped.
+
+    Example:
+        >>> file_name("node-1.cluster"), file_name("rack/3"), file_name("localhost#1")
+        ('node-1.cluster', 'rack%2F3', 'localhost#1')
+    """
+    return urllib.parse.quote(hostname, safe="#@+,=:~") or "%"
+
+
+def host_labels(hostnames: Sequence[str]) -> list[str]:
+    """Each node's name in records, live prefixes and log file names, by node rank.
+
+    A host's own name, except for its later entries when it appears more than once: those
+    are ``<host>#<node rank>``, so that every rank has a prefix and a file of its own.
+
+    Example:
+        >>> host_labels(["localhost", "node2", "localhost"])
+        ['localhost', 'node2', 'localhost#2']
+    """
+    seen: set[str] = set()
+    labels = []
+    for node_rank, host in enumerate(hostnames):
+        labels.append(f"{host}#{node_rank}" if host in seen else host)
+        seen.add(host)
+    return labels
 
 
 def log_level(environ: dict[str, str] | None = None) -> int:

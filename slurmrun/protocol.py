@@ -106,27 +106,46 @@ STREAM = "stream"  # `StreamRequest`: a worker asks for a connection of its own 
 FUNC = "func"  # `Func`, agent -> worker, with the pickled call as body
 STOP = "stop"  # `Stop`, agent -> worker: stop now
 
-# A text field of a header (an exception's message, a traceback, an output tail) holds at
-# most this many characters: JSON may spend 6 bytes on one, and a header's limit is 1 MiB
-# (`slurmrun.transport.MAX_HEADER_BYTES`) for every field together. What is cut stays in the
-# worker's log file.
+# ------------------------------------------------------------ bounded texts
+# The most characters of one text field (a message, a traceback, an output tail) in a header.
+# JSON escapes a non-ASCII character as 6 bytes, so a field takes at most ~200 KiB: a header's
+# few such fields stay well under `transport.MAX_HEADER_BYTES` (1 MiB).
 TEXT_LIMIT = 32 * 1024
+
+
+def clip(text: str, limit: int = TEXT_LIMIT, *, where: str | None = None) -> str:
+    """`text`, or its head and tail with a marker saying how much was cut from the middle.
+
+    Args:
+        text: any text bound for a frame header.
+        limit: the most characters returned, the marker included (clipping twice changes
+            nothing); a limit shorter than the marker returns the marker alone.
+        where: where the whole text is (a log file), for the marker.
+
+    Returns:
+        `text` itself when it has at most `limit` characters.
+
+    Example:
+        >>> clip("a" * 20 + "b" * 20, 30)
+        'aa... [37 characters cut] ...b'
+    """
+    if len(text) <= limit:
+        return text
+    whole = f": the whole text is in {where}" if where else ""
+
+    def marker(cut: int) -> str:
+        return f"... [{cut:,} characters cut{whole}] ..."
+
+    keep = max(0, limit - len(marker(len(text))))  # the longest marker this text can need
+    tail = keep // 2
+    return text[: keep - tail] + marker(len(text) - keep) + text[len(text) - tail :]
+
 
 M = TypeVar("M", bound="Message")
 
 
 class ProtocolError(ValueError):
     """A header that is no message of this protocol (unknown kind, missing or wrong fields)."""
-
-
-def clip(text: str, limit: int = TEXT_LIMIT) -> str:
-    """`text`, or its first and last parts around a marker that says how much was cut."""
-    if len(text) <= limit:
-        return text
-    keep = max(0, limit - 100)
-    head, tail = keep // 4, keep - keep // 4
-    cut = len(text) - head - tail
-    return f"{text[:head]}\n[... {cut:,} characters cut by slurmrun ...]\n{text[-tail:]}"
 
 
 @dataclass(frozen=True)
@@ -195,6 +214,9 @@ class Start(Message):
     # rank's). The agent's own always do.
     forward_ranks: list[int] | None = None
     unset: list[str] = dataclasses.field(default_factory=list)  # removed from every worker's env
+    # The agent's name in log file names (`slurmrun.logs.host_labels`: a host named twice has
+    # one per node); empty: its hostname.
+    log_name: str = ""
 
 
 def start_header(
@@ -204,6 +226,7 @@ def start_header(
     rank_offset: int,
     node_rank: int,
     forward_ranks: list[int] | None,
+    log_name: str = "",
 ) -> dict[str, Any]:
     """One agent's START: `shared` (a `Start(...).header()` made once per run) with its share.
 
@@ -214,6 +237,7 @@ def start_header(
         "rank_offset": rank_offset,
         "node_rank": node_rank,
         "forward_ranks": forward_ranks,
+        "log_name": log_name,
     }
     return shared | share
 
@@ -346,12 +370,16 @@ class Error(Message):
     traceback: str  # clipped to TEXT_LIMIT
     secondary: bool = False  # likely a consequence of another rank's failure
     unpicklable: str | None = None  # why the exception could not be pickled
+    # The whole traceback is the frame's last buffer (the agent writes it to the worker's log).
+    full_traceback: bool = False
     local_rank: int = -1
     run: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "message", clip(self.message))
-        object.__setattr__(self, "traceback", clip(self.traceback))
+        for name in ("exc_type", "message", "traceback"):
+            object.__setattr__(self, name, clip(getattr(self, name)))
+        if self.unpicklable is not None:
+            object.__setattr__(self, "unpicklable", clip(self.unpicklable))
 
 
 def stamp(header: dict[str, Any], *, run: int, local_rank: int) -> None:

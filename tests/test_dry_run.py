@@ -199,3 +199,18 @@ def test_dry_run_expects_the_workers_a_local_launch_starts(monkeypatch):
     assert list(plan.expected_workers) == ranks
     assert plan.expected_workers == (allocation.usable_cpu_count(),)
     assert {v for host in result.return_values for v in host} == {plan.expected_world_size}
+
+
+def test_cli_dry_run_with_an_unresolvable_host_says_so_in_one_line(monkeypatch, tmp_path, capsys):
+    from slurmrun.cli.main import main
+
+    _environ(monkeypatch, tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    status = main(["--dry-run", "--hostnames", "nosuchhost.invalid", str(script)])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("slurmrun: RuntimeError: cannot resolve node 'nosuchhost.invalid'")
+    assert "set SLURMRUN_LAUNCHER_ADDR" in line

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from slurmrun.protocol import PRELOAD_VAR
 
@@ -250,8 +250,7 @@ def run_command(launcher: Launcher, cmd: Command) -> int:
     except (ValueError, TypeError) as e:
         return _usage_error(str(e))
     if cmd.dry_run:
-        print(launcher.dry_run(run_script, func_args, func_kwargs))
-        return 0
+        return _dry_run(launcher, func_args, func_kwargs)
     # Workers need torch (the script imports it) even without a pre-initialised group: the
     # spawner imports it once per node, before forking them.
     os.environ.setdefault(PRELOAD_VAR, "torch")
@@ -268,6 +267,18 @@ def run_command(launcher: Launcher, cmd: Command) -> int:
         raise
     except Exception as e:
         return _requeue_if_preempted(_report_failure(e))
+    return 0
+
+
+def _dry_run(launcher: Launcher, func_args: tuple[Any, ...], func_kwargs: dict[str, Any]) -> int:
+    """Prints the plan, or (status 1) the one-line error that `run` would raise before starting."""
+    from slurmrun.cli.script import run_script  # noqa: PLC0415
+
+    try:
+        plan = launcher.dry_run(run_script, func_args, func_kwargs)
+    except Exception as e:  # a host it cannot resolve, a node not in the job...
+        return _report_failure(e)
+    print(plan)
     return 0
 
 

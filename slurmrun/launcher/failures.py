@@ -7,11 +7,13 @@ and its log file).
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from slurmrun import protocol
 from slurmrun.allocation import SlurmAllocation, own_job_id, preemption
 from slurmrun.errors import (
     AgentFailedError,
@@ -102,33 +104,43 @@ def srun_verdict(step_log: str | None, hostname: str, wait: float = 1.0) -> str 
 def worker_error(where: WorkerPlace, frame: Frame) -> BaseException:
     """The exception a worker raised (rebuilt, with a note), or a WorkerFailedError with its text.
 
-    Call only with frames from authenticated peers: the exception is unpickled.
+    The texts that come with it (message, traceback) are bounded: the worker clipped them
+    (`protocol.clip`), and its whole traceback is in its log file, which the note names when it
+    exists. Call only with frames from authenticated peers: the exception is unpickled.
     """
     h = frame.header
+    buffers = list(frame.buffers)
+    if h.get("full_traceback") and buffers:
+        buffers.pop()  # the whole traceback, for log files; the header has it clipped
+    traceback_text = protocol.clip(str(h.get("traceback", "")))
+    log_file = where.log_file if where.log_file and os.path.isfile(where.log_file) else None
     exc: Any = None
-    reason = str(h.get("unpicklable", ""))
+    reason = protocol.clip(str(h.get("unpicklable", "")))
     if frame.body:
         try:
-            exc = loads(frame.body, frame.buffers)
+            exc = loads(frame.body, buffers)
         except Exception as e:
-            reason = f"{type(e).__name__}: {e}"
+            reason = protocol.clip(f"{type(e).__name__}: {e}")
     if isinstance(exc, Exception):
-        exc.__cause__ = RemoteTraceback(str(h.get("traceback", "")))
+        exc.__cause__ = RemoteTraceback(traceback_text)
         note = f"slurmrun: raised on {where}"
-        if where.log_file:
-            note += f"; its log: {where.log_file}"
+        if log_file:
+            note += f"; its log: {log_file}"
         add_note(exc, note)
         return exc
-    message = f"{where} raised {h.get('exc_type')}: {h.get('message')}"
+    exc_type = protocol.clip(str(h.get("exc_type")))
+    message = f"{where} raised {exc_type}: {protocol.clip(str(h.get('message')))}"
     if reason:
         message += f" (it could not be rebuilt in the launcher: {reason})"
-    message += f"\nRemote traceback:\n{h.get('traceback', '')}"
+    message += f"\nRemote traceback:\n{traceback_text}"
+    if log_file:
+        message += f"\nIts log: {log_file}"
     return WorkerFailedError(
         message,
         hostname=where.hostname,
         local_rank=where.local_rank,
         rank=where.rank,
-        log_file=where.log_file,
+        log_file=log_file,
     )
 
 

@@ -21,7 +21,7 @@ from slurmrun.events import Trace, WorkersStarted
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool, PoolAgent
 from slurmrun.launcher.pump import pump
 from slurmrun.launcher.verdicts import Verdicts
-from slurmrun.logs import default_handlers, dispatch, make_record
+from slurmrun.logs import default_handlers, dispatch, host_labels, make_record
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame, loads
 
@@ -81,8 +81,10 @@ class Run:
         self._done_left = 0
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
+        # A host named twice has a label per node (records, prefixes, file names).
+        self.labels = host_labels(self.pool.hostnames)
         self.ending = False  # END was sent: only output still counts, nothing is judged
-        self.verdicts = Verdicts(self.pool, self._shares, self.trace, self._worker_log_dir())
+        self.verdicts = Verdicts(self.pool, self._shares, self.trace, self.labels)
 
     # ------------------------------------------------------------------ main
     def run(self) -> LaunchResult[Any]:
@@ -140,6 +142,8 @@ class Run:
         # the agents see the log directory, else here (then every line must come here).
         own = self._own_handlers
         agent_files = own and self.agents_write_logs and self.log_dir is not None
+        if own and self.log_dir is not None:  # where the verdicts find each worker's file
+            self.verdicts.files(self.log_dir, written_here=not agent_files)
         forward_all = not own or (self.log_dir is not None and not agent_files)
         if own:
             files_here = None if agent_files else self.log_dir
@@ -175,6 +179,7 @@ class Run:
                 rank_offset=offset,
                 node_rank=agent.node_rank,
                 forward_ranks=None if forward_all else self._shown_ranks(agent),
+                log_name=self.labels[agent.node_rank],
             )
             agent.run = self.id  # busy until its IDLE for this run
             pool.send(agent, start, self.payload)
@@ -184,10 +189,6 @@ class Run:
         """The local ranks of `agent` that the default handlers show: rank 0 of the first host."""
         return [0] if agent.hostname == self.pool.hostnames[0] else []
 
-    def _worker_log_dir(self) -> str | None:
-        """Where the workers' log files are (None: nowhere that the launcher can name)."""
-        return self.log_dir if self.handlers is None else None
-
     # ------------------------------------------------------------------ the run's messages
     def on_message(
         self, agent: PoolAgent, message: protocol.Message, frame: Frame, now: float
@@ -196,7 +197,8 @@ class Run:
         share = self._shares[agent.node_rank]
         if isinstance(message, protocol.Log):
             rank = None if message.local_rank < 0 else share.rank_offset + message.local_rank
-            dispatch(make_record(frame.header, share.hostname, rank), self._handlers)
+            label = self.labels[agent.node_rank]
+            dispatch(make_record(frame.header, label, rank), self._handlers)
         elif self.ending:
             return  # the run's outcome stands: what its workers say now changes nothing
         elif isinstance(message, protocol.Result):

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
-from slurmrun.logs import agent_log_path
+from slurmrun.logs import agent_log_path, host_labels
 from slurmrun.protocol import HOSTNAME_VAR, NODE_RANK_VAR
 from slurmrun.waiting import wait_readable
 
@@ -136,13 +136,14 @@ class HostAgents:
         """See `AgentStarter`."""
         if node_rank is None:
             return None
-        return agent_log_path(self.log_dir, self.hostnames[node_rank])
+        return agent_log_path(self.log_dir, host_labels(self.hostnames)[node_rank])
 
     def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
         """See `AgentStarter`."""
 
     def _open_log(self, node_rank: int) -> IO[bytes]:
-        path = agent_log_path(self.log_dir, self.hostnames[node_rank])
+        path = self.log_file(node_rank)
+        assert path is not None  # noqa: S101 - a node rank always has one
         log = open(path, "ab")  # noqa: SIM115 - closed by _close_logs, at the end of stop()
         self._logs.append(log)
         return log

@@ -8,7 +8,8 @@ held one in a note); alone, it is raised with the ranks that had already returne
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from slurmrun import protocol
@@ -35,7 +36,7 @@ class Verdicts:
         pool: the run's agents (whether SLURM is ending an agent's step).
         shares: the run's shares by node rank (which ranks returned).
         trace: the launch's events (`WorkerFailed`).
-        log_dir: where the workers' log files are, to name them (None: nowhere).
+        labels: each node's name in log file names, by node rank.
     """
 
     def __init__(
@@ -43,13 +44,24 @@ class Verdicts:
         pool: AgentPool,
         shares: Mapping[int, Share],
         trace: Trace | None,
-        log_dir: str | None,
+        labels: Sequence[str],
     ) -> None:
         self.pool = pool
         self.shares = shares
         self.trace = trace
-        self.log_dir = log_dir
+        self.labels = labels
         self.held: tuple[BaseException, float] | None = None
+        self._log_dir: str | None = None
+        self._written_here = False
+
+    def files(self, log_dir: str, *, written_here: bool) -> None:
+        """The workers' log files are in `log_dir`, written by the launcher or by the agents.
+
+        Where the launcher writes them, a failed worker's whole traceback is appended to its
+        file here (agents write it themselves: `slurmrun.node.relay`).
+        """
+        self._log_dir = log_dir
+        self._written_here = written_here
 
     def worker_failed(
         self, share: Share, message: protocol.Error | protocol.Died, frame: Frame, now: float
@@ -82,8 +94,11 @@ class Verdicts:
     ) -> BaseException:
         local_rank = message.local_rank
         log_file = None
-        if self.log_dir is not None:
-            log_file = worker_log_path(self.log_dir, share.hostname, local_rank)
+        if self._log_dir is not None:
+            label = self.labels[share.agent.node_rank]
+            log_file = worker_log_path(self._log_dir, label, local_rank)
+            if self._written_here and isinstance(message, protocol.Error):
+                _append_traceback(log_file, message, frame)
         where = WorkerPlace(share.hostname, local_rank, share.rank_offset + local_rank, log_file)
         exc: BaseException
         if isinstance(message, protocol.Died):
@@ -126,3 +141,19 @@ class Verdicts:
                 "this rank was most likely waiting in a collective that they never joined.",
             )
         return exc
+
+
+def _append_traceback(path: str, error: protocol.Error, frame: Frame) -> None:
+    """Appends a worker's whole traceback (its error's last buffer) to its log file.
+
+    Lines still queued for the file's writer may land after it; the file must hold the
+    traceback before the error names it.
+    """
+    if not error.full_traceback or not frame.buffers:
+        return
+    text = bytes(frame.buffers[-1]).decode(errors="replace").rstrip("\n") + "\n"
+    try:
+        with open(path, "a", encoding="utf-8", errors="replace") as f:
+            f.write(text)
+    except OSError as e:
+        print(f"slurmrun: cannot write a worker's log: {e}", file=sys.stderr)

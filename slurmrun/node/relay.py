@@ -23,7 +23,7 @@ from slurmrun.logs import LINE, LineAssembler, WorkerLog
 from slurmrun.node.link import LauncherConnection
 from slurmrun.node.spawner import WorkerProcess
 from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED
-from slurmrun.transport import Connection
+from slurmrun.transport import Connection, FrameHead
 from slurmrun.waiting import wait_readable
 
 __all__ = ["Relay", "WorkerLink"]
@@ -93,11 +93,28 @@ class Relay:
                 final = head.kind in (protocol.RESULT, protocol.ERROR)
                 if final:
                     self.drain_output(worker)  # what it printed first reaches the launcher first
-                self.launcher.take(head, worker.conn)
+                if head.kind == protocol.ERROR:
+                    self._relay_error(worker, head)
+                else:
+                    self.launcher.take(head, worker.conn)
                 if final:
                     worker.delivered = True
         except (OSError, EOFError, ValueError):
             pass
+
+    def _relay_error(self, worker: WorkerLink, head: FrameHead) -> None:
+        """Writes a worker's whole traceback into its log file, and forwards its error.
+
+        The error's header holds the traceback clipped (`protocol.clip`); its last buffer
+        holds it whole (see `slurmrun.node.worker`). The file then shows why the rank failed,
+        even for a rank that printed nothing; the launcher's note names that file.
+        """
+        body = _recv_payload(worker.conn.sock, head.body_len)
+        buffers = [_recv_payload(worker.conn.sock, n) for n in head.buffer_lens]
+        if worker.log is not None and head.header.get("full_traceback") and buffers:
+            text = bytes(buffers[-1]).decode(errors="replace").rstrip("\n")
+            worker.log.write("stderr", logging.ERROR, "", text)
+        self.launcher.send(head.header, body, buffers)
 
     @staticmethod
     def _logged(worker: WorkerLink, header: dict[str, object]) -> bool:
@@ -185,3 +202,16 @@ class Relay:
         with worker.output_lock:  # the last partial line, then "nothing left" for the drain
             lines.close()
             sock.close()
+
+
+def _recv_payload(sock: socket.socket, size: int) -> bytearray:
+    """The next `size` bytes of a frame's payload."""
+    data = bytearray(size)
+    view = memoryview(data)
+    got = 0
+    while got < size:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError("the worker closed its connection in the middle of a frame")
+        got += k
+    return data

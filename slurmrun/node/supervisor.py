@@ -141,9 +141,8 @@ class RunWorkers:
         worker.run = self.start.run
         worker.outputs = [mine for mine, _ in pairs[1:3]]
         if self.start.log_dir is not None:
-            worker.log = WorkerLog(
-                self.start.log_dir, self.hostname, spec.local_rank, self.start.log_level
-            )
+            name = self.start.log_name or self.hostname
+            worker.log = WorkerLog(self.start.log_dir, name, spec.local_rank, self.start.log_level)
         forward = self.start.forward_ranks
         worker.forward = forward is None or spec.local_rank in forward
         self.relay.start(worker)

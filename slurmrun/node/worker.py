@@ -19,7 +19,6 @@ import threading
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 from slurmrun import protocol
 from slurmrun.transport import Connection, OutOfBand, dumps, loads, nbytes
@@ -149,22 +148,59 @@ def _flush_stdio() -> None:
             stream.flush()
 
 
-def _send_error(conn: Connection, exc: BaseException, tb_text: str) -> None:
+def _send_error(conn: Connection, exc: BaseException) -> bool:
+    """Sends the exception to the launcher; False if that failed (the worker then exits).
+
+    Its texts are clipped in the header (`protocol.clip`): a header has a size limit, and an
+    error's message can be a tensor's repr. The whole traceback travels as the frame's last
+    buffer, for the agent to write into the worker's log file.
+    """
     _flush_stdio()
-    header: dict[str, Any] = {
-        "t": protocol.ERROR,
-        "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-        "message": _safe_str(exc),
-        "traceback": tb_text,
-        # The launcher waits a moment for a root cause before raising such an error.
-        "secondary": _is_communication_error(exc),
-    }
+    tb_text = _user_traceback(exc)
+    cut = "the worker's log file"
+    unpicklable = None
     try:
         body, buffers = dumps(exc)
     except Exception as pickling_error:
-        header["unpicklable"] = _safe_str(pickling_error)
+        unpicklable = _safe_str(pickling_error)
         body, buffers = b"", []
-    conn.send(header, body, buffers)
+    error = protocol.Error(
+        exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}",
+        message=protocol.clip(_safe_str(exc), where=cut),
+        traceback=protocol.clip(tb_text, where=cut),
+        # The launcher waits a moment for a root cause before raising such an error.
+        secondary=_is_communication_error(exc),
+        unpicklable=unpicklable,
+        full_traceback=True,
+    )
+    try:
+        conn.send(error.header(), body, [*buffers, tb_text.encode(errors="replace")])
+    except OSError as e:
+        # Nobody else will report this error: say so where the agent reports a death from.
+        print(tb_text, file=sys.stderr)
+        print(f"slurmrun: this worker could not send its error to the agent ({e})", file=sys.stderr)
+        _flush_stdio()
+        return False
+    return True
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The formatted traceback of `exc`, from the first frame that is not slurmrun's own.
+
+    The worker's own frames (`run_worker`, unpickling the call, joining the process group)
+    would come first otherwise; a traceback wholly inside slurmrun keeps its last frame.
+    """
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None and _is_own(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _is_own(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_PACKAGE_DIR + os.sep)
 
 
 def _send_result(
@@ -319,8 +355,7 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
             initialised = _init_process_group(spec, store_listener)
             result = func(*args, **kwargs)
         except BaseException as exc:
-            _send_error(conn, exc, traceback.format_exc())
-            code = 1
+            code = 1 if _send_error(conn, exc) else 70
         else:
             try:
                 body, buffers = dumps(result)
@@ -330,8 +365,8 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
                     f"not be pickled to send back to the launcher: {_safe_str(exc)}. Return "
                     "plain data, tensors or numpy arrays (convert other objects first)."
                 )
-                _send_error(conn, error, traceback.format_exc())
-                code = 1
+                error.__cause__ = exc  # its traceback shows where pickling failed
+                code = 1 if _send_error(conn, error) else 70
             else:
                 _flush_stdio()
                 _send_result(conn, streams, spec, body, buffers)
