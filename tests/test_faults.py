@@ -622,22 +622,20 @@ def open_fds() -> int:
 
 
 def test_a_spawner_that_died_leaves_no_socket_of_the_agent_open() -> None:
-    from slurmrun.node.agent import Agent
+    from slurmrun.node.link import LauncherConnection
+    from slurmrun.node.relay import Relay
     from slurmrun.node.spawner import Spawner, SpawnError
+    from slurmrun.node.store_port import StorePort
+    from slurmrun.node.supervisor import RunWorkers
     from slurmrun.protocol import Start
-    from slurmrun.transport import Connection
 
     to_spawner, spawner_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     spawner_end.close()  # what the agent sees once its spawner died
     to_launcher, launcher_end = socket.socketpair()
-    agent = Agent(
-        launcher=Connection(to_launcher),
-        hostname="localhost",
-        spawner=Spawner(os.getpid(), to_spawner),  # its pid is only named in messages
-        connect=socket.socket,
-    )
+    launcher = LauncherConnection(to_launcher)
     start = Start.from_header(
         {
+            "run": 1,
             "workers": 2,
             "rank_offset": 0,
             "world_size": 2,
@@ -653,11 +651,22 @@ def test_a_spawner_that_died_leaves_no_socket_of_the_agent_open() -> None:
             "grace": 3.0,
         }
     )
+    run = RunWorkers(
+        start=start,
+        spawner=Spawner(os.getpid(), to_spawner),  # its pid is only named in messages
+        hostname="localhost",
+        launcher=launcher,
+        relay=Relay(launcher, socket.socket),
+        store_port=StorePort(),
+        slurm_ending=threading.Event(),
+        say_terminating=lambda: None,
+    )
     before = open_fds()
     with pytest.raises(SpawnError, match=r"spawner .* is gone") as info:
-        agent.spawn(start, b"")
+        run.spawn(b"")
     # Measured while the traceback (and the frame that made the socketpairs) is still alive.
     assert open_fds() == before, info.value
+    run.store_port.release()
     for sock in (to_spawner, to_launcher, launcher_end):
         sock.close()
 

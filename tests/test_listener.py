@@ -15,6 +15,7 @@ import pytest
 
 from slurmrun.launcher import listener as listener_module
 from slurmrun.launcher.listener import Listener
+from slurmrun.launcher.pump import Received
 from slurmrun.transport import Connection, client_handshake, dumps, loads, new_secret
 
 
@@ -37,7 +38,11 @@ def _client(port: int, secret: bytes) -> Connection:
 
 
 def _next(lis: Listener, timeout: float = 30.0) -> tuple[str, Connection, object]:
-    return lis.events.get(timeout=timeout)
+    """The next event as (kind, connection, frame or why)."""
+    event = lis.events.get(timeout=timeout)
+    if isinstance(event, Received):
+        return "frame", event.conn, event.frame
+    return "eof", event.conn, event.why
 
 
 def test_silent_peers_beyond_the_handshake_limit_time_out_and_agents_still_get_in(

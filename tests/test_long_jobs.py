@@ -28,6 +28,7 @@ import pytest
 
 import slurmrun
 from slurmrun.node.agent import Agent
+from slurmrun.node.link import LauncherConnection
 from slurmrun.node.relay import WorkerLink
 from slurmrun.transport import Connection
 
@@ -150,7 +151,7 @@ def test_agent_forwards_worker_output_on_fds_past_1024() -> None:
         assert ours.fileno() > 1024 and to_launcher.fileno() > 1024
         launcher_side.settimeout(30.0)
         agent = Agent(
-            launcher=Connection(to_launcher),
+            launcher=LauncherConnection(to_launcher),
             hostname="node",
             spawner=None,  # type: ignore[arg-type]  # never spawns here
             connect=socket.socket,
@@ -161,7 +162,7 @@ def test_agent_forwards_worker_output_on_fds_past_1024() -> None:
         reader.start()
         try:
             workers.sendall(b"first line\nsecond line\n")
-            agent.relay._drain_output(worker)  # returns once both lines are on their way
+            agent.relay.drain_output(worker)  # returns once both lines are on their way
             frames = [Connection(launcher_side).recv() for _ in range(2)]
         finally:
             workers.close()
@@ -181,7 +182,7 @@ def test_an_agent_stops_waiting_for_runs_when_its_launcher_dies_in_a_frame() -> 
     # agent's reader must still tell `serve` that there will be no more runs.
     to_launcher, launcher_side = socket.socketpair()
     agent = Agent(
-        launcher=Connection(to_launcher),
+        launcher=LauncherConnection(to_launcher),
         hostname="node",
         spawner=None,
         connect=socket.socket,
@@ -192,5 +193,5 @@ def test_an_agent_stops_waiting_for_runs_when_its_launcher_dies_in_a_frame() -> 
     reader.start()
     reader.join(timeout=30.0)
     assert agent.inbox.get(timeout=30.0) is None
-    assert agent.gone.is_set()
+    assert agent.runs.gone()
     to_launcher.close()

@@ -315,6 +315,12 @@ class AgentPool:
             self.on_hello(conn, message)
         elif isinstance(message, protocol.Result) and self.run and message.run == self.run.id:
             self.run.on_streamed(conn, message, frame)
+        elif isinstance(message, protocol.Result) and not 0 < message.run < self._last_run:
+            conn.close()  # no run of ours: forged, never unpickled
+            raise AgentFailedError(
+                f"a result arrived for an unknown or finished worker (node rank "
+                f"{message.node_rank!r}, local rank {message.local_rank!r})"
+            )
         elif self.state is PoolState.OPENING:
             conn.close()
             raise AgentFailedError(f"an agent sent {message.KIND!r} before hello")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrun import protocol
+from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace, WorkersStarted
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool, PoolAgent
 from slurmrun.launcher.pump import pump
@@ -267,7 +268,11 @@ class Run:
             or local_rank in share.results
             or local_rank in share.streamed
         ):
-            raise self.verdicts.stray_result(result)
+            conn.close()
+            raise AgentFailedError(
+                f"a result arrived for an unknown or finished worker (node rank "
+                f"{result.node_rank!r}, local rank {result.local_rank!r})"
+            )
         if local_rank in share.announced:
             share.announced.discard(local_rank)
             self._got_result(share, local_rank, frame, time.monotonic())

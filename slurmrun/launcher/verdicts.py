@@ -82,13 +82,6 @@ class Verdicts:
         if self.held is not None and now - self.held[1] > ROOT_CAUSE_WAIT:
             raise self._without_cause(self.held[0])
 
-    def stray_result(self, result: protocol.Result) -> AgentFailedError:
-        """The error for a streamed result that no worker of the run was due to send."""
-        return AgentFailedError(
-            f"a result arrived for an unknown or finished worker (node rank {result.node_rank!r}, "
-            f"local rank {result.local_rank!r})"
-        )
-
     def _failure(
         self, share: Share, message: protocol.Error | protocol.Died, frame: Frame
     ) -> BaseException:
