@@ -68,6 +68,8 @@ __all__ = [
     "Frame",
     "FrameError",
     "FrameHead",
+    "HandshakeBrokeOff",
+    "HandshakeTimeout",
     "OutOfBand",
     "ServerChallenge",
     "alloc",
@@ -107,7 +109,25 @@ unpickle_count = 0
 
 
 class AuthenticationError(ConnectionError):
-    """The peer did not prove knowledge of the launch secret."""
+    """The peer did not prove knowledge of the launch secret (a wrong proof: final)."""
+
+
+class HandshakeBrokeOff(ConnectionError):
+    """The handshake ended before either side proved anything (closed, reset, dropped).
+
+    Not `AuthenticationError`: nothing says the secrets differ, and a client tries again (a
+    server crowded by strangers drops its oldest pending handshakes).
+    """
+
+
+class HandshakeTimeout(HandshakeBrokeOff):
+    """The peer did not answer within the handshake's deadline."""
+
+
+# What a server sends instead of its proof when the client's was wrong: the client then
+# fails the check (`ClientChallenge.check`) and knows the secrets differ, where a mere close
+# would look like a handshake that broke off (which it retries).
+REJECTION = bytes(32)
 
 
 class FrameError(ConnectionError):
@@ -155,14 +175,16 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 
 @contextlib.contextmanager
 def _handshake_io(sock: socket.socket, timeout: float) -> Iterator[None]:
-    """Bounds a handshake by `timeout` and reports any way it breaks as AuthenticationError."""
+    """Bounds a handshake by `timeout`; any way it breaks becomes `HandshakeBrokeOff`."""
     sock.settimeout(timeout)
     try:
         yield
-    except AuthenticationError:
+    except (AuthenticationError, HandshakeBrokeOff):
         raise
+    except TimeoutError as e:
+        raise HandshakeTimeout(f"handshake timed out after {timeout:g} s") from e
     except (OSError, EOFError) as e:
-        raise AuthenticationError(f"handshake broke off: {e}") from e
+        raise HandshakeBrokeOff(f"handshake broke off: {e}") from e
     finally:
         sock.settimeout(None)
 
@@ -171,7 +193,8 @@ class ServerChallenge:
     """The server's side of the handshake as two steps, for readers that cannot block.
 
     Send `greeting`; read exactly `REPLY_BYTES`; `answer` checks them and returns what to
-    send back (or raises AuthenticationError). Nothing else from the peer is read before.
+    send back (or raises AuthenticationError: then send `REJECTION` and close). Nothing else
+    from the peer is read before.
     """
 
     REPLY_BYTES = NONCE_BYTES + MAC_BYTES
@@ -197,7 +220,13 @@ def server_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None
     with _handshake_io(sock, timeout):
         challenge = ServerChallenge(secret)
         sock.sendall(challenge.greeting)
-        sock.sendall(challenge.answer(_recv_exact(sock, ServerChallenge.REPLY_BYTES)))
+        try:
+            proof = challenge.answer(_recv_exact(sock, ServerChallenge.REPLY_BYTES))
+        except AuthenticationError:
+            with contextlib.suppress(OSError):
+                sock.send(REJECTION, socket.MSG_DONTWAIT)
+            raise
+        sock.sendall(proof)
 
 
 class ClientChallenge:
@@ -226,12 +255,21 @@ class ClientChallenge:
     def check(self, proof: bytes | bytearray) -> None:
         """Checks that the server, whose `proof` this is, knows the secret too."""
         expected = _mac(self._secret, b"server", *self._nonces)
+        if self._nonces[0] and bytes(proof) == REJECTION:
+            raise AuthenticationError("the server rejected our proof: the secrets differ")
         if not self._nonces[0] or not hmac.compare_digest(bytes(proof), expected):
             raise AuthenticationError("server failed the HMAC challenge")
 
 
 def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
-    """Answers the server's challenge and checks that the server knows the secret too."""
+    """Answers the server's challenge and checks that the server knows the secret too.
+
+    Raises:
+        AuthenticationError: the secrets differ (the server rejected our proof, or failed
+            its own): final.
+        HandshakeTimeout: the server did not answer within `timeout` (e.g. it was crowded).
+        HandshakeBrokeOff: the connection ended or broke first (try again).
+    """
     with _handshake_io(sock, timeout):
         challenge = ClientChallenge(secret)
         sock.sendall(challenge.reply(_recv_exact(sock, ClientChallenge.GREETING_BYTES)))

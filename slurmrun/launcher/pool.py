@@ -123,6 +123,7 @@ class AgentPool:
                 self.on_eof(conn, data, running=False)
             elif self.agent_of(conn) is None:
                 self.on_hello(conn, data)
+        self.listener.idle = True  # until the first run (see Listener.idle)
 
     def close(self, grace: float = 3.0) -> None:
         """Tells every live agent to exit, waits for them (bounded), then kills what is left.
@@ -201,6 +202,14 @@ class AgentPool:
         now = time.monotonic()
         self.check_processes(now, running=False)
         self.check_silence(now)
+        self.listener.idle = False
+        if self.listener.dropped:
+            log.warning(
+                "slurmrun: %d messages from agents were dropped between runs (output of "
+                "processes a run left behind?)",
+                self.listener.dropped,
+            )
+            self.listener.dropped = 0
 
     # ------------------------------------------------------------------ decisions
     def on_frame_between_runs(self, agent: PoolAgent, frame: Frame) -> None:
@@ -229,6 +238,7 @@ class AgentPool:
 
     def end_of_run(self) -> None:
         """After a run: agents whose step SLURM is ending cannot take another (broken)."""
+        self.listener.idle = True  # between runs: the listener bounds what it queues
         if self._slurm_ending and not self.broken:
             hosts = sorted(self.agents[r].hostname for r in self._slurm_ending)
             self.broken = f"SLURM is ending the step of the agents on {hosts}"

@@ -400,7 +400,9 @@ def connect_with_backoff(
 ) -> tuple[socket.socket, int]:
     """Calls `connect_once` until it succeeds, for at most `budget` seconds (see `Backoff`).
 
-    A failed handshake is not retried: a wrong secret stays wrong.
+    A handshake that timed out or broke off (`HandshakeBrokeOff`: a launcher crowded by
+    strangers drops pending handshakes) is retried; a wrong proof (`AuthenticationError`) is
+    not: a wrong secret stays wrong.
 
     Returns:
         The connected socket and the number of tries it took.
@@ -408,6 +410,7 @@ def connect_with_backoff(
     Raises:
         ConnectionError: the last failure, once `budget` is spent (the message says how many
             tries over how long).
+        AuthenticationError: the launcher rejected our proof, or failed its own.
     """
     backoff = Backoff(budget)
     while True:
@@ -415,7 +418,7 @@ def connect_with_backoff(
             return connect_once(), backoff.tries + 1
         except AuthenticationError:
             raise
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError) as e:  # HandshakeBrokeOff and HandshakeTimeout included
             time.sleep(backoff.failed(e))
 
 
