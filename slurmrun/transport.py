@@ -109,25 +109,23 @@ unpickle_count = 0
 
 
 class AuthenticationError(ConnectionError):
-    """The peer did not prove knowledge of the launch secret (a wrong proof: final)."""
+    """The peer did not prove knowledge of the launch secret.
+
+    Raised as such for a wrong proof (final: a wrong secret stays wrong); as
+    `HandshakeBrokeOff` when the handshake ended before any proof (worth another try).
+    """
 
 
-class HandshakeBrokeOff(ConnectionError):
-    """The handshake ended before either side proved anything (closed, reset, dropped).
+class HandshakeBrokeOff(AuthenticationError):
+    """The handshake ended before a proof was checked: closed, reset, dropped or timed out.
 
-    Not `AuthenticationError`: nothing says the secrets differ, and a client tries again (a
-    server crowded by strangers drops its oldest pending handshakes).
+    Nothing says the secrets differ: a client tries again (a launcher crowded by strangers
+    drops their oldest pending handshakes, and ends those past its deadline).
     """
 
 
 class HandshakeTimeout(HandshakeBrokeOff):
     """The peer did not answer within the handshake's deadline."""
-
-
-# What a server sends instead of its proof when the client's was wrong: the client then
-# fails the check (`ClientChallenge.check`) and knows the secrets differ, where a mere close
-# would look like a handshake that broke off (which it retries).
-REJECTION = bytes(32)
 
 
 class FrameError(ConnectionError):
@@ -179,7 +177,7 @@ def _handshake_io(sock: socket.socket, timeout: float) -> Iterator[None]:
     sock.settimeout(timeout)
     try:
         yield
-    except (AuthenticationError, HandshakeBrokeOff):
+    except AuthenticationError:
         raise
     except TimeoutError as e:
         raise HandshakeTimeout(f"handshake timed out after {timeout:g} s") from e
@@ -193,8 +191,7 @@ class ServerChallenge:
     """The server's side of the handshake as two steps, for readers that cannot block.
 
     Send `greeting`; read exactly `REPLY_BYTES`; `answer` checks them and returns what to
-    send back (or raises AuthenticationError: then send `REJECTION` and close). Nothing else
-    from the peer is read before.
+    send back (or raises AuthenticationError). Nothing else from the peer is read before.
     """
 
     REPLY_BYTES = NONCE_BYTES + MAC_BYTES
@@ -220,13 +217,7 @@ def server_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None
     with _handshake_io(sock, timeout):
         challenge = ServerChallenge(secret)
         sock.sendall(challenge.greeting)
-        try:
-            proof = challenge.answer(_recv_exact(sock, ServerChallenge.REPLY_BYTES))
-        except AuthenticationError:
-            with contextlib.suppress(OSError):
-                sock.send(REJECTION, socket.MSG_DONTWAIT)
-            raise
-        sock.sendall(proof)
+        sock.sendall(challenge.answer(_recv_exact(sock, ServerChallenge.REPLY_BYTES)))
 
 
 class ClientChallenge:
@@ -255,8 +246,6 @@ class ClientChallenge:
     def check(self, proof: bytes | bytearray) -> None:
         """Checks that the server, whose `proof` this is, knows the secret too."""
         expected = _mac(self._secret, b"server", *self._nonces)
-        if self._nonces[0] and bytes(proof) == REJECTION:
-            raise AuthenticationError("the server rejected our proof: the secrets differ")
         if not self._nonces[0] or not hmac.compare_digest(bytes(proof), expected):
             raise AuthenticationError("server failed the HMAC challenge")
 
@@ -264,11 +253,13 @@ class ClientChallenge:
 def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
     """Answers the server's challenge and checks that the server knows the secret too.
 
+    A server closes, without a word, on a wrong proof of ours: a client with a wrong secret
+    sees `HandshakeBrokeOff` (strangers learn nothing but the challenge).
+
     Raises:
-        AuthenticationError: the secrets differ (the server rejected our proof, or failed
-            its own): final.
+        AuthenticationError: the server failed its proof (final).
         HandshakeTimeout: the server did not answer within `timeout` (e.g. it was crowded).
-        HandshakeBrokeOff: the connection ended or broke first (try again).
+        HandshakeBrokeOff: the connection ended or broke before a proof (try again).
     """
     with _handshake_io(sock, timeout):
         challenge = ClientChallenge(secret)

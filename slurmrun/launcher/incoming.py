@@ -13,7 +13,6 @@ workers still arrive in parallel.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 from typing import Any
@@ -21,8 +20,6 @@ from typing import Any
 from slurmrun.transport import (
     LARGE_BUFFER_BYTES,
     PREFIX_BYTES,
-    REJECTION,
-    AuthenticationError,
     Buffer,
     Connection,
     Frame,
@@ -106,12 +103,7 @@ class Incoming:
         self._reply += data
         if len(self._reply) < ServerChallenge.REPLY_BYTES:
             return True
-        try:
-            proof = self._challenge.answer(self._reply)
-        except AuthenticationError:
-            with contextlib.suppress(OSError):  # so that the peer knows: a wrong secret
-                self.sock.send(REJECTION, socket.MSG_DONTWAIT)
-            raise
+        proof = self._challenge.answer(self._reply)  # raises for a wrong answer
         self._challenge = None
         try:
             self.sock.sendall(proof)  # 32 bytes, into an empty buffer
@@ -129,8 +121,8 @@ class Incoming:
         Open is False when the peer closed the connection between frames.
 
         Raises:
-            AuthenticationError: the peer's proof was wrong.
-            HandshakeBrokeOff: the handshake ended before the peer proved anything.
+            AuthenticationError: the peer's proof was wrong (`HandshakeBrokeOff`: the
+                handshake ended before it proved anything).
             FrameError: a malformed frame.
             EOFError: the peer closed the connection in the middle of a frame.
             OSError: the connection broke.

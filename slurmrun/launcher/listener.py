@@ -241,11 +241,11 @@ class Listener:
         was_pending = incoming.conn is None
         try:
             frames, still_open = incoming.read()
-        except AuthenticationError as e:
-            self._reject(incoming, str(e))
-            return
         except HandshakeBrokeOff as e:
             self._reject(incoming, f"handshake broke off: {e}")
+            return
+        except AuthenticationError as e:
+            self._reject(incoming, str(e))
             return
         except (OSError, EOFError, FrameError) as e:
             self._ended(incoming, str(e) or type(e).__name__)

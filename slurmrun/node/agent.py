@@ -43,6 +43,7 @@ from slurmrun.transport import (
     AuthenticationError,
     Connection,
     Frame,
+    HandshakeBrokeOff,
     bound_unacknowledged_sends,
     client_handshake,
 )
@@ -402,7 +403,8 @@ def connect_with_backoff(
 
     A handshake that timed out or broke off (`HandshakeBrokeOff`: a launcher crowded by
     strangers drops pending handshakes) is retried; a wrong proof (`AuthenticationError`) is
-    not: a wrong secret stays wrong.
+    not: a wrong secret stays wrong. (A launcher closes on a wrong proof of ours without a
+    word, so an agent with a wrong secret tries until its budget is spent.)
 
     Returns:
         The connected socket and the number of tries it took.
@@ -416,9 +418,11 @@ def connect_with_backoff(
     while True:
         try:
             return connect_once(), backoff.tries + 1
+        except HandshakeBrokeOff as e:  # HandshakeTimeout too: crowded, or cut short
+            time.sleep(backoff.failed(e))
         except AuthenticationError:
             raise
-        except (OSError, EOFError) as e:  # HandshakeBrokeOff and HandshakeTimeout included
+        except (OSError, EOFError) as e:
             time.sleep(backoff.failed(e))
 
 
@@ -469,7 +473,8 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     _expect_heartbeats(sock, silence)
     launcher = Connection(sock)
-    store_port = StorePort()
+    # The store listens where the other nodes reach this one: our side of the launcher's route.
+    store_port = StorePort(sock.getsockname()[0])
     hello = protocol.Hello(
         hostname=hostname,
         node_rank=int(os.environ.get(protocol.NODE_RANK_VAR, "-1")),
