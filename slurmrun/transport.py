@@ -68,6 +68,8 @@ __all__ = [
     "Frame",
     "FrameError",
     "FrameHead",
+    "HandshakeBrokeOff",
+    "HandshakeTimeout",
     "OutOfBand",
     "ServerChallenge",
     "alloc",
@@ -107,7 +109,23 @@ unpickle_count = 0
 
 
 class AuthenticationError(ConnectionError):
-    """The peer did not prove knowledge of the launch secret."""
+    """The peer did not prove knowledge of the launch secret.
+
+    Raised as such for a wrong proof (final: a wrong secret stays wrong); as
+    `HandshakeBrokeOff` when the handshake ended before any proof (worth another try).
+    """
+
+
+class HandshakeBrokeOff(AuthenticationError):
+    """The handshake ended before a proof was checked: closed, reset, dropped or timed out.
+
+    Nothing says the secrets differ: a client tries again (a launcher crowded by strangers
+    drops their oldest pending handshakes, and ends those past its deadline).
+    """
+
+
+class HandshakeTimeout(HandshakeBrokeOff):
+    """The peer did not answer within the handshake's deadline."""
 
 
 class FrameError(ConnectionError):
@@ -155,14 +173,16 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 
 @contextlib.contextmanager
 def _handshake_io(sock: socket.socket, timeout: float) -> Iterator[None]:
-    """Bounds a handshake by `timeout` and reports any way it breaks as AuthenticationError."""
+    """Bounds a handshake by `timeout`; any way it breaks becomes `HandshakeBrokeOff`."""
     sock.settimeout(timeout)
     try:
         yield
     except AuthenticationError:
         raise
+    except TimeoutError as e:
+        raise HandshakeTimeout(f"handshake timed out after {timeout:g} s") from e
     except (OSError, EOFError) as e:
-        raise AuthenticationError(f"handshake broke off: {e}") from e
+        raise HandshakeBrokeOff(f"handshake broke off: {e}") from e
     finally:
         sock.settimeout(None)
 
@@ -231,7 +251,16 @@ class ClientChallenge:
 
 
 def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
-    """Answers the server's challenge and checks that the server knows the secret too."""
+    """Answers the server's challenge and checks that the server knows the secret too.
+
+    A server closes, without a word, on a wrong proof of ours: a client with a wrong secret
+    sees `HandshakeBrokeOff` (strangers learn nothing but the challenge).
+
+    Raises:
+        AuthenticationError: the server failed its proof (final).
+        HandshakeTimeout: the server did not answer within `timeout` (e.g. it was crowded).
+        HandshakeBrokeOff: the connection ended or broke before a proof (try again).
+    """
     with _handshake_io(sock, timeout):
         challenge = ClientChallenge(secret)
         sock.sendall(challenge.reply(_recv_exact(sock, ClientChallenge.GREETING_BYTES)))

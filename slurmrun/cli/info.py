@@ -255,6 +255,7 @@ def _dry_run_fields(plan: dict[str, Any]) -> dict[str, Any]:
         if fields[key] is not None:
             fields[key] = tuple(fields[key])
     fields["commands"] = tuple(tuple(c) for c in fields["commands"])
+    fields["env_shown"] = tuple((name, value) for name, value in fields.get("env_shown", ()))
     return fields
 
 

@@ -8,9 +8,18 @@ import textwrap
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["DryRun"]
+__all__ = ["DryRun", "shown_value"]
 
 _WIDTH = 96
+# Names whose values a dry run does not show (case-insensitive): HF_TOKEN, WANDB_API_KEY...
+SECRET_LOOKING = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+SECRET_SHOWN = "<set>"  # noqa: S105 - what is shown instead of a value, not a password
+
+
+def shown_value(name: str, value: str) -> str:
+    """What a dry run shows of variable `name`: its value, or `SECRET_SHOWN` if it looks secret."""
+    upper = name.upper()
+    return SECRET_SHOWN if any(word in upper for word in SECRET_LOOKING) else value
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,8 @@ class DryRun:
             local agent, with the variables that differ between local agents in front).
         env_names: names of the variables the agents would get (values from the launcher's
             environment, and from the launch itself for ``SLURMRUN_*``).
+        env_shown: each of `env_names` with its value, or ``<set>`` for a name that looks
+            secret (``*TOKEN*``, ``*KEY*``, ``*SECRET*``, ``*PASSWORD*``, any case).
         log_dir: the log directory a launch now would create; None when files are off.
         warnings: what will go wrong, or is likely to.
     """
@@ -60,6 +71,7 @@ class DryRun:
     env_names: tuple[str, ...]
     log_dir: str | None
     warnings: tuple[str, ...] = ()
+    env_shown: tuple[tuple[str, str], ...] = ()
 
     @property
     def world_size(self) -> int | None:
@@ -111,6 +123,14 @@ class DryRun:
             f"  command{'s' * (len(self.commands) != 1)}:",
         ]
         out += [_command_text(cmd) for cmd in self.commands]
+        if self.agents == "ssh" and self.env_shown:
+            # ssh agents get them on stdin (never on a command line): shown here instead
+            out.append(
+                f"  environment of the agents ({len(self.env_shown)} variables, sent on ssh's "
+                f"stdin; secret-looking ones as {SECRET_SHOWN}):"
+            )
+            out += [f"    {name}={shlex.quote(value)}" for name, value in self.env_shown]
+            return out + self._warning_lines()
         out.append(
             f"  environment of the agents ({len(self.env_names)} variables, names only; "
             "SLURMRUN_SECRET is made fresh by each launch):"
@@ -122,6 +142,10 @@ class DryRun:
             subsequent_indent="    ",
             break_on_hyphens=False,
         )
+        return out + self._warning_lines()
+
+    def _warning_lines(self) -> list[str]:
+        out: list[str] = []
         if self.warnings:
             out.append("  warnings:")
             for warning in self.warnings:

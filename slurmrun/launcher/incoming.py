@@ -20,10 +20,10 @@ from typing import Any
 from slurmrun.transport import (
     LARGE_BUFFER_BYTES,
     PREFIX_BYTES,
-    AuthenticationError,
     Buffer,
     Connection,
     Frame,
+    HandshakeBrokeOff,
     ServerChallenge,
     alloc,
     bound_unacknowledged_sends,
@@ -65,6 +65,8 @@ class Incoming:
     ) -> None:
         self.sock = sock
         self.peer = peer
+        # Its address without the port: what a flood from one host has in common.
+        self.source = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
         self.deadline = deadline
         self.conn: Connection | None = None  # once the peer proved the secret
         self.handoff = False  # a large payload is pending: `receive_rest` takes it
@@ -84,7 +86,7 @@ class Incoming:
         assert self._challenge is not None  # noqa: S101 - called once, before any read
         greeting = self._challenge.greeting
         if self.sock.send(greeting, socket.MSG_DONTWAIT) != len(greeting):
-            raise AuthenticationError("handshake broke off: the challenge did not fit")
+            raise HandshakeBrokeOff("the challenge did not fit")
 
     def _read_reply(self) -> bool:
         assert self._challenge is not None  # noqa: S101 - only during the handshake
@@ -95,9 +97,9 @@ class Incoming:
         except BlockingIOError:
             return True
         except OSError as e:
-            raise AuthenticationError(f"handshake broke off: {e}") from e
+            raise HandshakeBrokeOff(str(e)) from e
         if not data:
-            raise AuthenticationError("handshake broke off: peer closed the connection")
+            raise HandshakeBrokeOff("peer closed the connection")
         self._reply += data
         if len(self._reply) < ServerChallenge.REPLY_BYTES:
             return True
@@ -108,7 +110,7 @@ class Incoming:
             self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             bound_unacknowledged_sends(self.sock, self._silence)
         except OSError as e:
-            raise AuthenticationError(f"handshake broke off: {e}") from e
+            raise HandshakeBrokeOff(str(e)) from e
         self.conn = Connection(self.sock)
         return True
 
@@ -119,7 +121,8 @@ class Incoming:
         Open is False when the peer closed the connection between frames.
 
         Raises:
-            AuthenticationError: the handshake failed.
+            AuthenticationError: the peer's proof was wrong (`HandshakeBrokeOff`: the
+                handshake ended before it proved anything).
             FrameError: a malformed frame.
             EOFError: the peer closed the connection in the middle of a frame.
             OSError: the connection broke.

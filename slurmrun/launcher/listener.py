@@ -9,6 +9,13 @@ A large payload is received by a short-lived thread of its own, so big results s
 in parallel. A heartbeat thread tells agents that the launcher is alive.
 `slurmrun.launcher.pool.AgentPool` and the run on it (`slurmrun.launcher.session.Session`) make
 every decision from the queue.
+
+Bounds, against peers that are not ours and against a launcher idle for hours: a handshake
+has `HANDSHAKE_TIMEOUT` (one round trip; agents retry one that broke off), one source address
+has at most `MAX_PENDING_PER_SOURCE` handshakes pending (a new one drops its oldest), so a
+flood of silent connections from one host never holds the door for others. Heartbeats only
+note liveness and are never queued, and between runs (`idle`, set by the pool) frames beyond
+`IDLE_EVENTS` queued (the output of a process the run left behind) are dropped and counted.
 """
 
 from __future__ import annotations
@@ -25,19 +32,34 @@ from slurmrun import protocol
 from slurmrun.launcher.incoming import Incoming
 from slurmrun.launcher.pump import Closed, Events, Received
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
-from slurmrun.transport import AuthenticationError, Connection, FrameError
+from slurmrun.transport import (
+    AuthenticationError,
+    Connection,
+    Frame,
+    FrameError,
+    HandshakeBrokeOff,
+)
 
 __all__ = ["LISTEN_BACKLOG", "Listener"]
 
 log = logging.getLogger("slurmrun")
 
-HANDSHAKE_TIMEOUT = 10.0
+# The handshake is one round trip for a peer that is there: agents answer within
+# milliseconds, and retry one that was cut short.
+HANDSHAKE_TIMEOUT = 2.0
 # Connections the kernel queues before accept (capped by net.core.somaxconn): a big job's
 # agents all connect within a second or two, and agents retry what still meets a full queue.
 LISTEN_BACKLOG = 8192
 # Handshakes in progress at once; more connections wait in the listen backlog (never dropped,
 # so that thousands of agents connecting at once all get in).
 MAX_PENDING_HANDSHAKES = 1024
+# Handshakes pending from one address: beyond it, a new connection drops the oldest. Local
+# agents all come from 127.0.0.1 (and each worker's large result on a connection of its
+# own), but a real one answers at once: only a silent one stays pending long.
+MAX_PENDING_PER_SOURCE = 32
+# Between runs, frames queued beyond this many are dropped (counted in `dropped`): the pool
+# takes in only TERMINATING then, and a leftover process could print forever.
+IDLE_EVENTS = 1000
 _SWEEP = 0.2  # how often handshakes are checked against their deadline
 _SERVER = "server"
 _WAKE = "wake"
@@ -71,6 +93,10 @@ class Listener:
         # Work for the reader thread from others: connections back from a handoff, "close".
         self._todo: queue.SimpleQueue[Incoming | str] = queue.SimpleQueue()
         self._pending: dict[Incoming, None] = {}  # handshakes in progress, oldest first
+        self._by_source: dict[str, dict[Incoming, None]] = {}  # the same, per peer address
+        self._crowded = 0  # handshakes dropped for a newer one from the same address
+        self.idle = False  # between runs: set by the pool (see IDLE_EVENTS)
+        self.dropped = 0  # frames dropped between runs (the pool reports and resets it)
         self._accepting = False
         self._stop = False
         self._threads = [
@@ -153,10 +179,12 @@ class Listener:
             )
             try:
                 incoming.greet()
-            except (AuthenticationError, OSError) as e:
+            except OSError as e:  # HandshakeBrokeOff included
                 self._reject(incoming, str(e))
                 continue
+            self._make_room(incoming.source)
             self._pending[incoming] = None
+            self._by_source.setdefault(incoming.source, {})[incoming] = None
             self._register(incoming)
         if self._accepting:  # a full house: the kernel's backlog holds the rest meanwhile
             self._selector.unregister(self.server)
@@ -168,9 +196,36 @@ class Listener:
                 self._selector.unregister(self.server)
             self._accepting = False
 
+    def _make_room(self, source: str) -> None:
+        """Drops the oldest handshake pending from `source` if it has its maximum."""
+        mine = self._by_source.get(source)
+        if mine is None or len(mine) < MAX_PENDING_PER_SOURCE:
+            return
+        oldest = next(iter(mine))
+        self._unpend(oldest)
+        self._forget(oldest)
+        oldest.sock.close()
+        self._crowded += 1
+        if self._crowded in {1, 10, 100, 1000} or self._crowded % 10000 == 0:  # a bounded log
+            log.warning(
+                "slurmrun: %d connection(s) dropped before their handshake, for newer ones "
+                "from the same address (more than %d pending from %s)",
+                self._crowded,
+                MAX_PENDING_PER_SOURCE,
+                source,
+            )
+
+    def _unpend(self, incoming: Incoming) -> None:
+        self._pending.pop(incoming, None)
+        mine = self._by_source.get(incoming.source)
+        if mine is not None:
+            mine.pop(incoming, None)
+            if not mine:
+                del self._by_source[incoming.source]
+
     def _reject(self, incoming: Incoming, why: str) -> None:
         log.warning("slurmrun: rejected a connection from %s: %s", incoming.peer, why)
-        self._pending.pop(incoming, None)
+        self._unpend(incoming)
         self._forget(incoming)
         incoming.sock.close()
 
@@ -193,6 +248,9 @@ class Listener:
         was_pending = incoming.conn is None
         try:
             frames, still_open = incoming.read()
+        except HandshakeBrokeOff as e:
+            self._reject(incoming, f"handshake broke off: {e}")
+            return
         except AuthenticationError as e:
             self._reject(incoming, str(e))
             return
@@ -203,12 +261,12 @@ class Listener:
         if conn is None:
             return  # still in its handshake
         if was_pending:
-            self._pending.pop(incoming, None)
+            self._unpend(incoming)
             self._heard[id(conn)] = time.monotonic()
         if frames:
             self._heard[id(conn)] = time.monotonic()
             for frame in frames:
-                self.events.put(Received(conn, frame))
+                self._queue(conn, frame)
         if not still_open:
             self._ended(incoming, "")
         elif incoming.handoff:
@@ -216,6 +274,16 @@ class Listener:
             threading.Thread(
                 target=self._receive_rest, args=(incoming,), name="slurmrun-receive", daemon=True
             ).start()
+
+    def _queue(self, conn: Connection, frame: Frame) -> None:
+        """Queues a frame for the pool or the run; a heartbeat only counted as heard (above)."""
+        kind = frame.kind
+        if kind == protocol.HEARTBEAT:
+            return
+        if self.idle and kind == protocol.LOG and self.events.qsize() >= IDLE_EVENTS:
+            self.dropped += 1  # output between runs: every other kind is a state that counts
+            return
+        self.events.put(Received(conn, frame))
 
     def _resume_accepting(self) -> None:
         if len(self._pending) < MAX_PENDING_HANDSHAKES and self.server.fileno() >= 0:
@@ -238,7 +306,7 @@ class Listener:
             self.events.put(Closed(incoming.conn, str(e) or type(e).__name__))
             return
         self._heard[id(incoming.conn)] = time.monotonic()
-        self.events.put(Received(incoming.conn, frame))
+        self._queue(incoming.conn, frame)
         self._post(incoming)
 
     def _take_todo(self) -> None:
@@ -265,7 +333,7 @@ class Listener:
         for incoming in list(self._pending):
             if now < incoming.deadline:
                 break  # oldest first: the rest are younger
-            self._reject(incoming, "handshake broke off: timed out")
+            self._reject(incoming, f"handshake timed out ({HANDSHAKE_TIMEOUT:g} s)")
 
     def _shut_down(self) -> None:
         """Closes what is left: connections nobody took (their owners closed their own)."""
@@ -275,6 +343,7 @@ class Listener:
                 self._forget(key.data)
                 key.data.sock.close()
         self._pending.clear()
+        self._by_source.clear()
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from slurmrun import allocation, allocations
 from slurmrun.environment import env_words, matching_env
 from slurmrun.launcher import srun
-from slurmrun.launcher.dryrun import DryRun
+from slurmrun.launcher.dryrun import DryRun, shown_value
 from slurmrun.launcher.listener import LISTEN_BACKLOG
 from slurmrun.launcher.ssh import SshAgents, ssh_hostname
 from slurmrun.launcher.starters import (
@@ -192,7 +192,7 @@ def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> Dry
         gres = next((a for a in starter.command if a.startswith("--gres=gpu:")), "")
         gpus = int(gres.rsplit(":", 1)[1]) if gres else 0
     elif isinstance(starter, SshAgents):
-        commands = [tuple(command) for command in starter.commands(env)]
+        commands = [tuple(command) for command in starter.commands()]
         names = sorted({*env, *local_agent_env(0, hosts[0])} - {SECRET_VAR})
         gpus = 0  # each host's own: unknown here
     else:
@@ -224,9 +224,15 @@ def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> Dry
         port=port,
         commands=tuple(commands),
         env_names=tuple(names),
+        env_shown=tuple((n, shown_value(n, _dry_value(n, env, hosts))) for n in names),
         log_dir=log_dir.path if log_dir.keep else None,
         warnings=tuple(warnings),
     )
+
+
+def _dry_value(name: str, env: Mapping[str, str], hosts: Sequence[str]) -> str:
+    """A variable's value in a dry run (the first agent's, for those that differ by agent)."""
+    return {**env, **local_agent_env(0, hosts[0])}.get(name, "")
 
 
 def _expected_workers(plan: Plan, env: Mapping[str, str], gpus: int) -> tuple[list[int], str]:
@@ -267,20 +273,36 @@ class Address:
 
 
 def launcher_address(plan: Plan) -> Address:
-    """The launcher's address for `plan`'s agents: loopback, the override, or the route's."""
+    """The launcher's address for `plan`'s agents: loopback, the override, or the route's.
+
+    The launcher listens on that address alone when it is one of this machine's (always, but
+    for an override that is not: a forwarded or NAT address), so that no other interface
+    offers its port.
+    """
     if plan.local:
         return Address("127.0.0.1", "127.0.0.1", "loopback: the agents run on this machine")
     override = os.environ.get(LAUNCHER_ADDR_VAR)
     if override:
-        return Address("0.0.0.0", override, f"{LAUNCHER_ADDR_VAR} is set")  # noqa: S104
+        return Address(_bind_for(override), override, f"{LAUNCHER_ADDR_VAR} is set")
     first = plan.hostnames[0]
     # An ssh host may be an alias of the ssh config: route toward the name it stands for.
     target = ssh_hostname(first, plan.ssh_config_file) if plan.ssh else first
+    advertise = srun.address_toward(target)
     return Address(
-        "0.0.0.0",  # noqa: S104 - agents on other nodes must reach us
-        srun.address_toward(target),
+        _bind_for(advertise),
+        advertise,
         f"this machine's address on the route toward {first}, the first node",
     )
+
+
+def _bind_for(advertise: str) -> str:
+    """`advertise` if this machine can listen on it, else every interface (``0.0.0.0``)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((advertise, 0))
+    except (OSError, OverflowError):  # not ours (EADDRNOTAVAIL), a name, or not IPv4
+        return "0.0.0.0"  # noqa: S104 - agents connect to an address forwarded to us
+    return advertise
 
 
 def user_env(cfg: Launcher, environ: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -155,6 +155,7 @@ class AgentPool:
                 hostname=missing[0],
             )
         self.state = PoolState.READY
+        self.listener.idle = True  # until the first run (see Listener.idle)
 
     def close(self, grace: float = 3.0) -> None:
         """Tells every live agent to exit, waits for them (bounded), then kills what is left.
@@ -219,6 +220,14 @@ class AgentPool:
         now = time.monotonic()
         self.health.check_processes(self.agents, now, running=False)
         self.health.check_silence(self.agents, now)
+        self.listener.idle = False
+        if self.listener.dropped:
+            log.warning(
+                "slurmrun: %d messages from agents were dropped between runs (output of "
+                "processes a run left behind?)",
+                self.listener.dropped,
+            )
+            self.listener.dropped = 0
 
     def _check_usable(self) -> None:
         if self.state in {PoolState.BROKEN, PoolState.CLOSED}:
@@ -237,6 +246,7 @@ class AgentPool:
         """`run` is over (its agents may still be ending it: `ready` waits for them)."""
         if self.run is run:
             self.run = None
+        self.listener.idle = True  # between runs: the listener bounds what it queues
         self._end_of_run()
         if self.state is PoolState.RUNNING:
             self.state = PoolState.READY

@@ -5,29 +5,33 @@ The ``ssh`` binary, not a Python library: it reads the user's ``~/.ssh/config`` 
 the user's own ``ssh`` does, and its process is ours to wait for and kill like any
 subprocess; a library would reimplement all of that and add a dependency.
 
-The launch secret goes to the agent through ssh's stdin, never on a command line: the agent
-(``SLURMRUN_SECRET_STDIN=1``) forks its worker spawner first and then reads it. The pipe
-stays open for the agent's life: when it closes (the launcher exited, or the ssh connection
-dropped) the agent sees end-of-file and stops its workers. The other variables travel on
-the remote command line (``env NAME=VALUE ...``). The hosts must see this interpreter and
-this slurmrun at the same paths (a shared filesystem, as for srun).
+The agent's variables and the launch secret go to the agent through ssh's stdin, never on a
+command line (where every user of either host can read them, ``ps``): first the variables
+(`stdin_block`), which the agent (``SLURMRUN_SECRET_STDIN=1``) puts in its environment before
+anything else, then the secret, which it reads only after it forked its worker spawner. The
+pipe stays open for the agent's life: when it closes (the launcher exited, or the ssh
+connection dropped) the agent sees end-of-file and stops its workers. The command line holds
+only the interpreter and where slurmrun is; the hosts must see both at the same paths (a
+shared filesystem, as for srun).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slurmrun.launcher.starters import HostAgents, agent_command, local_agent_env, wait_exit
+from slurmrun.launcher.starters import HostAgents, local_agent_env, package_pythonpath, wait_exit
 from slurmrun.protocol import SECRET_STDIN_VAR, SECRET_VAR
 
-__all__ = ["SshAgents", "ssh_command", "ssh_hostname"]
+__all__ = ["SshAgents", "ssh_command", "ssh_hostname", "stdin_block"]
 
 # How long ssh may take to open a connection (a host that is down: no endless wait).
 CONNECT_TIMEOUT = 10
@@ -35,15 +39,29 @@ CONNECT_TIMEOUT = 10
 EOF_WAIT = 5.0
 
 
-def ssh_command(host: str, env: Mapping[str, str], config_file: str | None) -> list[str]:
-    """The ssh command line that starts one agent on `host` with `env` (less the secret)."""
-    variables = [f"{k}={v}" for k, v in sorted(env.items()) if k != SECRET_VAR]
-    remote = shlex.join(["env", *variables, f"{SECRET_STDIN_VAR}=1", *agent_command()])
+# The agent's start on its host: slurmrun is found at the path given (its PYTHONPATH comes
+# later, on stdin), then `slurmrun.node.agent_main` runs as ``python -m`` would run it.
+_BOOTSTRAP = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from slurmrun.node import agent_main; agent_main.run()"
+)
+
+
+def ssh_command(host: str, config_file: str | None) -> list[str]:
+    """The ssh command line that starts one agent on `host` (its variables: `stdin_block`)."""
+    root = package_pythonpath({})
+    remote = shlex.join(["env", f"{SECRET_STDIN_VAR}=1", sys.executable, "-c", _BOOTSTRAP, root])
     options = ["-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}"]
     options += ["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
     if config_file:
         options += ["-F", config_file]
     return ["ssh", *options, host, remote]
+
+
+def stdin_block(env: Mapping[str, str]) -> bytes:
+    """`env` (less the secret) as the agent reads it first from stdin (`read_variables`)."""
+    variables = json.dumps({k: v for k, v in sorted(env.items()) if k != SECRET_VAR}).encode()
+    return b"%d\n%s" % (len(variables), variables)
 
 
 def ssh_hostname(host: str, config_file: str | None) -> str:
@@ -69,17 +87,15 @@ class SshAgents(HostAgents):
 
     config_file: str | None = None
 
-    def commands(self, env: Mapping[str, str]) -> list[list[str]]:
-        """The ssh command line of each agent."""
-        return [
-            ssh_command(host, {**env, **local_agent_env(rank, host)}, self.config_file)
-            for rank, host in enumerate(self.hostnames)
-        ]
+    def commands(self) -> list[list[str]]:
+        """The ssh command line of each agent (no variable: they go through stdin)."""
+        return [ssh_command(host, self.config_file) for host in self.hostnames]
 
     def start(self, env: Mapping[str, str]) -> None:
         """See `slurmrun.launcher.starters.AgentStarter`."""
         secret = env[SECRET_VAR].encode("ascii") + b"\n"
-        for rank, command in enumerate(self.commands(env)):
+        for rank, command in enumerate(self.commands()):
+            variables = stdin_block({**env, **local_agent_env(rank, self.hostnames[rank])})
             log = self._open_log(rank)
             try:
                 proc = subprocess.Popen(
@@ -94,7 +110,7 @@ class SshAgents(HostAgents):
             self.procs.append(proc)
             assert proc.stdin is not None  # noqa: S101 - stdin=PIPE
             with contextlib.suppress(BrokenPipeError):  # ssh failed at once: exit_codes says
-                proc.stdin.write(secret)
+                proc.stdin.write(variables + secret)
                 proc.stdin.flush()
 
     def exit_codes(self) -> dict[int | None, int]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from slurmrun import protocol
-from slurmrun.errors import AgentFailedError, add_note
+from slurmrun.errors import add_note
 from slurmrun.events import Trace, WorkerFailed
 from slurmrun.launcher.failures import WorkerPlace, step_ended, worker_died, worker_error
 from slurmrun.logs import worker_log_path

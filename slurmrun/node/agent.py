@@ -42,6 +42,7 @@ from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
 from slurmrun.transport import (
     AuthenticationError,
     Frame,
+    HandshakeBrokeOff,
     bound_unacknowledged_sends,
     client_handshake,
 )
@@ -294,7 +295,10 @@ def connect_with_backoff(
 ) -> tuple[socket.socket, int]:
     """Calls `connect_once` until it succeeds, for at most `budget` seconds (see `Backoff`).
 
-    A failed handshake is not retried: a wrong secret stays wrong.
+    A handshake that timed out or broke off (`HandshakeBrokeOff`: a launcher crowded by
+    strangers drops pending handshakes) is retried; a wrong proof (`AuthenticationError`) is
+    not: a wrong secret stays wrong. (A launcher closes on a wrong proof of ours without a
+    word, so an agent with a wrong secret tries until its budget is spent.)
 
     Returns:
         The connected socket and the number of tries it took.
@@ -302,11 +306,14 @@ def connect_with_backoff(
     Raises:
         ConnectionError: the last failure, once `budget` is spent (the message says how many
             tries over how long).
+        AuthenticationError: the launcher rejected our proof, or failed its own.
     """
     backoff = Backoff(budget)
     while True:
         try:
             return connect_once(), backoff.tries + 1
+        except HandshakeBrokeOff as e:  # HandshakeTimeout too: crowded, or cut short
+            time.sleep(backoff.failed(e))
         except AuthenticationError:
             raise
         except (OSError, EOFError) as e:
@@ -360,7 +367,8 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     _expect_heartbeats(sock, silence)
     launcher = LauncherConnection(sock, hostname)
-    store_port = StorePort()
+    # The store listens where the other nodes reach this one: our side of the launcher's route.
+    store_port = StorePort(sock.getsockname()[0])
     hello = protocol.Hello(
         hostname=hostname,
         node_rank=int(os.environ.get(protocol.NODE_RANK_VAR, "-1")),

@@ -8,6 +8,7 @@ library, `slurmrun.environment`, `slurmrun.protocol` and `slurmrun.node.spawner`
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -17,7 +18,7 @@ from slurmrun.environment import FORWARDED_SIGNALS, EnvFileError, source_env_fil
 from slurmrun.node.spawner import Spawner, forget_variable
 from slurmrun.protocol import ENV_FILE_VAR, PRELOAD_VAR, SECRET_STDIN_VAR, SECRET_VAR
 
-__all__ = ["main"]
+__all__ = ["main", "read_variables", "run"]
 
 _SECRET_KEY = os.fsencode(SECRET_VAR)
 
@@ -31,6 +32,31 @@ def _read_line(fd: int) -> bytes:
             break
         line += byte
     return line.strip()
+
+
+def _read_exactly(fd: int, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = os.read(fd, n - len(data))
+        if not chunk:
+            raise EOFError("stdin ended before the agent's variables did")
+        data += chunk
+    return data
+
+
+def read_variables(fd: int) -> None:
+    """Takes an ssh agent's variables from `fd` into the environment (and its PYTHONPATH).
+
+    They come as one line with the length of a JSON object of names to values, then the
+    object (`slurmrun.launcher.ssh.stdin_block`): never on a command line, where every user
+    of the host can read them. The secret follows them, read after the spawner's fork.
+    """
+    size = int(_read_line(fd).decode("ascii"))
+    variables = json.loads(_read_exactly(fd, size))
+    os.environ.update(variables)
+    # What the interpreter would have done with it at startup: the spawner imports from it.
+    entries = [p for p in variables.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[1:1] = [p for p in entries if p not in sys.path]
 
 
 def _exit_on_stdin_eof() -> None:
@@ -62,6 +88,8 @@ def main() -> int:
     # os.environb hands out the bytes object the interpreter made at startup, not a copy; the
     # spawner wipes that object and its environment blocks (forget_variable).
     from_stdin = os.environ.get(SECRET_STDIN_VAR) == "1"  # an ssh agent (slurmrun.launcher.ssh)
+    if from_stdin:
+        read_variables(0)  # before anything reads the environment
     if not from_stdin and not os.environb.get(_SECRET_KEY):
         print(
             f"slurmrun.node.agent: {SECRET_VAR} is not set; agents are started by slurmrun.launch",
@@ -101,7 +129,8 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """Runs the agent process to its end (``python -m``, or an ssh agent's bootstrap)."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     code = main()
     # Workers are stopped and joined and the launcher's connection is closed: skip the
@@ -109,3 +138,7 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    run()

@@ -9,6 +9,10 @@ warm run on three nodes took 0.4-0.9 s instead of 0.1 s). So the agent keeps a s
 listening on the port from the moment it reports it, and hands that socket to rank 0's
 worker, whose store serves on it (``TCPStore(master_listen_fd=...)``): early connects wait
 in its backlog instead.
+
+The socket listens on the agent's own address toward its launcher (loopback for a localhost
+launch): the address the agent reports in its hello, where the other ranks connect, and no
+wider, as the store serves anyone who reaches it.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ __all__ = ["StorePort"]
 BACKLOG = 8192
 
 
-def _listening() -> socket.socket:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def _listening(host: str) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.bind(("", 0))
+        sock.bind((host, 0))
         sock.listen(BACKLOG)
     except BaseException:
         sock.close()
@@ -34,10 +39,15 @@ def _listening() -> socket.socket:
 
 
 class StorePort:
-    """A free port, listening from the moment it is reported until a run's rank 0 takes it."""
+    """A free port, listening from the moment it is reported until a run's rank 0 takes it.
 
-    def __init__(self) -> None:
-        self._sock: socket.socket | None = _listening()
+    Args:
+        host: the address to listen on: the agent's own on its connection to the launcher.
+    """
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self._sock: socket.socket | None = _listening(host)
         self._port = int(self._sock.getsockname()[1])
 
     @property
@@ -66,6 +76,6 @@ class StorePort:
     def renew(self) -> int:
         """The port for the next run: the same one while it is held, else a new one."""
         if self._sock is None:
-            self._sock = _listening()
+            self._sock = _listening(self.host)
             self._port = int(self._sock.getsockname()[1])
         return self._port
