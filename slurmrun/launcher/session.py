@@ -24,7 +24,7 @@ from slurmrun.errors import AgentFailedError, add_note
 from slurmrun.events import Trace, WorkerFailed, WorkersStarted
 from slurmrun.launcher.failures import WorkerPlace, step_ended, worker_died, worker_error
 from slurmrun.launcher.pool import TICK, AgentPool, PoolAgent
-from slurmrun.logs import default_handlers, dispatch, make_record, worker_log_path
+from slurmrun.logs import RunOutput, default_handlers, worker_log_path
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame, loads
 
@@ -89,6 +89,7 @@ class Session:
         self._done_left = 0
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
+        self._output = RunOutput()  # each worker's unfinished lines
 
     # ------------------------------------------------------------------ main
     def run(self) -> LaunchResult[Any]:
@@ -268,7 +269,7 @@ class Session:
     def _on_log(self, share: _Share, frame: Frame) -> None:
         local_rank = frame.header.get("local_rank")
         rank = None if local_rank is None else share.rank_offset + int(local_rank)
-        dispatch(make_record(frame.header, share.hostname, rank), self._handlers)
+        self._output.dispatch(frame.header, frame.body, share.hostname, rank, self._handlers)
 
     def _on_result(self, share: _Share, frame: Frame, now: float) -> None:
         local_rank = int(frame.header["local_rank"])

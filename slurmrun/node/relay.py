@@ -9,9 +9,9 @@ launcher when it shows them.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -19,16 +19,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slurmrun import protocol
-from slurmrun.logs import LINE, LineAssembler, WorkerLog
+from slurmrun.logs import WorkerLog
 from slurmrun.node.spawner import WorkerProcess
 from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED
-from slurmrun.transport import Connection
+from slurmrun.output import LineAssembler, LineJoiner, log_frame, log_text, note_cut, printable
+from slurmrun.transport import Connection, Frame, FrameError
 from slurmrun.waiting import wait_readable
 
 __all__ = ["Relay", "WorkerLink"]
 
 OUTPUT_DRAIN_LIMIT = 1.0
 TAIL_LINES = 30
+# Each line kept for a failure's message is cut to this: the message travels in a header.
+TAIL_LINE_CHARS = 2000
 
 
 @dataclass
@@ -85,9 +88,8 @@ class Relay:
                     continue
                 head.header["local_rank"] = worker.local_rank
                 if head.kind == protocol.LOG:
-                    forward = self._logged(worker, head.header)
-                    if not forward and not head.payload_bytes:
-                        continue  # in its file, and not for the launcher
+                    self._logged(worker, worker.conn.recv_payload(head))
+                    continue
                 final = head.kind in (protocol.RESULT, protocol.ERROR)
                 if final:
                     self._drain_output(worker)  # what it printed first reaches the launcher first
@@ -97,18 +99,29 @@ class Relay:
         except (OSError, EOFError, ValueError):
             pass
 
-    @staticmethod
-    def _logged(worker: WorkerLink, header: dict[str, object]) -> bool:
-        """Writes a worker's logging record to its file; True if it goes to the launcher too."""
+    def _logged(self, worker: WorkerLink, frame: Frame) -> None:
+        """Writes a worker's logging record to its file; sends it on if the launcher shows it."""
+        header = frame.header
         if worker.log is not None:
             level = header.get("level", logging.INFO)
             worker.log.write(
                 "logging",
                 level if isinstance(level, int) else logging.INFO,
                 str(header.get("name", "")),
-                str(header.get("msg", "")),
+                log_text(frame.body),
             )
-        return worker.forward
+        if worker.forward:
+            self._send_log(header, memoryview(frame.body))
+
+    def _send_log(self, header: dict[str, object], body: bytes | bytearray | memoryview) -> None:
+        try:
+            self.launcher.send(header, body)
+        except FrameError as e:  # a message made wrong here: say so in the agent's own log
+            print(
+                f"slurmrun: a worker's output could not be sent: {e}", file=sys.stderr, flush=True
+            )
+        except OSError:
+            pass  # the launcher is gone: the agent sees its connection close and ends the run
 
     def _grant_stream(self, worker: WorkerLink) -> None:
         """Hands the worker a connection of its own to the launcher, for one large result.
@@ -147,28 +160,27 @@ class Relay:
             time.sleep(0.001)
 
     def _forward_output(self, worker: WorkerLink, sock: socket.socket, stream: str) -> None:
-        """Turns a worker's fd-level output into records for the launcher."""
+        """Turns a worker's fd-level output into its file's lines and pieces for the launcher.
 
-        def emit(text: str, end: str) -> None:
-            if end == LINE:
-                worker.last_lines.append(text)
-            if worker.log is not None:
-                worker.log.write(stream, logging.INFO, "", text, end)
-            if not worker.forward:
-                return
-            with contextlib.suppress(OSError):
-                self.launcher.send(
-                    {
-                        "t": protocol.LOG,
-                        "local_rank": worker.local_rank,
-                        "stream": stream,
-                        "level": logging.INFO,
-                        "msg": text,
-                        "end": end,
-                    }
-                )
+        Only what is new of a line travels (see `slurmrun.output`); the agent keeps the
+        current line whole for the file and for a failure's last lines.
+        """
+        line = LineJoiner(progress=False)
 
-        lines = LineAssembler(emit)
+        def emit(piece: str, end: str) -> None:
+            finished = line.add(piece, end)
+            if finished is not None:
+                text = finished[0]
+                worker.last_lines.append(_tail_line(text))
+                if worker.log is not None:
+                    worker.log.write(stream, logging.INFO, "", text)
+            if worker.forward:
+                self._send_log(*log_frame(stream, piece, end=end, local_rank=worker.local_rank))
+
+        def on_cut() -> None:
+            note_cut(f"local rank {worker.local_rank}'s {stream}")
+
+        lines = LineAssembler(emit, on_cut=on_cut)
         try:
             while True:
                 if not wait_readable([sock.fileno()], 3600.0):
@@ -183,3 +195,10 @@ class Relay:
         with worker.output_lock:  # the last partial line, then "nothing left" for the drain
             lines.close()
             sock.close()
+
+
+def _tail_line(text: str) -> str:
+    """A line as a failure's message quotes it: printable, and cut to `TAIL_LINE_CHARS`."""
+    if len(text) > TAIL_LINE_CHARS:
+        text = f"{text[:TAIL_LINE_CHARS]}... ({len(text) - TAIL_LINE_CHARS} more characters)"
+    return printable(text)
