@@ -271,6 +271,10 @@ def test_agent_failure_names_the_agent_log(tmp_path, monkeypatch):
             [b"end without newline"],
             [("end without newline", PROGRESS), ("end without newline", LINE)],
         ),
+        # "\r\n" cut between two reads is still one line end, not an extra empty line
+        ([b"x\r", b"\ny\n"], [("x", PROGRESS), ("x", LINE), ("y", LINE)]),
+        # a character cut between two reads, and bytes that are not UTF-8, come back exactly
+        ([b"\xc3", b"\xa9\xff\n"], [("é\udcff", LINE)]),
     ],
 )
 def test_line_assembler_cuts_lines_and_progress_states(chunks, expected):
@@ -288,6 +292,16 @@ def test_line_assembler_cuts_lines_and_progress_states(chunks, expected):
         lines.feed(chunk)
     lines.close()
     assert got == expected
+
+
+def test_a_line_past_the_limit_is_cut_there_and_said_once():
+    got: list[tuple[str, str]] = []
+    cuts: list[None] = []
+    lines = LineAssembler(lambda piece, end: got.append((piece, end)), 4, lambda: cuts.append(None))
+    lines.feed(b"abcdefghij\n")
+    lines.close()
+    assert got == [("abcd", LINE), ("efgh", LINE), ("ij", LINE)]
+    assert len(cuts) == 1
 
 
 # ---------------------------------------------------------------- environment
