@@ -30,6 +30,7 @@ from typing import Any
 
 from slurmrun.logs import WorkerLog
 from slurmrun.node.agent import Backoff
+from slurmrun.output import log_frame
 from slurmrun.transport import (
     PREFIX_BYTES,
     AuthenticationError,
@@ -249,10 +250,7 @@ class FakeAgent:
         elif self._count and end == "\n":
             self.tally.counted_lines += 1
         if self._forward is None or local_rank in self._forward:
-            self._send(
-                {"t": "log", "local_rank": local_rank, "stream": "stdout", "level": 20}
-                | {"msg": msg, "end": end}
-            )
+            self._send(*log_frame("stdout", msg, end=end, local_rank=local_rank))
 
     def _chatter_tick(self, tick: int, start: float) -> None:
         """Rank 0: a progress bar state every 10 ms; every other worker: a line a second."""

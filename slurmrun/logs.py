@@ -15,6 +15,10 @@ each agent writes its own workers' files (`WorkerLog`) and sends the launcher on
 shows: 32,768 workers' lines and files would otherwise all pass through one process. Agents
 over ssh may not share the directory: their lines come to the launcher, which writes them
 (`_WorkerFiles`). Custom handlers get every record.
+
+How output travels (pieces of lines, not whole lines again), how bytes that are not UTF-8
+stay exact in files, and the bounds on a line's length: see `slurmrun.output`. A handler that
+raises is reported once on stderr, and the run goes on: output must not cost a run its results.
 """
 
 from __future__ import annotations
@@ -28,9 +32,21 @@ import sys
 import tempfile
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
+
+from slurmrun.output import (
+    LINE,
+    PROGRESS,
+    LineAssembler,
+    LineJoiner,
+    log_text,
+    note_cut,
+    report_handler_error,
+    to_bytes,
+)
+from slurmrun.terminal import TerminalHandler
 
 __all__ = [
     "LineAssembler",
@@ -49,8 +65,6 @@ __all__ = [
 
 LOG_DIR_VAR = "SLURMRUN_LOG_DIR"
 LOG_LEVEL_VAR = "SLURMRUN_LOG_LEVEL"
-PROGRESS = "\r"
-LINE = "\n"
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 WRITER_CLOSE_TIMEOUT = 30.0  # what the end of a run waits for queued lines to reach the files
 
@@ -172,49 +186,6 @@ def file_line(stream: str, levelname: str, name: str, msg: str) -> str:
 # ---------------------------------------------------------------------- agent side
 
 
-class LineAssembler:
-    r"""Cuts a byte stream into finished lines and progress states (``\\r``-rewritten lines).
-
-    `feed` calls ``emit(text, end)`` for every finished line (end ``"\\n"``), and once per chunk
-    with the current state of an unfinished line (end ``"\\r"``), so a progress bar or a prompt
-    shows at once instead of waiting for a newline.
-    """
-
-    def __init__(self, emit: Callable[[str, str], None]) -> None:
-        self._emit = emit
-        self._line = ""
-        self._shown = True  # whether the current state of the line was emitted already
-
-    def feed(self, data: bytes) -> None:
-        """Processes one chunk of output."""
-        text = data.decode(errors="replace")
-        start = 0
-        for i, ch in enumerate(text):
-            if ch not in "\r\n":
-                continue
-            self._line += text[start:i]
-            if text[start:i]:
-                self._shown = False
-            start = i + 1
-            if ch == "\n":
-                self._emit(self._line, LINE)
-            elif i + 1 < len(text) and text[i + 1] == "\n":
-                continue  # "\r\n" is a plain line end
-            elif not self._shown and self._line:
-                self._emit(self._line, PROGRESS)  # a state that the next one overwrites
-            self._line, self._shown = "", True
-        if text[start:]:
-            self._line += text[start:]
-            self._emit(self._line, PROGRESS)
-            self._shown = True
-
-    def close(self) -> None:
-        """Finishes an unterminated last line."""
-        if self._line:
-            self._emit(self._line, LINE)
-            self._line = ""
-
-
 class WorkerLog:
     """One worker's log file, ``<dir>/<host>.<local rank>.log``, written by its agent.
 
@@ -238,7 +209,7 @@ class WorkerLog:
         if end == PROGRESS or level < self.level or self._failed:
             return
         line = file_line(stream, logging.getLevelName(level), name, msg)
-        data = (line + "\n").encode(errors="replace")
+        data = to_bytes(line + "\n")
         with self._lock:
             try:
                 if self._fd is None:
@@ -295,105 +266,36 @@ def add_filter_to_handler(
     return handler
 
 
-def _prefix(record: logging.LogRecord) -> str:
-    rank = getattr(record, "local_rank", None)
-    return f"[{getattr(record, 'hostname', '?')}:{'agent' if rank is None else rank}]"
-
-
-def _isatty(stream: IO[str]) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
-
-
-@dataclass
-class _Bar:
-    target: IO[str]
-    source: tuple[object, ...]
-    text: str
-
-
-class _TerminalHandler(logging.Handler):
-    """Writes records with a ``[host:rank]`` prefix; progress states rewrite their line.
-
-    Like ``tqdm.write``: at most one progress line is open; another line is printed by
-    clearing the bar, printing the line, and drawing the bar again below it.
-    """
-
-    def __init__(self, stdout: IO[str] | None, stderr: IO[str] | None) -> None:
-        super().__init__()
-        self._out = stdout
-        self._err = stderr
-        self._bar: _Bar | None = None
-        self._write_lock = threading.Lock()
-
-    def emit(self, record: logging.LogRecord) -> None:
-        stream = getattr(record, "stream", "logging")
-        target = (self._out or sys.stdout) if stream == "stdout" else (self._err or sys.stderr)
-        message = record.getMessage()
-        if stream == "logging":
-            message = f"{record.levelname}:{record.name}: {message}"
-        text = f"{_prefix(record)} {message}"
-        source = (getattr(record, "hostname", None), getattr(record, "local_rank", None), stream)
-        with self._write_lock:
-            if getattr(record, "slurmrun_end", LINE) == PROGRESS:
-                self._progress(target, source, text)
-            else:
-                self._line(target, source, text)
-
-    def _progress(self, target: IO[str], source: tuple[object, ...], text: str) -> None:
-        bar = self._bar
-        if bar is not None and bar.source != source:
-            _write(bar.target, "\n")  # another source's bar: leave it as it is
-        _write(target, f"\r{text}{_clear(target)}")
-        self._bar = _Bar(target, source, text)
-
-    def _line(self, target: IO[str], source: tuple[object, ...], text: str) -> None:
-        bar = self._bar
-        if bar is None:
-            _write(target, f"{text}\n")
-        elif bar.source == source:  # the bar's own final state
-            _write(target, f"\r{text}{_clear(target)}\n")
-            self._bar = None
-        elif _isatty(bar.target):
-            _write(bar.target, "\r\x1b[K")  # ESC[K: erase the bar, print, draw it again
-            _write(target, f"{text}\n")
-            _write(bar.target, bar.text)
-        else:
-            _write(bar.target, "\n")  # a file or pipe cannot redraw: end the bar's line
-            _write(target, f"{text}\n")
-            self._bar = None
-
-
-def _clear(target: IO[str]) -> str:
-    # On a terminal, ESC[K erases what a longer previous state left at the end of the line.
-    return "\x1b[K" if _isatty(target) else ""
-
-
-def _write(target: IO[str], text: str) -> None:
-    target.write(text)
-    target.flush()
-
-
 class _FileHandler(logging.Handler):
-    """Appends finished lines to a file (progress states are dropped: files keep the result)."""
+    """Appends finished lines to a file (progress states are dropped: files keep the result).
+
+    The file gets the bytes the worker wrote (see `slurmrun.output`).
+    """
 
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path
-        self._file: IO[str] | None = None
+        self._file: IO[bytes] | None = None
 
     def emit(self, record: logging.LogRecord) -> None:
         if getattr(record, "slurmrun_end", LINE) == PROGRESS:
             return
-        if self._file is None:
-            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        text = file_line(
-            str(getattr(record, "stream", "")), record.levelname, record.name, record.getMessage()
-        )
-        self._file.write(text + "\n")
-        self._file.flush()
+        try:
+            if self._file is None:
+                self._file = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+            text = file_line(
+                str(getattr(record, "stream", "")),
+                record.levelname,
+                record.name,
+                record.getMessage(),
+            )
+            self._file.write(to_bytes(text + "\n"))
+            self._file.flush()
+        except Exception:
+            self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        report_handler_error(self, record)
 
     def close(self) -> None:
         if self._file is not None:
@@ -421,7 +323,7 @@ def stream_handler(
         stdout: where stdout records go (default: ``sys.stdout`` at the time of writing).
         stderr: where the others go (default: ``sys.stderr`` at the time of writing).
     """
-    return add_filter_to_handler(_TerminalHandler(stdout, stderr), hostname, local_rank, log_level)
+    return add_filter_to_handler(TerminalHandler(stdout, stderr), hostname, local_rank, log_level)
 
 
 def file_handler(
@@ -432,12 +334,35 @@ def file_handler(
 ) -> logging.Handler:
     """A handler that appends the finished lines of matching records to `path`.
 
+    Raises:
+        ValueError: `path` cannot be written (its directory is missing or not writable, or it
+            is a directory): said now, before a launch starts, not after the work ran.
+
     Example:
         One file per rank of node1::
 
             handlers = [slurmrun.file_handler(f"logs/node1.{i}.log", "node1", i) for i in range(8)]
     """
+    _check_writable(path)
     return add_filter_to_handler(_FileHandler(path), hostname, local_rank, log_level)
+
+
+def _check_writable(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ValueError(
+            f"file_handler({path!r}): the directory {directory} does not exist: create it "
+            "first (os.makedirs), or name a file in an existing directory"
+        )
+    if os.path.isdir(path):
+        raise ValueError(f"file_handler({path!r}): {path} is a directory: name a file")
+    exists = os.path.exists(path)
+    if not os.access(path if exists else directory, os.W_OK):
+        what = f"the file {path}" if exists else f"the directory {directory}"
+        raise ValueError(
+            f"file_handler({path!r}): {what} is not writable: change its permissions, or "
+            "name a file where you can write"
+        )
 
 
 class _WorkerFiles(logging.Handler):
@@ -490,7 +415,7 @@ class _WorkerFiles(logging.Handler):
     def _append(self, key: tuple[str, int], lines: list[str]) -> bool:
         # Opened per batch, not kept: 32,768 workers must not hold 32,768 descriptors, and
         # one line per worker is the common case.
-        data = ("\n".join(lines) + "\n").encode(errors="replace")
+        data = to_bytes("\n".join(lines) + "\n")
         try:
             fd = os.open(worker_log_path(self.log_dir, *key), _APPEND, 0o644)
             try:
@@ -526,8 +451,14 @@ def default_handlers(
     return handlers
 
 
-def make_record(header: dict[str, Any], hostname: str, rank: int | None) -> logging.LogRecord:
-    """A LogRecord from a ``log`` frame's JSON fields."""
+def make_record(
+    header: dict[str, Any],
+    hostname: str,
+    rank: int | None,
+    msg: str | None = None,
+    end: str | None = None,
+) -> logging.LogRecord:
+    """A LogRecord from a LOG message's fields, its text (`msg`) and how its line ends."""
     level = int(header.get("level", logging.INFO))
     local_rank = header.get("local_rank")
     record = logging.makeLogRecord(
@@ -535,19 +466,62 @@ def make_record(header: dict[str, Any], hostname: str, rank: int | None) -> logg
             "name": str(header.get("name") or f"slurmrun.{hostname}"),
             "levelno": level,
             "levelname": logging.getLevelName(level),
-            "msg": str(header.get("msg", "")),
+            "msg": str(header.get("msg", "")) if msg is None else msg,
         }
     )
     record.hostname = hostname
     record.local_rank = int(local_rank) if local_rank is not None else None
     record.rank = rank
     record.stream = str(header.get("stream", "logging"))
-    record.slurmrun_end = PROGRESS if header.get("end") == PROGRESS else LINE
+    record.slurmrun_end = (
+        PROGRESS if (header.get("end") if end is None else end) == PROGRESS else LINE
+    )
     return record
 
 
+class RunOutput:
+    """The launcher's side of one run's LOG messages: pieces of lines in, records out.
+
+    It holds the unfinished line of every (host, local rank, stream), and hands the handlers
+    a record per finished line and per state of an unfinished one (see `slurmrun.output`).
+    """
+
+    def __init__(self) -> None:
+        self._lines: dict[tuple[str, object, str], LineJoiner] = {}
+
+    def dispatch(
+        self,
+        header: dict[str, Any],
+        body: Any,
+        hostname: str,
+        rank: int | None,
+        handlers: Iterable[logging.Handler],
+    ) -> None:
+        """Hands the records that one LOG message makes (header, body) to `handlers`."""
+        text, end = log_text(body), str(header.get("end", LINE))
+        stream = str(header.get("stream", "logging"))
+        if stream != "logging":
+            key = (hostname, header.get("local_rank"), stream)
+            joiner = self._lines.get(key)
+            if joiner is None:
+                joiner = self._lines[key] = LineJoiner()
+            made = joiner.add(text, end)
+            if joiner.cut == 1 and made is not None and made[1] == LINE:
+                note_cut(f"{hostname}:{header.get('local_rank')} ({stream})")
+            if made is None:
+                return
+            text, end = made
+        dispatch(make_record(header, hostname, rank, text, end), handlers)
+
+
 def dispatch(record: logging.LogRecord, handlers: Iterable[logging.Handler]) -> None:
-    """Hands `record` to each handler whose level it reaches (as a logger would)."""
+    """Hands `record` to each handler whose level it reaches (as a logger would).
+
+    A handler that raises is reported once (`report_handler_error`); the others still get it.
+    """
     for handler in handlers:
         if record.levelno >= handler.level:
-            handler.handle(record)
+            try:
+                handler.handle(record)
+            except Exception:
+                report_handler_error(handler, record)

@@ -337,13 +337,17 @@ class Terminating(Message):
 
 @dataclass(frozen=True)
 class Log(Message):
-    """A line of a worker's output, or a `logging` record (the agent's own: local_rank -1)."""
+    """A piece of a worker's output, or a `logging` record; its text is the body.
+
+    The body is the text's UTF-8 bytes (invalid bytes carried by ``surrogateescape``), never
+    a pickle: `slurmrun.output` builds, cuts and joins them.
+    """
 
     KIND: ClassVar[str] = LOG
     stream: str  # "stdout", "stderr" or "logging"
     level: int
-    msg: str
-    end: str = "\n"  # "\n": a finished line; "\r": the current state of an unfinished one
+    # "": the line goes on; "\n": it is finished; "\r": a state of it (a progress bar) ends
+    end: str = "\n"
     name: str = ""  # the logger's (logging records)
     local_rank: int = -1
     run: int = 0

@@ -629,6 +629,16 @@ class Connection:
         head = _read_prefix(self.sock)
         return None if head is None else FrameHead(*head)
 
+    def recv_payload(self, head: FrameHead) -> Frame:
+        """Reads the payload of `head` (from `recv_head`): the whole frame, as `recv` gives it."""
+        self.receiving = True
+        try:
+            body = _recv_buffer(self.sock, head.body_len)
+            buffers = [_recv_buffer(self.sock, n) for n in head.buffer_lens]
+        finally:
+            self.receiving = False
+        return Frame(head.header, body, buffers)
+
     def forward(self, head: FrameHead, dst: Connection) -> None:
         """Sends `head` (its header possibly edited) and then its payload, unread, to `dst`.
 

@@ -15,6 +15,7 @@ import pytest
 import slurmrun
 from slurmrun.launcher.run import Run
 from slurmrun.logs import LINE, PROGRESS, LineAssembler
+from slurmrun.output import LineJoiner
 
 # ---------------------------------------------------------------- functions run on workers
 
@@ -86,13 +87,13 @@ def test_agents_write_the_files_and_send_the_launcher_only_what_it_shows(tmp_pat
     # not all pass through it. The agents, which see the log directory, write the files.
     monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
     received: list[logging.LogRecord] = []
-    real = slurmrun.launcher.run.dispatch
+    real = slurmrun.logs.dispatch
 
     def spy(record, handlers):
         received.append(record)
         real(record, handlers)
 
-    monkeypatch.setattr(slurmrun.launcher.run, "dispatch", spy)
+    monkeypatch.setattr(slurmrun.logs, "dispatch", spy)
     result = slurmrun.launch(print_lines_then_return, (300, 1024), workers_per_host=3)
     assert result.world_size == 3
     assert {r.rank for r in received} == {0}, "only rank 0's records reach the launcher"
@@ -270,15 +271,37 @@ def test_agent_failure_names_the_agent_log(tmp_path, monkeypatch):
             [b"end without newline"],
             [("end without newline", PROGRESS), ("end without newline", LINE)],
         ),
+        # "\r\n" cut between two reads is still one line end, not an extra empty line
+        ([b"x\r", b"\ny\n"], [("x", PROGRESS), ("x", LINE), ("y", LINE)]),
+        # a character cut between two reads, and bytes that are not UTF-8, come back exactly
+        ([b"\xc3", b"\xa9\xff\n"], [("é\udcff", LINE)]),
     ],
 )
 def test_line_assembler_cuts_lines_and_progress_states(chunks, expected):
+    # The agent cuts (pieces of lines), the launcher joins: the records handlers get.
     got: list[tuple[str, str]] = []
-    lines = LineAssembler(lambda text, end: got.append((text, end)))
+    joiner = LineJoiner()
+
+    def emit(piece: str, end: str) -> None:
+        record = joiner.add(piece, end)
+        if record is not None:
+            got.append(record)
+
+    lines = LineAssembler(emit)
     for chunk in chunks:
         lines.feed(chunk)
     lines.close()
     assert got == expected
+
+
+def test_a_line_past_the_limit_is_cut_there_and_said_once():
+    got: list[tuple[str, str]] = []
+    cuts: list[None] = []
+    lines = LineAssembler(lambda piece, end: got.append((piece, end)), 4, lambda: cuts.append(None))
+    lines.feed(b"abcdefghij\n")
+    lines.close()
+    assert got == [("abcd", LINE), ("efgh", LINE), ("ij", LINE)]
+    assert len(cuts) == 1
 
 
 # ---------------------------------------------------------------- environment

@@ -167,7 +167,7 @@ def test_agent_forwards_worker_output_on_fds_past_1024() -> None:
         finally:
             workers.close()
             reader.join(timeout=30.0)
-        assert [(f.header["msg"], f.header["local_rank"]) for f in frames if f] == [
+        assert [(bytes(f.body).decode(), f.header["local_rank"]) for f in frames if f] == [
             ("first line", 3),
             ("second line", 3),
         ]

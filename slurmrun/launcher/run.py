@@ -22,7 +22,7 @@ from slurmrun.events import Trace, WorkersStarted
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool, PoolAgent
 from slurmrun.launcher.pump import pump
 from slurmrun.launcher.verdicts import Verdicts
-from slurmrun.logs import default_handlers, dispatch, host_labels, make_record
+from slurmrun.logs import RunOutput, default_handlers, host_labels
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame, loads
 
@@ -82,6 +82,7 @@ class Run:
         self._done_left = 0
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
+        self._output = RunOutput()  # each worker's unfinished lines
         # A host named twice has a label per node (records, prefixes, file names).
         self.labels = host_labels(self.pool.hostnames)
         self.ending = False  # END was sent: only output still counts, nothing is judged
@@ -199,7 +200,7 @@ class Run:
         if isinstance(message, protocol.Log):
             rank = None if message.local_rank < 0 else share.rank_offset + message.local_rank
             label = self.labels[agent.node_rank]
-            dispatch(make_record(frame.header, label, rank), self._handlers)
+            self._output.dispatch(frame.header, frame.body, label, rank, self._handlers)
         elif self.ending:
             return  # the run's outcome stands: what its workers say now changes nothing
         elif isinstance(message, protocol.Result):

@@ -17,19 +17,23 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from slurmrun import protocol
-from slurmrun.logs import LINE, LineAssembler, WorkerLog
+from slurmrun.logs import WorkerLog
 from slurmrun.node.link import LauncherConnection
 from slurmrun.node.spawner import WorkerProcess
 from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED
-from slurmrun.transport import Connection, FrameHead
+from slurmrun.output import LineAssembler, LineJoiner, log_frame, log_text, note_cut, printable
+from slurmrun.transport import Connection, Frame, FrameHead
 from slurmrun.waiting import wait_readable
 
 __all__ = ["Relay", "WorkerLink"]
 
 OUTPUT_DRAIN_LIMIT = 1.0
 TAIL_LINES = 30
+# Each line kept for a failure's message is cut to this: the message travels in a header.
+TAIL_LINE_CHARS = 2000
 
 
 @dataclass
@@ -87,9 +91,8 @@ class Relay:
                     continue
                 protocol.stamp(head.header, run=worker.run, local_rank=worker.local_rank)
                 if head.kind == protocol.LOG:
-                    forward = self._logged(worker, head.header)
-                    if not forward and not head.payload_bytes:
-                        continue  # in its file, and not for the launcher
+                    self._logged(worker, worker.conn.recv_payload(head))
+                    continue
                 final = head.kind in (protocol.RESULT, protocol.ERROR)
                 if final:
                     self.drain_output(worker)  # what it printed first reaches the launcher first
@@ -116,18 +119,25 @@ class Relay:
             worker.log.write("stderr", logging.ERROR, "", text)
         self.launcher.send(head.header, body, buffers)
 
-    @staticmethod
-    def _logged(worker: WorkerLink, header: dict[str, object]) -> bool:
-        """Writes a worker's logging record to its file; True if it goes to the launcher too."""
+    def _logged(self, worker: WorkerLink, frame: Frame) -> None:
+        """Writes a worker's logging record to its file; sends it on if the launcher shows it."""
+        header = frame.header
         if worker.log is not None:
             level = header.get("level", logging.INFO)
             worker.log.write(
                 "logging",
                 level if isinstance(level, int) else logging.INFO,
                 str(header.get("name", "")),
-                str(header.get("msg", "")),
+                log_text(frame.body),
             )
-        return worker.forward
+        if worker.forward:
+            self._send_log(header, memoryview(frame.body))
+
+    def _send_log(self, header: dict[str, Any], body: bytes | bytearray | memoryview) -> None:
+        # A failed send cut the connection (`LauncherConnection`), saying why in the agent's
+        # log: the launcher sees it end and fails the run; nothing waits on this message.
+        with contextlib.suppress(OSError):
+            self.launcher.send(header, body)
 
     def _grant_stream(self, worker: WorkerLink) -> None:
         """Hands the worker a connection of its own to the launcher, for one large result.
@@ -166,28 +176,30 @@ class Relay:
             time.sleep(0.001)
 
     def _forward_output(self, worker: WorkerLink, sock: socket.socket, stream: str) -> None:
-        """Turns a worker's fd-level output into records for the launcher."""
+        """Turns a worker's fd-level output into its file's lines and pieces for the launcher.
 
-        def emit(text: str, end: str) -> None:
-            if end == LINE:
-                worker.last_lines.append(text)
-            if worker.log is not None:
-                worker.log.write(stream, logging.INFO, "", text, end)
-            if not worker.forward:
-                return
-            with contextlib.suppress(OSError):
-                self.launcher.send(
-                    protocol.Log(
-                        stream=stream,
-                        level=logging.INFO,
-                        msg=text,
-                        end=end,
-                        local_rank=worker.local_rank,
-                        run=worker.run,
-                    ).header()
+        Only what is new of a line travels (see `slurmrun.output`); the agent keeps the
+        current line whole for the file and for a failure's last lines.
+        """
+        line = LineJoiner(progress=False)
+
+        def emit(piece: str, end: str) -> None:
+            finished = line.add(piece, end)
+            if finished is not None:
+                text = finished[0]
+                worker.last_lines.append(_tail_line(text))
+                if worker.log is not None:
+                    worker.log.write(stream, logging.INFO, "", text)
+            if worker.forward:
+                header, body = log_frame(
+                    stream, piece, end=end, local_rank=worker.local_rank, run=worker.run
                 )
+                self._send_log(header, body)
 
-        lines = LineAssembler(emit)
+        def on_cut() -> None:
+            note_cut(f"local rank {worker.local_rank}'s {stream}")
+
+        lines = LineAssembler(emit, on_cut=on_cut)
         try:
             while True:
                 if not wait_readable([sock.fileno()], 3600.0):
@@ -215,3 +227,10 @@ def _recv_payload(sock: socket.socket, size: int) -> bytearray:
             raise EOFError("the worker closed its connection in the middle of a frame")
         got += k
     return data
+
+
+def _tail_line(text: str) -> str:
+    """A line as a failure's message quotes it: printable, and cut to `TAIL_LINE_CHARS`."""
+    if len(text) > TAIL_LINE_CHARS:
+        text = f"{text[:TAIL_LINE_CHARS]}... ({len(text) - TAIL_LINE_CHARS} more characters)"
+    return printable(text)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from slurmrun import protocol
+from slurmrun.output import MAX_LINE, log_frame
 from slurmrun.transport import Connection, OutOfBand, dumps, loads, nbytes
 
 __all__ = ["STREAM_GRANTED", "STREAM_MIN_BYTES", "STREAM_REFUSED", "WorkerSpec", "run_worker"]
@@ -67,7 +68,7 @@ def _redirect_output(stdout: socket.socket, stderr: socket.socket) -> None:
 
 
 class _ChannelHandler(logging.Handler):
-    """Sends `logging` records (and captured `warnings`) to the agent as plain JSON fields."""
+    """Sends `logging` records (and captured `warnings`) to the agent: LOG messages, no pickle."""
 
     def __init__(self, conn: Connection) -> None:
         super().__init__()
@@ -78,15 +79,9 @@ class _ChannelHandler(logging.Handler):
             msg = record.getMessage()
             if record.exc_info:
                 msg += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
-            self._conn.send(
-                {
-                    "t": protocol.LOG,
-                    "stream": "logging",
-                    "level": record.levelno,
-                    "name": record.name,
-                    "msg": msg,
-                }
-            )
+            if len(msg) > MAX_LINE:  # what the launcher holds of a line (slurmrun.output)
+                msg = f"{msg[:MAX_LINE]} [slurmrun: {len(msg) - MAX_LINE} characters cut]"
+            self._conn.send(*log_frame("logging", msg, level=record.levelno, name=record.name))
         except Exception:  # logging must never break the user's function
             self.handleError(record)
 
