@@ -27,6 +27,8 @@ __all__ = [
     "auto_workers_per_host",
     "expand_counts",
     "first_record",
+    "job_gpus_per_node",
+    "job_hostnames",
     "job_node_index",
     "job_tasks_per_node",
     "own_job_id",
@@ -212,6 +214,49 @@ def slurm_allocation(
     )
 
 
+def job_gpus_per_node(
+    alloc: SlurmAllocation, scontrol: Callable[[str], str | None] | None = None
+) -> list[int]:
+    """GPUs the job has on each of its nodes, for a step to ask for; 0 where nothing tells.
+
+    ``alloc.gpus_per_node`` when SLURM's variables told (or, inside a step, scontrol: there
+    `slurm_allocation` asked it already, and it is not asked twice). Else, in the job's shell,
+    ``scontrol show job -d`` is asked once: e.g. ``--gpus=N`` spread unevenly, or a login-side
+    shell with no per-node variable.
+
+    Args:
+        alloc: the job, as `slurm_allocation` read it.
+        scontrol: as for `slurm_allocation`; called only in the job's shell, when
+            ``alloc.gpus_per_node`` is None.
+
+    Returns:
+        One count per node of ``alloc.hostnames``.
+    """
+    if alloc.gpus_per_node is not None:
+        return list(alloc.gpus_per_node)
+    per_host: dict[str, int] = {}
+    if alloc.driver_step is None:
+        text = (scontrol or scontrol_show_job)(alloc.job_id)
+        with contextlib.suppress(ValueError):  # unreadable output: as if scontrol said nothing
+            per_host = parse_scontrol_gpus(text or "")
+    return [per_host.get(h, 0) for h in alloc.hostnames]
+
+
+def job_hostnames(environ: Mapping[str, str]) -> list[str] | None:
+    """The job's nodes from its node list alone (``SLURM_JOB_NODELIST``), without scontrol.
+
+    Args:
+        environ: the environment to read.
+
+    Returns:
+        The nodes, or None outside a job.
+
+    Raises:
+        ValueError: if the node list is missing or malformed.
+    """
+    return None if _job_id(environ) is None else _hostnames(environ)
+
+
 def job_node_index(environ: Mapping[str, str], hostname: str) -> int | None:
     """This host's index in the job's node list (``SLURM_JOB_NODELIST``), without scontrol.
 
@@ -225,9 +270,9 @@ def job_node_index(environ: Mapping[str, str], hostname: str) -> int | None:
     Raises:
         ValueError: if the node list is malformed.
     """
-    if _job_id(environ) is None:
+    hosts = job_hostnames(environ)
+    if hosts is None:
         return None
-    hosts = _hostnames(environ)
     for candidate in (hostname, hostname.split(".", 1)[0]):
         if candidate in hosts:
             return hosts.index(candidate)

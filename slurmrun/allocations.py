@@ -87,10 +87,12 @@ class SlurmProvider:
 
     def detect(self, environ: Mapping[str, str]) -> Hosts | None:
         """See `AllocationProvider`."""
-        alloc = allocation.slurm_allocation(environ)
-        if alloc is None:
+        # The node list alone: the launch reads the rest of the job once (`make_plan`), and
+        # inside a step the rest would cost a second `scontrol show job`.
+        hostnames = allocation.job_hostnames(environ)
+        if hostnames is None:
             return None
-        return Hosts(tuple(alloc.hostnames), None, "srun")
+        return Hosts(tuple(hostnames), None, "srun")
 
 
 def read_hostfile(path: str) -> Hosts:

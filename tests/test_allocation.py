@@ -444,6 +444,60 @@ def test_scontrol_gpus_is_none_without_scontrol(monkeypatch):
     assert scontrol_gpus("1") is None
 
 
+# --- job_gpus_per_node: what the agents' step asks for -------------------------------------
+
+
+def _job(gpus: list[int] | None, step: allocation.DriverStep | None = None) -> SlurmAllocation:
+    return SlurmAllocation("1234", ["node1", "node2", "node3"], [4, 4, 2], None, gpus, step)
+
+
+def _counting(outputs: list[str | None]):
+    """A stand-in for scontrol that answers `outputs` in turn and records its job ids."""
+    calls: list[str] = []
+
+    def scontrol(job_id: str) -> str | None:
+        calls.append(job_id)
+        return outputs[len(calls) - 1]
+
+    return scontrol, calls
+
+
+def test_job_gpus_per_node_asks_scontrol_once_where_no_variable_tells():
+    scontrol, calls = _counting([SCONTROL_TWO_GROUPS])
+    assert allocation.job_gpus_per_node(_job(None), scontrol) == [2, 2, 1]
+    assert calls == ["1234"]
+
+
+@pytest.mark.parametrize(
+    "output", [None, "JobId=1234 JobState=PENDING", "     Nodes=node[1- GRES=gpu:1"]
+)
+def test_job_gpus_per_node_counts_0_where_scontrol_does_not_tell(output):
+    scontrol, calls = _counting([output])
+    assert allocation.job_gpus_per_node(_job(None), scontrol) == [0, 0, 0]
+    assert len(calls) == 1
+
+
+def test_job_gpus_per_node_counts_0_on_a_node_scontrol_does_not_list():
+    scontrol, _ = _counting(["     Nodes=node[1-2] CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)"])
+    assert allocation.job_gpus_per_node(_job(None), scontrol) == [2, 2, 0]
+
+
+def test_job_gpus_per_node_asks_nothing_when_a_variable_or_the_step_did():
+    scontrol, calls = _counting([])
+    assert allocation.job_gpus_per_node(_job([4, 4, 2]), scontrol) == [4, 4, 2]
+    # Inside a step slurm_allocation asked scontrol already; its silence is not asked again.
+    step = allocation.DriverStep("1234.0", num_tasks=1, proc_id=0)
+    assert allocation.job_gpus_per_node(_job(None, step), scontrol) == [0, 0, 0]
+    assert calls == []
+
+
+def test_job_hostnames_reads_the_node_list_alone():
+    assert allocation.job_hostnames(job_env(SLURM_JOB_CPUS_PER_NODE="bad")) == ["node1", "node2"]
+    assert allocation.job_hostnames({"SLURM_JOB_NODELIST": "node1"}) is None
+    with pytest.raises(ValueError, match="SLURM_JOB_NODELIST"):
+        allocation.job_hostnames(job_env(SLURM_JOB_NODELIST="node[1-"))
+
+
 def test_importing_allocation_does_not_import_torch():
     code = "import sys, slurmrun.allocation; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

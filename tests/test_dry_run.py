@@ -17,6 +17,9 @@ import pytest
 
 import slurmrun
 from slurmrun import allocation
+from slurmrun.launcher.plan import agent_starter, control_env, make_plan, plan_dry_run
+from slurmrun.launcher.starters import SrunAgents
+from slurmrun.logs import LogDir
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = bool(os.environ.get("UPDATE_GOLDEN"))  # read before tests replace the environment
@@ -214,3 +217,46 @@ def test_cli_dry_run_with_an_unresolvable_host_says_so_in_one_line(monkeypatch, 
     (line,) = err.strip().splitlines()
     assert line.startswith("slurmrun: RuntimeError: cannot resolve node 'nosuchhost.invalid'")
     assert "set SLURMRUN_LAUNCHER_ADDR" in line
+
+
+# `scontrol show job -d 4242` for JOB, with GPUs per node that no variable of JOB tells.
+SCONTROL_JOB = """JobId=4242 JobName=train
+   NumNodes=3 NumCPUs=12 NumTasks=6 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   NtasksPerN:B:S:C=2:0:*:*
+     Nodes=node[1-2] CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)
+     Nodes=node3 CPU_IDs=0-3 Mem=0 GRES=gpu:1(IDX:0)
+"""
+DRIVER_STEP = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses shell scripts as scontrol and srun")
+@pytest.mark.parametrize("where", ["job_shell", "driver_step"])
+def test_a_launch_asks_scontrol_once_from_plan_to_dry_run_and_agent_starts(
+    monkeypatch, tmp_path, where
+):
+    # What run does after make_plan: a dry run, then one agents' start per attempt; none of them
+    # asks SLURM again (the fake scontrol counts its calls, one line each).
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    calls = tmp_path / "calls"
+    (tmp_path / "job.txt").write_text(SCONTROL_JOB)
+    (fake / "scontrol").write_text(f'#!/bin/sh\necho "$*" >> "{calls}"\ncat "{tmp_path}/job.txt"\n')
+    (fake / "srun").write_text("#!/bin/sh\nexit 1\n")
+    for script in fake.iterdir():
+        script.chmod(0o755)
+    step = DRIVER_STEP if where == "driver_step" else {}
+    _environ(monkeypatch, tmp_path, PATH=f"{fake}:/usr/bin:/bin", **JOB, **step)
+    cfg = slurmrun.Launcher()
+    log_dir = LogDir(str(tmp_path / "logs"), keep=True)
+    plan = make_plan(cfg)
+    dry = plan_dry_run(cfg, plan)
+    starts = [
+        agent_starter(cfg, plan, log_dir, control_env(cfg, "s", "10.0.0.1", "1"))[0]
+        for _attempt in range(2)
+    ]
+    assert calls.read_text().splitlines() == ["show job -d 4242"]
+    # scontrol's answer reaches the step: the fewest GPUs of any node, asked on every node.
+    (command,) = dry.commands
+    assert "--gres=gpu:1" in command
+    assert all(isinstance(s, SrunAgents) and "--gres=gpu:1" in s.command for s in starts)
+    assert dry.expected_workers == (1, 1, 1)

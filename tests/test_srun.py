@@ -14,7 +14,7 @@ import pytest
 from slurmrun import launcher, protocol
 from slurmrun.allocation import SlurmAllocation
 from slurmrun.launcher import srun
-from slurmrun.launcher.plan import Plan, agent_starter
+from slurmrun.launcher.plan import Plan, agent_starter, agents_step
 from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import LogDir
 
@@ -46,7 +46,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_agents_step_command_matches_golden_file(name):
     alloc, hosts, log_dir = CASES[name]
-    cmd = srun.agents_step_command(alloc, hosts, log_dir, EXPORT, srun="srun")
+    cmd = srun.agents_step_command(agents_step(alloc, hosts), log_dir, EXPORT, srun="srun")
     assert cmd[-3:] == [sys.executable, "-m", "slurmrun.node.agent_main"]
     text = (
         shlex.join([*cmd[:-3], "PYTHON", "-m", "slurmrun.node.agent_main"]).replace(
@@ -137,7 +137,8 @@ def _launch_starter(monkeypatch, tmp_path, log_dir_keep=True):
             monkeypatch.setenv(name, value)
     cfg = launcher.Launcher(extra_env_vars={"FROM_MAPPING": "mapped value"})
     alloc = _alloc([2, 2, 2], [4, 4, 4])
-    plan = Plan(["node1", "node2", "node3"], None, alloc, local=False)
+    hosts = ["node1", "node2", "node3"]
+    plan = Plan(hosts, None, alloc, local=False, step=agents_step(alloc, hosts))
     secret = "5ec7e7" * 10
     control = {"SLURMRUN_SECRET": secret, "SLURMRUN_LAUNCHER_PORT": "1234"}
     log_dir = LogDir(str(tmp_path), keep=log_dir_keep)

@@ -53,7 +53,7 @@ def _slurm_section(alloc: allocation.SlurmAllocation, warnings: list[str]) -> di
     sources = dict(alloc.sources)
     gpus = alloc.gpus_per_node
     if gpus is None:
-        # The agents' step asks scontrol too (srun._step_gpus) when no variable tells.
+        # The agents' step asks scontrol too (make_plan: allocation.job_gpus_per_node).
         per_host = allocation.scontrol_gpus(alloc.job_id)
         if per_host is not None and all(h in per_host for h in alloc.hostnames):
             gpus = [per_host[h] for h in alloc.hostnames]

@@ -1,9 +1,10 @@
 """A launch's plan: its hosts, how their agents start, and where they reach the launcher.
 
-`make_plan` reads the allocation (or the hosts given) once per launch; the rest turns a plan
-into what the agents start with: the launcher's address, the agents' environment and their
-starter (srun, ssh or local). A dry run (`plan_dry_run`) takes the same steps and starts
-nothing.
+`make_plan` reads the allocation (or the hosts given) once per launch, and for srun agents
+resolves their step (`srun.AgentsStep`: CPUs, GPUs per node, task order) there too: what
+follows reads the plan and asks SLURM nothing more. The rest turns a plan into what the agents
+start with: the launcher's address, the agents' environment and their starter (srun, ssh or
+local). A dry run (`plan_dry_run`) takes the same steps and starts nothing.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ __all__ = [
     "Address",
     "Plan",
     "agent_starter",
+    "agents_step",
     "control_env",
     "launcher_address",
     "listen",
@@ -63,15 +65,27 @@ _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
 @dataclass(frozen=True)
 class Plan:
-    """Where a launch's agents run and how they start (one plan per launch or attempt)."""
+    """Where a launch's agents run and how they start (one plan per launch).
+
+    Attributes:
+        hostnames: the hosts, one agent each, in node-rank order.
+        workers_per_host: workers on each host; None: each agent decides.
+        alloc: the SLURM job as read at planning, or None outside one.
+        local: whether the agents are subprocesses of the launcher.
+        ssh: whether the agents start over ssh (hosts outside SLURM).
+        provider: the allocation provider that found the hosts (``hostnames="auto"``).
+        ssh_config_file: the ssh config file for ssh agents.
+        step: the agents' srun step, resolved; None unless the agents start with srun.
+    """
 
     hostnames: list[str]
     workers_per_host: list[int] | None
     alloc: allocation.SlurmAllocation | None
     local: bool
-    ssh: bool = False  # agents over ssh (hosts outside SLURM)
-    provider: str = ""  # the allocation provider that found the hosts ("auto")
+    ssh: bool = False
+    provider: str = ""
     ssh_config_file: str | None = None
+    step: srun.AgentsStep | None = None
 
 
 def _is_local(host: str) -> bool:
@@ -121,7 +135,26 @@ def make_plan(cfg: Launcher, *, check_driver_step: bool = True) -> Plan:
         raise ValueError(f"hostnames lists a node twice ({hosts}); srun starts one agent per node")
     if not local and alloc is not None and check_driver_step:
         _check_driver_step(alloc)
-    return Plan(hosts, _counts(cfg.workers_per_host, hosts), alloc, local)
+    counts = _counts(cfg.workers_per_host, hosts)
+    if local or alloc is None:
+        return Plan(hosts, counts, alloc, local)
+    return Plan(hosts, counts, alloc, local, step=agents_step(alloc, hosts))
+
+
+def agents_step(alloc: allocation.SlurmAllocation, hostnames: Sequence[str]) -> srun.AgentsStep:
+    """The srun step of one agent on each of `hostnames`, nodes of job `alloc`.
+
+    Asks ``scontrol`` for the job's GPUs per node only when neither SLURM's variables nor
+    `slurm_allocation` told (`allocation.job_gpus_per_node`).
+    """
+    gpus = allocation.job_gpus_per_node(alloc)
+    index = [alloc.node_index(h) for h in hostnames]
+    return srun.AgentsStep(
+        hostnames=tuple(hostnames),
+        cpus_per_task=min(alloc.cpus_per_node[i] for i in index),
+        gpus_per_node=min(gpus[i] for i in index),
+        task_order=tuple(sorted(hostnames, key=alloc.node_index)),
+    )
 
 
 def _counts(w: int | list[int] | str, hosts: list[str]) -> list[int] | None:
@@ -189,8 +222,8 @@ def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> Dry
         commands = [tuple(starter.command)]
         export = next(a for a in starter.command if a.startswith("--export="))
         names = export.removeprefix("--export=").split(",")
-        gres = next((a for a in starter.command if a.startswith("--gres=gpu:")), "")
-        gpus = int(gres.rsplit(":", 1)[1]) if gres else 0
+        assert plan.step is not None  # noqa: S101 - srun agents come with their step
+        gpus = plan.step.gpus_per_node
     elif isinstance(starter, SshAgents):
         commands = [tuple(command) for command in starter.commands()]
         names = sorted({*env, *local_agent_env(0, hosts[0])} - {SECRET_VAR})
@@ -361,22 +394,19 @@ def agent_starter(
         return SshAgents(plan.hostnames, log_dir.path, config_file=cfg.ssh_config_file), _agent_env(
             cfg, control
         )
-    assert plan.alloc is not None  # noqa: S101 - _plan guarantees an allocation here
+    assert plan.step is not None  # noqa: S101 - make_plan resolves srun agents' step
     # srun runs with our environment less what would reshape the agents' step (the driver's
     # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
     # with their values taken from srun's environment, so no value is on a command line.
     environ = srun.srun_environment(os.environ)
     agent_env = _agent_env(cfg, control, environ)
-    starter = srun.srun_agents(
-        plan.alloc, plan.hostnames, log_dir.path, sorted(agent_env), node_logs=log_dir.keep
-    )
+    starter = srun.srun_agents(plan.step, log_dir.path, sorted(agent_env), node_logs=log_dir.keep)
     return starter, {**environ, **agent_env}
 
 
 def step_order(plan: Plan) -> list[str]:
     """The agents' step's nodes in SLURM's task order (the job's node order)."""
-    alloc = plan.alloc
-    return sorted(plan.hostnames, key=alloc.node_index) if alloc else list(plan.hostnames)
+    return list(plan.step.task_order) if plan.step else list(plan.hostnames)
 
 
 def wanted_port() -> int | None:

@@ -7,12 +7,13 @@ import re
 import shutil
 import socket
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-from slurmrun.allocation import SlurmAllocation, scontrol_gpus
 from slurmrun.launcher.starters import SrunAgents, agent_command
 from slurmrun.logs import agent_log_path
 
 __all__ = [
+    "AgentsStep",
     "address_toward",
     "agents_step_command",
     "log_open_failure",
@@ -158,6 +159,27 @@ STEP_TASK_VARS = frozenset(
 _LAUNCH_FAILED = re.compile(r"task (\d+) launch failed: (.+)")
 
 
+@dataclass(frozen=True)
+class AgentsStep:
+    """The agents' srun step, resolved once per launch (`slurmrun.launcher.plan.make_plan`).
+
+    What the step asks SLURM for, from the job's facts: building its command line asks
+    nothing more (no variable, no scontrol).
+
+    Attributes:
+        hostnames: the nodes, one agent each, in the launch's order (``--nodelist``).
+        cpus_per_task: each agent's CPUs: the fewest the job has on any of the nodes.
+        gpus_per_node: each agent's GPUs (``--gres=gpu:N``; 0 asks for none): the fewest the
+            job has on any of the nodes, since a step asks the same on every node.
+        task_order: the same nodes in SLURM's task order (the job's node order).
+    """
+
+    hostnames: tuple[str, ...]
+    cpus_per_task: int
+    gpus_per_node: int
+    task_order: tuple[str, ...]
+
+
 def address_toward(host: str) -> str:
     """The local address the kernel would use to reach `host`.
 
@@ -205,33 +227,30 @@ def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def agents_step_command(
-    alloc: SlurmAllocation,
-    hostnames: Sequence[str],
+    step: AgentsStep,
     log_dir: str | None,
     export: Sequence[str],
     srun: str = "srun",
 ) -> list[str]:
-    """The srun command line of the agents' step: one task on each of `hostnames`.
+    """The srun command line of the agents' step: one task on each of its nodes.
 
     Args:
-        alloc: the job.
-        hostnames: the nodes to start agents on.
+        step: the step, as the plan resolved it.
         log_dir: where each node writes its agent's output (``<host>.agent.log``); it must be
             on a filesystem every node shares. None: no file on the nodes (srun relays the
             agents' output to its own, on the launcher's side).
         export: names of the variables the agents get (values: srun's environment).
         srun: the srun executable.
     """
-    n = len(hostnames)
-    cpus = min(alloc.cpus_per_node[alloc.node_index(h)] for h in hostnames)
+    n = len(step.hostnames)
     cmd = [
         srun,
         f"--nodes={n}",
         f"--ntasks={n}",
         "--ntasks-per-node=1",
-        f"--nodelist={','.join(hostnames)}",
+        f"--nodelist={','.join(step.hostnames)}",
         # The agent and all its workers live in this one task: give it every CPU of the node.
-        f"--cpus-per-task={cpus}",
+        f"--cpus-per-task={step.cpus_per_task}",
         # Agents' steps may run beside the user's own steps (and our previous launch's).
         "--overlap",
         "--kill-on-bad-exit=1",
@@ -243,26 +262,14 @@ def agents_step_command(
     if log_dir is not None:
         # "%" in the directory is srun's pattern character: "%%" is a literal "%".
         cmd.append(f"--output={os.path.join(log_dir.replace('%', '%%'), '%N.agent.log')}")
-    gpus = _step_gpus(alloc, hostnames)
-    if gpus:
-        # A step sees no GPU unless it asks: ask for what the job has on each node. (Where nodes
-        # differ, the step can only ask for the smallest count on every node.)
-        cmd.append(f"--gres=gpu:{gpus}")
+    if step.gpus_per_node:
+        # A step sees no GPU unless it asks: ask for what the job has on each node.
+        cmd.append(f"--gres=gpu:{step.gpus_per_node}")
     return [*cmd, *agent_command()]
 
 
-def _step_gpus(alloc: SlurmAllocation, hostnames: Sequence[str]) -> int:
-    if alloc.gpus_per_node is not None:
-        return min(alloc.gpus_per_node[alloc.node_index(h)] for h in hostnames)
-    # e.g. `--gpus=N` spread unevenly, or a login-side shell with no per-node variable: ask
-    # the controller (`GRES=gpu:2(IDX:0-1)` lines).
-    per_node = scontrol_gpus(alloc.job_id) or {}
-    return min(per_node.get(h, 0) for h in hostnames)
-
-
 def srun_agents(
-    alloc: SlurmAllocation,
-    hostnames: Sequence[str],
+    step: AgentsStep,
     log_dir: str,
     export: Sequence[str],
     node_logs: bool = True,
@@ -270,8 +277,7 @@ def srun_agents(
     """An `AgentStarter` that runs the agents as one srun step.
 
     Args:
-        alloc: the job.
-        hostnames: the nodes to start agents on.
+        step: the step, as the plan resolved it.
         log_dir: the launcher's log directory; srun's own output goes to ``srun.log`` there.
         export: names of the variables the agents get.
         node_logs: whether each node writes ``<host>.agent.log`` into `log_dir` (which then
@@ -280,11 +286,12 @@ def srun_agents(
     srun = shutil.which("srun")
     if srun is None:
         raise RuntimeError("srun was not found on PATH, but a SLURM allocation was detected")
+    hostnames = list(step.hostnames)
     return SrunAgents(
-        command=agents_step_command(alloc, hostnames, log_dir if node_logs else None, export, srun),
+        command=agents_step_command(step, log_dir if node_logs else None, export, srun),
         log_path=os.path.join(log_dir, "srun.log"),
         node_logs={h: agent_log_path(log_dir, h) for h in hostnames} if node_logs else {},
-        hostnames=list(hostnames),
+        hostnames=hostnames,
     )
 
 
