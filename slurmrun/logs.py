@@ -202,6 +202,7 @@ class WorkerLog:
         self.level = level
         self._fd: int | None = None
         self._failed = False
+        self._closed = False  # the run is over: a late write is dropped, not reopened
         self._lock = threading.Lock()
 
     def write(self, stream: str, level: int, name: str, msg: str, end: str = LINE) -> None:
@@ -211,6 +212,8 @@ class WorkerLog:
         line = file_line(stream, logging.getLevelName(level), name, msg)
         data = to_bytes(line + "\n")
         with self._lock:
+            if self._closed:
+                return
             try:
                 if self._fd is None:
                     self._fd = os.open(self.path, _APPEND, 0o644)
@@ -221,8 +224,9 @@ class WorkerLog:
                 print(f"slurmrun: cannot write a worker's log: {e}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        """Closes the file (other nodes see its lines once it is closed: NFS's rule)."""
+        """Closes the file for good (other nodes see its lines once it is closed: NFS's rule)."""
         with self._lock:
+            self._closed = True
             if self._fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(self._fd)

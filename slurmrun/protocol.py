@@ -2,9 +2,12 @@
 
 Both sides import this module and nothing of each other (the agent imports only the standard
 library and this before it forks its spawner). A message is one frame of `slurmrun.transport`:
-a JSON header whose ``"t"`` names its kind, and for some kinds a pickled body. Messages with
-fields are dataclasses here (`Hello`, `Start`, `Idle`, `Died`); the others carry their kind
-alone, or a few fields named at their constant.
+a JSON header whose ``"t"`` names its kind, and for some kinds a body (a pickle, or a `Log`'s
+text). Every kind is a frozen dataclass here, built with ``Kind(...).header()`` and read with
+`parse`; every message of a run carries the run's id (``run``: START gives it, the agent
+stamps its workers' frames with it), and the launcher drops what belongs to another run.
+Texts in a header are clipped (`clip`): a header is small, and what is cut stays in the
+worker's log file.
 
 One agent's life, as the launcher sees it::
 
@@ -38,6 +41,7 @@ __all__ = [
     "HEARTBEAT",
     "HELLO",
     "IDLE",
+    "KINDS",
     "LOG",
     "RESULT",
     "START",
@@ -45,10 +49,28 @@ __all__ = [
     "STOP",
     "STREAM",
     "TERMINATING",
+    "TEXT_LIMIT",
+    "Close",
     "Died",
+    "Done",
+    "End",
+    "Error",
+    "Func",
+    "Heartbeat",
     "Hello",
     "Idle",
+    "Log",
+    "Message",
+    "ProtocolError",
+    "Result",
     "Start",
+    "Started",
+    "Stop",
+    "StreamRequest",
+    "Terminating",
+    "clip",
+    "parse",
+    "stamp",
     "start_header",
 ]
 

@@ -123,3 +123,15 @@ def test_ctrl_c_at_random_moments_of_warm_runs_never_hangs_nor_leaks():
     assert int(fields["foreign_lines"]) == 0, report
     assert float(fields["slowest_check"]) < 15.0, report
     assert int(fields["left"]) == 0, report
+
+
+def test_a_closed_worker_log_drops_a_late_write_and_holds_no_descriptor(tmp_path):
+    from slurmrun.logs import WorkerLog
+
+    log = WorkerLog(str(tmp_path), "node", 0, logging.INFO)
+    log.write("stdout", logging.INFO, "", "during the run")
+    log.close()
+    before = len(os.listdir("/proc/self/fd"))
+    log.write("stdout", logging.INFO, "", "after the run")  # a reader thread that was late
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert (tmp_path / "node.0.log").read_text() == "during the run\n"

@@ -7,7 +7,7 @@ ever blocking the others. It turns frames into typed events on one queue
 connection last delivered a frame.
 A large payload is received by a short-lived thread of its own, so big results still arrive
 in parallel. A heartbeat thread tells agents that the launcher is alive.
-`slurmrun.launcher.pool.AgentPool` and the run on it (`slurmrun.launcher.session.Session`) make
+`slurmrun.launcher.pool.AgentPool` and the run on it (`slurmrun.launcher.run.Run`) make
 every decision from the queue.
 
 Bounds, against peers that are not ours and against a launcher idle for hours: a handshake
