@@ -35,6 +35,7 @@ from slurmrun.transport import (
     PREFIX_BYTES,
     AuthenticationError,
     ClientChallenge,
+    HandshakeBrokeOff,
     dumps,
     encode_frame,
     parse_header,
@@ -145,8 +146,11 @@ class FakeAgent:
             if mask & selectors.EVENT_READ:
                 self._on_readable()
         except (OSError, AuthenticationError, EOFError) as e:
-            if self._state in ("greeting", "proof"):
-                self._fail(f"handshake broke off: {type(e).__name__}: {e}")
+            final = isinstance(e, AuthenticationError) and not isinstance(e, HandshakeBrokeOff)
+            if self._state in ("greeting", "proof") and not final:
+                self._retry(OSError(f"handshake broke off: {type(e).__name__}: {e}"))
+            elif self._state in ("greeting", "proof"):
+                self._fail(f"handshake failed: {type(e).__name__}: {e}")
             else:
                 self._end()
 

@@ -258,8 +258,10 @@ def test_thousands_of_hostile_connections_are_refused_and_the_launch_succeeds(
     assert unpickled == 2
     assert not (tmp_path / "evil_was_unpickled").exists()
     # every hostile connection was refused by the handshake, and said so
-    rejected = [r for r in caplog.records if "rejected a connection" in r.getMessage()]
-    assert len(rejected) == EXAMPLES
+    # (in a bounded number of lines: the 1st, 10th, 100th, 1000th... and the total at the end)
+    said = [r.getMessage() for r in caplog.records if "rejected before" in r.getMessage()]
+    assert said[-1].startswith(f"slurmrun: {EXAMPLES} connection(s) rejected"), said
+    assert len(said) <= 6, said
 
     (secret,) = recorded_secrets
     assert_secret_nowhere(secret, seen, worker)

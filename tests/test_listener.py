@@ -66,8 +66,10 @@ def test_silent_peers_beyond_the_handshake_limit_time_out_and_agents_still_get_i
         assert kind == "frame" and getattr(frame, "kind", None) == "hello"
         # 10 silent peers, 4 handshakes at a time, 1 s each: the agent gets in after 3 rounds
         assert took < 8.0, took
-        timed_out = [r for r in caplog.records if "timed out" in r.getMessage()]
-        assert len(timed_out) >= 8, [r.getMessage() for r in caplog.records]
+        # Reported in a bounded number of lines (the 1st, 10th, 100th...), with the count
+        said = [r.getMessage() for r in caplog.records]
+        assert any("1 connection(s)" in m for m in said), said
+        assert len(said) <= 6, said
         client.close()
         assert _next(lis)[0] == "eof"
     finally:

@@ -11,9 +11,10 @@ in parallel. A heartbeat thread tells agents that the launcher is alive.
 every decision from the queue.
 
 Bounds, against peers that are not ours and against a launcher idle for hours: a handshake
-has `HANDSHAKE_TIMEOUT` (one round trip; agents retry one that broke off), one source address
-has at most `MAX_PENDING_PER_SOURCE` handshakes pending (a new one drops its oldest), so a
-flood of silent connections from one host never holds the door for others. Heartbeats only
+has `HANDSHAKE_TIMEOUT` (one round trip; agents retry one that broke off), and a handshake
+still pending after a moment is pushed out by a newer connection from its address (beyond
+`MAX_PENDING_PER_SOURCE`) or from anywhere (all slots taken): `slurmrun.launcher.handshakes`.
+A flood of silent connections never holds the door for our agents. Heartbeats only
 note liveness and are never queued, and between runs (`idle`, set by the pool) frames beyond
 `IDLE_EVENTS` queued (the output of a process the run left behind) are dropped and counted.
 """
@@ -29,6 +30,7 @@ import threading
 import time
 
 from slurmrun import protocol
+from slurmrun.launcher.handshakes import Handshakes, Tally
 from slurmrun.launcher.incoming import Incoming
 from slurmrun.launcher.pump import Closed, Events, Received
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
@@ -92,16 +94,23 @@ class Listener:
         self._wake_w.setblocking(False)
         # Work for the reader thread from others: connections back from a handoff, "close".
         self._todo: queue.SimpleQueue[Incoming | str] = queue.SimpleQueue()
-        self._pending: dict[Incoming, None] = {}  # handshakes in progress, oldest first
-        self._by_source: dict[str, dict[Incoming, None]] = {}  # the same, per peer address
-        self._crowded = 0  # handshakes dropped for a newer one from the same address
+        self._pending = Handshakes(MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_SOURCE)
+        self._crowded = Tally(
+            "{n} connection(s) silent since they connected dropped for newer ones"
+        )
+        self._rejected = Tally("{n} connection(s) rejected before they proved the secret")
         self.idle = False  # between runs: set by the pool (see IDLE_EVENTS)
         self.dropped = 0  # frames dropped between runs (the pool reports and resets it)
         self._accepting = False
         self._stop = False
         self._threads = [
             threading.Thread(target=self._read_loop, name="slurmrun-listener", daemon=True),
-            threading.Thread(target=self._heartbeat, name="slurmrun-heartbeat", daemon=True),
+            threading.Thread(
+                target=_send_heartbeats,
+                args=(self._agents, silence / HEARTBEATS_PER_TIMEOUT, self.closing),
+                name="slurmrun-heartbeat",
+                daemon=True,
+            ),
         ]
 
     def start(self) -> None:
@@ -166,7 +175,7 @@ class Listener:
             self._shut_down()
 
     def _accept(self) -> None:
-        while self._accepting and len(self._pending) < MAX_PENDING_HANDSHAKES:
+        while self._accepting and not self._pending.full(time.monotonic()):
             try:
                 sock, peer = self.server.accept()
             except (BlockingIOError, InterruptedError):
@@ -182,9 +191,11 @@ class Listener:
             except OSError as e:  # HandshakeBrokeOff included
                 self._reject(incoming, str(e))
                 continue
-            self._make_room(incoming.source)
-            self._pending[incoming] = None
-            self._by_source.setdefault(incoming.source, {})[incoming] = None
+            pushed_out = self._pending.add(incoming, time.monotonic())
+            if pushed_out is not None:
+                self._forget(pushed_out)
+                pushed_out.sock.close()
+                self._crowded.add(f"from {incoming.source}")
             self._register(incoming)
         if self._accepting:  # a full house: the kernel's backlog holds the rest meanwhile
             self._selector.unregister(self.server)
@@ -196,36 +207,9 @@ class Listener:
                 self._selector.unregister(self.server)
             self._accepting = False
 
-    def _make_room(self, source: str) -> None:
-        """Drops the oldest handshake pending from `source` if it has its maximum."""
-        mine = self._by_source.get(source)
-        if mine is None or len(mine) < MAX_PENDING_PER_SOURCE:
-            return
-        oldest = next(iter(mine))
-        self._unpend(oldest)
-        self._forget(oldest)
-        oldest.sock.close()
-        self._crowded += 1
-        if self._crowded in {1, 10, 100, 1000} or self._crowded % 10000 == 0:  # a bounded log
-            log.warning(
-                "slurmrun: %d connection(s) dropped before their handshake, for newer ones "
-                "from the same address (more than %d pending from %s)",
-                self._crowded,
-                MAX_PENDING_PER_SOURCE,
-                source,
-            )
-
-    def _unpend(self, incoming: Incoming) -> None:
-        self._pending.pop(incoming, None)
-        mine = self._by_source.get(incoming.source)
-        if mine is not None:
-            mine.pop(incoming, None)
-            if not mine:
-                del self._by_source[incoming.source]
-
     def _reject(self, incoming: Incoming, why: str) -> None:
-        log.warning("slurmrun: rejected a connection from %s: %s", incoming.peer, why)
-        self._unpend(incoming)
+        self._rejected.add(f"{incoming.peer}: {why}")
+        self._pending.remove(incoming)
         self._forget(incoming)
         incoming.sock.close()
 
@@ -261,7 +245,7 @@ class Listener:
         if conn is None:
             return  # still in its handshake
         if was_pending:
-            self._unpend(incoming)
+            self._pending.remove(incoming)
             self._heard[id(conn)] = time.monotonic()
         if frames:
             self._heard[id(conn)] = time.monotonic()
@@ -286,7 +270,7 @@ class Listener:
         self.events.put(Received(conn, frame))
 
     def _resume_accepting(self) -> None:
-        if len(self._pending) < MAX_PENDING_HANDSHAKES and self.server.fileno() >= 0:
+        if not self._pending.full(time.monotonic()) and self.server.fileno() >= 0:
             self._selector.register(self.server, selectors.EVENT_READ, _SERVER)
             self._accepting = True
 
@@ -330,9 +314,7 @@ class Listener:
 
     def _sweep(self, now: float) -> None:
         """Ends handshakes past their deadline."""
-        for incoming in list(self._pending):
-            if now < incoming.deadline:
-                break  # oldest first: the rest are younger
+        for incoming in self._pending.expired(now):
             self._reject(incoming, f"handshake timed out ({HANDSHAKE_TIMEOUT:g} s)")
 
     def _shut_down(self) -> None:
@@ -343,20 +325,23 @@ class Listener:
                 self._forget(key.data)
                 key.data.sock.close()
         self._pending.clear()
-        self._by_source.clear()
+        self._crowded.close()
+        self._rejected.close()
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
 
     # ------------------------------------------------------------------ heartbeats
-    def _heartbeat(self) -> None:
-        """Tells every agent that the launcher is alive (agents stop their workers otherwise).
 
-        A heartbeat never waits: a connection busy sending (the function, to a slow agent)
-        already shows the agent that the launcher is alive.
-        """
-        beat = protocol.Heartbeat().header()
-        while not self.closing.wait(self.silence / HEARTBEATS_PER_TIMEOUT):
-            for conn in list(self._agents):
-                with contextlib.suppress(OSError):
-                    conn.send_nowait(beat)
+
+def _send_heartbeats(agents: list[Connection], interval: float, closing: threading.Event) -> None:
+    """Tells every agent that the launcher is alive (agents stop their workers otherwise).
+
+    A heartbeat never waits: a connection busy sending (the function, to a slow agent)
+    already shows the agent that the launcher is alive.
+    """
+    beat = protocol.Heartbeat().header()
+    while not closing.wait(interval):
+        for conn in list(agents):
+            with contextlib.suppress(OSError):
+                conn.send_nowait(beat)

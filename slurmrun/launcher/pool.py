@@ -19,9 +19,11 @@ import contextlib
 import enum
 import logging
 import shutil
+import signal
 import socket
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -133,7 +135,8 @@ class AgentPool:
         )
         self._by_conn: dict[int, PoolAgent] = {}
         self.endings = StepEndings()  # agents whose step SLURM is ending
-        self._last_run = 0
+        self.last_run = 0
+        self.router = Router(self)  # what `pump` hands the loop's events to
 
     # ------------------------------------------------------------------ life
     def open(self, env: Mapping[str, str]) -> None:
@@ -146,7 +149,8 @@ class AgentPool:
         self.listener.start()
         self.starter.start(env)
         deadline = time.monotonic() + self.connect_timeout
-        if not pump(self.events, self, lambda: len(self.agents) == len(self.hostnames), deadline):
+        connected = lambda: len(self.agents) == len(self.hostnames)  # noqa: E731
+        if not pump(self.events, self.router, connected, deadline):
             missing = [h for i, h in enumerate(self.hostnames) if i not in self.agents]
             raise AgentFailedError(
                 f"agents on {missing} did not connect within timeout="
@@ -169,34 +173,12 @@ class AgentPool:
         self.run = None
         try:
             if opened:
-                self._close_agents(grace)
+                _close_agents(self, grace)
         finally:
             with contextlib.suppress(OSError):
                 self.server.close()
             if self.log_dir is not None and not self.log_dir.keep:
                 shutil.rmtree(self.log_dir.path, ignore_errors=True)
-
-    def _close_agents(self, grace: float) -> None:
-        self.listener.close()
-        live = [a for a in self.agents.values() if not a.closed and a.node_rank not in self.dead]
-        close = protocol.Close().header()
-        for agent in live:
-            with contextlib.suppress(OSError):
-                agent.conn.send(close)
-        deadline = time.monotonic() + self.endings.stop_wait(grace) + 3.0
-
-        def all_gone() -> bool:
-            return all(a.closed for a in live)
-
-        all_closed = False
-        try:
-            all_closed = pump(self.events, _Closing(self), all_gone, deadline)
-        finally:  # also on Ctrl-C during a long wait for SLURM: nothing may be left running
-            self.starter.stop(STOP_WAIT if all_closed else 0.0)
-            for agent in self.agents.values():
-                agent.conn.close()
-            drain(self.events, _Closing(self))  # connections still in the accept queue
-            self.listener.join()
 
     def ready(self, grace: float = 3.0) -> None:
         """Before a run: takes in what happened since the last one, and checks every agent.
@@ -208,11 +190,12 @@ class AgentPool:
             AgentFailedError: an agent exited, closed its connection or went silent while idle.
         """
         self._check_usable()
-        drain(self.events, self)
+        drain(self.events, self.router)
         busy = [a for a in self.agents.values() if a.run is not None]
         if busy:
             deadline = time.monotonic() + self.endings.stop_wait(grace) + IDLE_WAIT
-            if not pump(self.events, self, lambda: all(a.run is None for a in busy), deadline):
+            ended = lambda: all(a.run is None for a in busy)  # noqa: E731
+            if not pump(self.events, self.router, ended, deadline):
                 late = sorted(a.hostname for a in busy if a.run is not None)
                 self.breaks(f"the agents on {late} did not end an earlier run in time")
         self._end_of_run()
@@ -235,8 +218,8 @@ class AgentPool:
 
     def begin(self, run: RunOwner) -> int:
         """`run` holds the agents from now on; returns its id (new for every run)."""
-        self._last_run += 1
-        run.id = self._last_run
+        self.last_run += 1
+        run.id = self.last_run
         self.run = run
         if self.state is PoolState.READY:
             self.state = PoolState.RUNNING
@@ -269,92 +252,9 @@ class AgentPool:
         """Node ranks of agents declared dead (silent): not waited for."""
         return self.health.dead
 
-    # ------------------------------------------------------------------ the loop's events
-    def on_event(self, event: Event, now: float) -> None:
-        """Routes one event: the pool's own, the run's, or another run's (dropped)."""
-        agent = self.agent_of(event.conn)
-        if isinstance(event, Closed):
-            if agent is not None:
-                self._on_closed(agent, event.why)
-            return
-        message = self._parse(agent, event)
-        if message is None:
-            return
-        if agent is None:
-            self._on_stranger(event.conn, message, event.frame)
-        elif isinstance(message, protocol.Heartbeat):
-            pass
-        elif isinstance(message, protocol.Terminating):
-            self.endings.note(agent, self.trace)
-        elif isinstance(message, protocol.Idle):
-            self._on_idle(agent, message)
-        elif isinstance(message, protocol.Hello):
-            raise self.exit_error(agent.node_rank, "it said hello twice")
-        elif self.run is not None and getattr(message, "run", None) == self.run.id:
-            self.run.on_message(agent, message, event.frame, now)
-        else:
-            self.dropped += 1
-
     def agent_of(self, conn: Connection) -> PoolAgent | None:
         """The agent whose control connection `conn` is (None: a streamed result, or new)."""
         return self._by_conn.get(id(conn))
-
-    def on_tick(self, now: float) -> None:
-        """Judges agents (and the run's own clock)."""
-        if self.run is not None and self.run.ending:
-            return  # the run's outcome stands; `Run._end`'s wait is bounded
-        self.health.check_processes(self.agents, now, running=self.run is not None)
-        if self.state is not PoolState.OPENING:
-            self.health.check_silence(self.agents, now)
-        if self.run is not None:
-            self.run.on_tick(now)
-
-    def _parse(self, agent: PoolAgent | None, event: Received) -> protocol.Message | None:
-        try:
-            return protocol.parse(event.frame.header)
-        except protocol.ProtocolError as e:
-            event.conn.close()
-            if agent is None:
-                return None
-            why = f"it sent a message the launcher does not know ({e})"
-            raise self.exit_error(agent.node_rank, why) from e
-
-    def _on_stranger(self, conn: Connection, message: protocol.Message, frame: Frame) -> None:
-        """A message on a connection that is no agent's (yet)."""
-        if isinstance(message, protocol.Hello) and self.state is PoolState.OPENING:
-            self.on_hello(conn, message)
-        elif isinstance(message, protocol.Result) and self.run and message.run == self.run.id:
-            self.run.on_streamed(conn, message, frame)
-        elif isinstance(message, protocol.Result) and not 0 < message.run < self._last_run:
-            conn.close()  # no run of ours: forged, never unpickled
-            raise AgentFailedError(
-                f"a result arrived for an unknown or finished worker (node rank "
-                f"{message.node_rank!r}, local rank {message.local_rank!r})"
-            )
-        elif self.state is PoolState.OPENING:
-            conn.close()
-            raise AgentFailedError(f"an agent sent {message.KIND!r} before hello")
-        else:
-            conn.close()  # a streamed result of another run, or an agent too late to count
-            self.dropped += 1
-
-    def _on_idle(self, agent: PoolAgent, idle: protocol.Idle) -> None:
-        if agent.run == idle.run:
-            agent.run = None
-            agent.master_port = idle.master_port
-
-    def _on_closed(self, agent: PoolAgent, why: str) -> None:
-        agent.closed = True
-        self.breaks(f"the agent on {agent.hostname} closed its connection")
-        if self.state is PoolState.CLOSED:
-            return
-        if self.run is not None:
-            self.run.on_closed(agent, why)
-            return
-        time.sleep(0.2)  # give the exit code a moment to appear, for the message
-        detail = f" ({why})" if why else ""
-        why = f"it closed its connection before its work was done{detail}"
-        raise self.exit_error(agent.node_rank, why)
 
     def exit_error(self, node_rank: int, why: str) -> AgentFailedError:
         """The error for an agent that ended too early (the pool is broken)."""
@@ -363,32 +263,13 @@ class AgentPool:
 
     def on_hello(self, conn: Connection, hello: protocol.Hello) -> None:
         """Takes in a new agent (or raises for a connection that is not one)."""
-        rank = hello.node_rank
-        if rank < 0:
-            # Agents of an srun step are known by their node name.
-            candidates = [i for i, h in enumerate(self.hostnames) if h == hello.hostname]
-            rank = candidates[0] if len(candidates) == 1 else -1
-        if rank < 0 or rank >= len(self.hostnames) or rank in self.agents:
-            conn.close()
-            raise AgentFailedError(
-                f"an agent on {hello.hostname!r} connected, but it is not one of the expected "
-                f"hosts {list(self.hostnames)} (or its host connected twice)",
-                hostname=hello.hostname,
-            )
-        agent = PoolAgent(rank, self.hostnames[rank], conn, hello, hello.master_port)
-        self.starter.agent_hello(rank, hello.header())
-        self.agents[rank] = agent
+        agent = _admit(self, conn, hello)
         self._by_conn[id(conn)] = agent
-        self.listener.add_agent(conn)
-        if self.trace is not None:
-            self.trace.emit(
-                AgentConnected, host=agent.hostname, node_rank=rank, seconds=self.trace.seconds()
-            )
         if hello.error:
             raise AgentFailedError(
                 f"the agent on {agent.hostname} could not prepare its workers: {hello.error}",
                 hostname=agent.hostname,
-                log_file=self.starter.log_file(rank),
+                log_file=self.starter.log_file(agent.node_rank),
             )
 
     # ------------------------------------------------------------------ sending
@@ -403,6 +284,180 @@ class AgentPool:
                 hostname=agent.hostname,
                 log_file=self.starter.log_file(agent.node_rank),
             ) from e
+
+
+class Router:
+    """What each event of the pool's loop means: the pool's own, the run's, or dropped.
+
+    Hello, heartbeats, SLURM ending a step, an agent idle again and connections that end are
+    the pool's; a message of the run in progress goes to the run; a message of any other run
+    (a process a finished run left behind, a run cut short by Ctrl-C) is dropped and counted.
+    """
+
+    def __init__(self, pool: AgentPool) -> None:
+        self.pool = pool
+
+    def on_event(self, event: Event, now: float) -> None:
+        """Routes one event: the pool's own, the run's, or another run's (dropped)."""
+        agent = self.pool.agent_of(event.conn)
+        if isinstance(event, Closed):
+            if agent is not None:
+                self._on_closed(agent, event.why)
+            return
+        message = self._parse(agent, event)
+        if message is None:
+            return
+        if agent is None:
+            self._on_stranger(event.conn, message, event.frame)
+        elif isinstance(message, protocol.Heartbeat):
+            pass
+        elif isinstance(message, protocol.Terminating):
+            self.pool.endings.note(agent, self.pool.trace)
+        elif isinstance(message, protocol.Idle):
+            self._on_idle(agent, message)
+        elif isinstance(message, protocol.Hello):
+            raise self.pool.exit_error(agent.node_rank, "it said hello twice")
+        elif self.pool.run is not None and getattr(message, "run", None) == self.pool.run.id:
+            self.pool.run.on_message(agent, message, event.frame, now)
+        else:
+            self.pool.dropped += 1
+
+    def on_tick(self, now: float) -> None:
+        """Judges agents (and the run's own clock)."""
+        if self.pool.run is not None and self.pool.run.ending:
+            return  # the run's outcome stands; `Run._end`'s wait is bounded
+        self.pool.health.check_processes(self.pool.agents, now, running=self.pool.run is not None)
+        if self.pool.state is not PoolState.OPENING:
+            self.pool.health.check_silence(self.pool.agents, now)
+        if self.pool.run is not None:
+            self.pool.run.on_tick(now)
+
+    def _parse(self, agent: PoolAgent | None, event: Received) -> protocol.Message | None:
+        try:
+            return protocol.parse(event.frame.header)
+        except protocol.ProtocolError as e:
+            event.conn.close()
+            if agent is None:
+                return None
+            why = f"it sent a message the launcher does not know ({e})"
+            raise self.pool.exit_error(agent.node_rank, why) from e
+
+    def _on_stranger(self, conn: Connection, message: protocol.Message, frame: Frame) -> None:
+        """A message on a connection that is no agent's (yet)."""
+        if isinstance(message, protocol.Hello) and self.pool.state is PoolState.OPENING:
+            self.pool.on_hello(conn, message)
+        elif (
+            isinstance(message, protocol.Result)
+            and self.pool.run
+            and message.run == self.pool.run.id
+        ):
+            self.pool.run.on_streamed(conn, message, frame)
+        elif isinstance(message, protocol.Result) and not 0 < message.run < self.pool.last_run:
+            conn.close()  # no run of ours: forged, never unpickled
+            raise AgentFailedError(
+                f"a result arrived for an unknown or finished worker (node rank "
+                f"{message.node_rank!r}, local rank {message.local_rank!r})"
+            )
+        elif self.pool.state is PoolState.OPENING:
+            conn.close()
+            raise AgentFailedError(f"an agent sent {message.KIND!r} before hello")
+        else:
+            conn.close()  # a streamed result of another run, or an agent too late to count
+            self.pool.dropped += 1
+
+    def _on_idle(self, agent: PoolAgent, idle: protocol.Idle) -> None:
+        if agent.run == idle.run:
+            agent.run = None
+            agent.master_port = idle.master_port
+
+    def _on_closed(self, agent: PoolAgent, why: str) -> None:
+        agent.closed = True
+        self.pool.breaks(f"the agent on {agent.hostname} closed its connection")
+        if self.pool.state is PoolState.CLOSED:
+            return
+        if self.pool.run is not None:
+            self.pool.run.on_closed(agent, why)
+            return
+        time.sleep(0.2)  # give the exit code a moment to appear, for the message
+        detail = f" ({why})" if why else ""
+        why = f"it closed its connection before its work was done{detail}"
+        raise self.pool.exit_error(agent.node_rank, why)
+
+
+def _admit(pool: AgentPool, conn: Connection, hello: protocol.Hello) -> PoolAgent:
+    """The agent that said `hello`, now one of `pool`'s (raises for one that is not ours)."""
+    rank = _rank_of(hello, pool.hostnames)
+    if rank < 0 or rank in pool.agents:
+        conn.close()
+        raise AgentFailedError(
+            f"an agent on {hello.hostname!r} connected, but it is not one of the expected "
+            f"hosts {list(pool.hostnames)} (or its host connected twice)",
+            hostname=hello.hostname,
+        )
+    agent = PoolAgent(rank, pool.hostnames[rank], conn, hello, hello.master_port)
+    pool.starter.agent_hello(rank, hello.header())
+    pool.agents[rank] = agent
+    pool.listener.add_agent(conn)
+    if pool.trace is not None:
+        pool.trace.emit(
+            AgentConnected, host=agent.hostname, node_rank=rank, seconds=pool.trace.seconds()
+        )
+    return agent
+
+
+def _rank_of(hello: protocol.Hello, hostnames: Sequence[str]) -> int:
+    """The node rank of the agent that said `hello` (-1: none of ours)."""
+    rank = hello.node_rank
+    if rank < 0:
+        # Agents of an srun step are known by their node name.
+        candidates = [i for i, h in enumerate(hostnames) if h == hello.hostname]
+        rank = candidates[0] if len(candidates) == 1 else -1
+    return rank if rank < len(hostnames) else -1
+
+
+def _close_agents(pool: AgentPool, grace: float) -> None:
+    """Tells every live agent of `pool` to exit, waits (bounded), then stops what is left."""
+    pool.listener.close()
+    live = [a for a in pool.agents.values() if not a.closed and a.node_rank not in pool.dead]
+    close = protocol.Close().header()
+    for agent in live:
+        with contextlib.suppress(OSError):
+            agent.conn.send(close)
+    deadline = time.monotonic() + pool.endings.stop_wait(grace) + 3.0
+
+    def all_gone() -> bool:
+        return all(a.closed for a in live)
+
+    all_closed = False
+    try:
+        all_closed = pump(pool.events, _Closing(pool), all_gone, deadline)
+    finally:  # also on Ctrl-C during a long wait for SLURM: nothing may be left running
+        with interrupts_held():  # a second Ctrl-C must not cut this short
+            pool.starter.stop(STOP_WAIT if all_closed else 0.0)
+            for agent in pool.agents.values():
+                agent.conn.close()
+            drain(pool.events, _Closing(pool))  # connections still in the accept queue
+            pool.listener.join()
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Holds Ctrl-C (SIGINT) back until the block is done, then raises KeyboardInterrupt.
+
+    For what stops processes: interrupted, it would leave them running. Only the main
+    thread can install the handler; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if held:
+        raise KeyboardInterrupt
 
 
 @dataclass

@@ -96,7 +96,7 @@ class Run:
         try:
             try:
                 self._hand_out()
-                pump(self.pool.events, self.pool, self._finished)
+                pump(self.pool.events, self.pool.router, self._finished)
                 return self._collect()
             finally:
                 self._end()
@@ -122,7 +122,7 @@ class Run:
             self.pool.send(agent, end)
         deadline = time.monotonic() + self.pool.endings.stop_wait(self.grace) + IDLE_WAIT
         # A counter, not a rescan per event: 4096 agents would make that quadratic.
-        if not pump(self.pool.events, self.pool, lambda: self._idle(busy), deadline):
+        if not pump(self.pool.events, self.pool.router, lambda: self._idle(busy), deadline):
             late = [a.hostname for a in busy if a.run == self.id]
             self.pool.breaks(f"the agents on {late} did not end the run in time")
 
@@ -289,22 +289,26 @@ class Run:
         return self._done_left <= 0 or time.monotonic() - self._last_result > DONE_WAIT
 
     def _collect(self) -> LaunchResult[Any]:
-        order = [self._shares[i] for i in range(len(self.pool.hostnames))]
-        values: list[list[Any]] = []
-        rank = 0
-        for share in order:
-            host_values = []
-            for local_rank in range(share.workers):
-                frame = share.results[local_rank]
-                try:
-                    host_values.append(loads(frame.body, frame.buffers))
-                except Exception as e:
-                    raise RuntimeError(
-                        f"the return value of rank {rank} (host {share.hostname}) could not be "
-                        f"unpickled in the launcher: {type(e).__name__}: {e}. Return types that "
-                        "the launcher's Python can import."
-                    ) from e
-                share.results[local_rank] = Frame({})  # let go of the raw bytes early
-                rank += 1
-            values.append(host_values)
-        return LaunchResult(hostnames=[s.hostname for s in order], return_values=values)
+        return _values([self._shares[i] for i in range(len(self.pool.hostnames))])
+
+
+def _values(order: list[Share]) -> LaunchResult[Any]:
+    """Every worker's return value, unpickled, by host in node-rank order."""
+    values: list[list[Any]] = []
+    rank = 0
+    for share in order:
+        host_values = []
+        for local_rank in range(share.workers):
+            frame = share.results[local_rank]
+            try:
+                host_values.append(loads(frame.body, frame.buffers))
+            except Exception as e:
+                raise RuntimeError(
+                    f"the return value of rank {rank} (host {share.hostname}) could not be "
+                    f"unpickled in the launcher: {type(e).__name__}: {e}. Return types that "
+                    "the launcher's Python can import."
+                ) from e
+            share.results[local_rank] = Frame({})  # let go of the raw bytes early
+            rank += 1
+        values.append(host_values)
+    return LaunchResult(hostnames=[s.hostname for s in order], return_values=values)
