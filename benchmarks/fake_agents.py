@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from slurmrun import protocol
 from slurmrun.logs import WorkerLog
 from slurmrun.node.agent import Backoff
 from slurmrun.output import log_frame
@@ -114,6 +115,7 @@ class FakeAgent:
         self._count = False
         self._forward: list[int] | None = None
         self._offset = 0
+        self._run = 0
 
     # ------------------------------------------------------------------ connecting
     def connect(self) -> None:
@@ -184,17 +186,15 @@ class FakeAgent:
         if self._state == "proof" and len(self._in) >= ClientChallenge.PROOF_BYTES:
             self._challenge.check(self._take(ClientChallenge.PROOF_BYTES))
             self._state = "frames"
-            self._send(
-                {
-                    "t": "hello",
-                    "hostname": self.hostname,
-                    "node_rank": self.node_rank,
-                    "addr": "127.0.0.1",
-                    "auto_workers": self.spec.workers,
-                    "master_port": 1234,
-                    "pid": 0,
-                }
+            hello = protocol.Hello(
+                hostname=self.hostname,
+                node_rank=self.node_rank,
+                addr="127.0.0.1",
+                auto_workers=self.spec.workers,
+                master_port=1234,
+                pid=0,
             )
+            self._send(hello.header())
         while self._state == "frames":
             header = self._next_frame()
             if header is None:
@@ -227,13 +227,14 @@ class FakeAgent:
         if kind == "start":
             self._on_start(header)
         elif kind == "end":
-            self._send({"t": "idle", "master_port": 1234})
+            self._send(protocol.Idle(run=int(header["run"]), master_port=1234).header())
         elif kind == "close":
             self._end()
 
     # ------------------------------------------------------------------ the run
     def _on_start(self, start: dict[str, Any]) -> None:
         self._offset = int(start["rank_offset"])
+        self._run = int(start.get("run", 0))
         log_dir = start.get("log_dir")
         if log_dir and self.spec.agent_files:
             self._files = {
@@ -254,7 +255,7 @@ class FakeAgent:
         elif self._count and end == "\n":
             self.tally.counted_lines += 1
         if self._forward is None or local_rank in self._forward:
-            self._send(*log_frame("stdout", msg, end=end, local_rank=local_rank))
+            self._send(*log_frame("stdout", msg, end=end, local_rank=local_rank, run=self._run))
 
     def _chatter_tick(self, tick: int, start: float) -> None:
         """Rank 0: a progress bar state every 10 ms; every other worker: a line a second."""
@@ -271,7 +272,7 @@ class FakeAgent:
         if tick % 100 == 0:
             for local_rank in range(1 if self._offset == 0 else 0, self.spec.workers):
                 self._line(local_rank, f"worker {self._offset + local_rank} second {tick // 100}")
-            self._send({"t": "hb"})
+            self._send(protocol.Heartbeat().header())
         step = 1 if self._offset == 0 else 100  # only rank 0's agent wakes 100 times a second
         nxt = tick + step
         self.loop.call_at(start + nxt / 100, lambda: self._chatter_tick(nxt, start))
@@ -282,11 +283,11 @@ class FakeAgent:
                 self._line(local_rank, f"worker {self._offset + local_rank} ready")
             body, buffers = dumps(self._offset + local_rank)
             assert not buffers
-            self._send({"t": "result", "local_rank": local_rank}, body)
+            self._send(protocol.Result(local_rank=local_rank, run=self._run).header(), body)
         for f in self._files.values():
             f.close()
-        self._send({"t": "hb"})
-        self._send({"t": "done"})
+        self._send(protocol.Heartbeat().header())
+        self._send(protocol.Done(run=self._run).header())
 
     # ------------------------------------------------------------------ sending
     def _send(self, header: dict[str, Any], body: bytes = b"") -> None:
