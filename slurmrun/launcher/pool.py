@@ -32,7 +32,7 @@ from slurmrun.errors import AgentFailedError
 from slurmrun.events import AgentConnected, Trace
 from slurmrun.launcher.health import AgentHealth, StepEndings
 from slurmrun.launcher.listener import Listener
-from slurmrun.launcher.pump import Closed, Event, Received, drain, pump
+from slurmrun.launcher.pump import Closed, Event, Received, all_of, drain, pump
 from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import LogDir
 from slurmrun.transport import Connection, Frame
@@ -194,7 +194,7 @@ class AgentPool:
         busy = [a for a in self.agents.values() if a.run is not None]
         if busy:
             deadline = time.monotonic() + self.endings.stop_wait(grace) + IDLE_WAIT
-            ended = lambda: all(a.run is None for a in busy)  # noqa: E731
+            ended = all_of(busy, lambda agent: agent.run is None)
             if not pump(self.events, self.router, ended, deadline):
                 late = sorted(a.hostname for a in busy if a.run is not None)
                 self.breaks(f"the agents on {late} did not end an earlier run in time")
@@ -286,6 +286,10 @@ class AgentPool:
             ) from e
 
 
+# What an agent says about itself, whatever the run (a heartbeat needs nothing: it was heard).
+_AGENT_KINDS = frozenset({protocol.Heartbeat, protocol.Terminating, protocol.Idle, protocol.Hello})
+
+
 class Router:
     """What each event of the pool's loop means: the pool's own, the run's, or dropped.
 
@@ -307,20 +311,24 @@ class Router:
         message = self._parse(agent, event)
         if message is None:
             return
+        run = self.pool.run
         if agent is None:
             self._on_stranger(event.conn, message, event.frame)
-        elif isinstance(message, protocol.Heartbeat):
-            pass
-        elif isinstance(message, protocol.Terminating):
+        elif type(message) in _AGENT_KINDS:
+            self._on_agents_own(agent, message)
+        elif run is not None and getattr(message, "run", None) == run.id:
+            run.on_message(agent, message, event.frame, now)
+        else:
+            self.pool.dropped += 1
+
+    def _on_agents_own(self, agent: PoolAgent, message: protocol.Message) -> None:
+        """A message about the agent itself, whatever the run."""
+        if isinstance(message, protocol.Terminating):
             self.pool.endings.note(agent, self.pool.trace)
         elif isinstance(message, protocol.Idle):
             self._on_idle(agent, message)
         elif isinstance(message, protocol.Hello):
             raise self.pool.exit_error(agent.node_rank, "it said hello twice")
-        elif self.pool.run is not None and getattr(message, "run", None) == self.pool.run.id:
-            self.pool.run.on_message(agent, message, event.frame, now)
-        else:
-            self.pool.dropped += 1
 
     def on_tick(self, now: float) -> None:
         """Judges agents (and the run's own clock)."""
@@ -425,11 +433,9 @@ def _close_agents(pool: AgentPool, grace: float) -> None:
             agent.conn.send(close)
     deadline = time.monotonic() + pool.endings.stop_wait(grace) + 3.0
 
-    def all_gone() -> bool:
-        return all(a.closed for a in live)
-
     all_closed = False
     try:
+        all_gone = all_of(live, lambda agent: agent.closed)
         all_closed = pump(pool.events, _Closing(pool), all_gone, deadline)
     finally:  # also on Ctrl-C during a long wait for SLURM: nothing may be left running
         with interrupts_held():  # a second Ctrl-C must not cut this short

@@ -20,7 +20,7 @@ from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace, WorkersStarted
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool, PoolAgent
-from slurmrun.launcher.pump import pump
+from slurmrun.launcher.pump import all_of, pump
 from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.logs import RunOutput, default_handlers, host_labels
 from slurmrun.result import LaunchResult
@@ -121,15 +121,11 @@ class Run:
                 return  # the launcher closes the pool, which stops every worker
             self.pool.send(agent, end)
         deadline = time.monotonic() + self.pool.endings.stop_wait(self.grace) + IDLE_WAIT
-        # A counter, not a rescan per event: 4096 agents would make that quadratic.
-        if not pump(self.pool.events, self.pool.router, lambda: self._idle(busy), deadline):
+        idle = all_of(busy, lambda agent: agent.run != self.id)
+        ended = lambda: idle() or bool(self.pool.broken)  # noqa: E731
+        if not pump(self.pool.events, self.pool.router, ended, deadline):
             late = [a.hostname for a in busy if a.run == self.id]
             self.pool.breaks(f"the agents on {late} did not end the run in time")
-
-    def _idle(self, busy: list[PoolAgent]) -> bool:
-        while busy and busy[-1].run != self.id:
-            busy.pop()
-        return not busy or bool(self.pool.broken)
 
     # ------------------------------------------------------------------ hand-out
     def _hand_out(self) -> None:
