@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from slurmrun import protocol
@@ -21,36 +21,16 @@ from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace, WorkersStarted
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool, PoolAgent
 from slurmrun.launcher.pump import all_of, pump
+from slurmrun.launcher.share import Share
 from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.logs import RunOutput, default_handlers, host_labels
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame, loads
 
-__all__ = ["Run", "Share"]
+__all__ = ["Run"]
 
 # After the last result, how long to wait for agents to forward their workers' last output.
 DONE_WAIT = 2.0
-
-
-@dataclass
-class Share:
-    """One agent's part of the run."""
-
-    agent: PoolAgent
-    workers: int = 0
-    rank_offset: int = 0  # global rank of its local rank 0
-    results: dict[int, Frame] = field(default_factory=dict)
-    # Large results come over connections of their own (the frame), announced by the agent
-    # behind the worker's earlier output (the local rank); a result counts once both arrived.
-    streamed: dict[int, Frame] = field(default_factory=dict)
-    announced: set[int] = field(default_factory=set)
-    started: bool = False  # its agent reported its workers' pids
-    done: bool = False  # all its workers exited and their output was forwarded
-
-    @property
-    def hostname(self) -> str:
-        """The agent's host."""
-        return self.agent.hostname
 
 
 @dataclass

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from slurmrun import protocol
 from slurmrun.errors import add_note
 from slurmrun.events import Trace, WorkerFailed
 from slurmrun.launcher.failures import WorkerPlace, step_ended, worker_died, worker_error
+from slurmrun.launcher.pool import AgentPool
+from slurmrun.launcher.share import Share
 from slurmrun.logs import worker_log_path
 from slurmrun.transport import Frame
-
-if TYPE_CHECKING:
-    from slurmrun.launcher.pool import AgentPool
-    from slurmrun.launcher.run import Share
 
 __all__ = ["ROOT_CAUSE_WAIT", "Verdicts"]
 

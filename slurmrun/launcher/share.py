@@ -1,0 +1,31 @@
+"""One agent's part of a run: its workers, their ranks, and what came back from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slurmrun.launcher.pool import PoolAgent
+from slurmrun.transport import Frame
+
+__all__ = ["Share"]
+
+
+@dataclass
+class Share:
+    """One agent's part of the run."""
+
+    agent: PoolAgent
+    workers: int = 0
+    rank_offset: int = 0  # global rank of its local rank 0
+    results: dict[int, Frame] = field(default_factory=dict)
+    # Large results come over connections of their own (the frame), announced by the agent
+    # behind the worker's earlier output (the local rank); a result counts once both arrived.
+    streamed: dict[int, Frame] = field(default_factory=dict)
+    announced: set[int] = field(default_factory=set)
+    started: bool = False  # its agent reported its workers' pids
+    done: bool = False  # all its workers exited and their output was forwarded
+
+    @property
+    def hostname(self) -> str:
+        """The agent's host."""
+        return self.agent.hostname
