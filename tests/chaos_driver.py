@@ -22,9 +22,11 @@ import threading
 import time
 from typing import Any
 
-import psutil
-
 import slurmrun
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from driver_common import live_descendants, settle
+
 from slurmrun.launcher.warm import warm_of
 
 LINES = 20
@@ -111,19 +113,6 @@ def flood(host: str, port: int, n: int, stop: threading.Event) -> None:
     finally:
         for s in socks:
             s.close()
-
-
-def settle(timers: list[threading.Timer]) -> None:
-    """Waits until no SIGINT of this round is still to come or to be raised."""
-    while True:
-        try:
-            for timer in timers:
-                timer.cancel()
-                timer.join()
-            time.sleep(0.05)
-        except KeyboardInterrupt:
-            continue
-        return
 
 
 def main() -> int:  # noqa: PLR0912, PLR0915 - one scenario, read top to bottom
@@ -233,12 +222,7 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one scenario, read top to bottom
             check_clean(clean, values, time.monotonic() - start)
     finally:
         launcher.close()
-    time.sleep(0.5)
-    left = [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    ]
+    left = live_descendants()
     for problem in problems:
         print(f"PROBLEM {problem}", flush=True)
     print(

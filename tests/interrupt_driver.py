@@ -18,9 +18,10 @@ import sys
 import threading
 import time
 
-import psutil
-
 import slurmrun
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from driver_common import live_descendants, settle
 
 
 class Collect(logging.Handler):
@@ -50,19 +51,6 @@ def work(token: str, seconds: float) -> str:
         print(f"token {token}", flush=True)
         time.sleep(0.02)
     return token
-
-
-def settle(timers: list[threading.Timer]) -> None:
-    """Waits until no SIGINT of this round is still to come or to be raised."""
-    while True:
-        try:
-            for timer in timers:
-                timer.cancel()
-                timer.join()
-            time.sleep(0.05)  # a SIGINT sent just now is raised here
-        except KeyboardInterrupt:
-            continue
-        return
 
 
 def main() -> int:
@@ -97,9 +85,7 @@ def main() -> int:
             slowest = max(slowest, time.monotonic() - start)
     finally:
         launcher.close()
-    time.sleep(0.5)
-    left = [p for p in psutil.Process().children(recursive=True) if p.is_running()]
-    left = [p for p in left if p.status() != psutil.STATUS_ZOMBIE]
+    left = live_descendants()
     print(
         f"REPORT interrupted={interrupted} checks_ok={checks_ok} "
         f"foreign_lines={handler.foreign} slowest_check={slowest:.2f} left={len(left)}",
