@@ -65,6 +65,10 @@ class Handshakes:
         self.per_source = per_source
         self._all: dict[Incoming, float] = {}  # when each began (monotonic clock)
         self._by_source: dict[str, dict[Incoming, None]] = {}
+        self.pushed_out = Tally(
+            "{n} connection(s) silent since they connected dropped for newer ones"
+        )
+        self.rejected = Tally("{n} connection(s) rejected before they proved the secret")
 
     def __len__(self) -> int:
         return len(self._all)
@@ -114,6 +118,8 @@ class Handshakes:
         return late
 
     def clear(self) -> None:
-        """Forgets every handshake."""
+        """Forgets every handshake, and logs how many were dropped or rejected in all."""
         self._all.clear()
         self._by_source.clear()
+        self.pushed_out.close()
+        self.rejected.close()

@@ -30,7 +30,7 @@ import threading
 import time
 
 from slurmrun import protocol
-from slurmrun.launcher.handshakes import Handshakes, Tally
+from slurmrun.launcher.handshakes import Handshakes
 from slurmrun.launcher.incoming import Incoming
 from slurmrun.launcher.pump import Closed, Events, Received
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
@@ -95,10 +95,6 @@ class Listener:
         # Work for the reader thread from others: connections back from a handoff, "close".
         self._todo: queue.SimpleQueue[Incoming | str] = queue.SimpleQueue()
         self._pending = Handshakes(MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_SOURCE)
-        self._crowded = Tally(
-            "{n} connection(s) silent since they connected dropped for newer ones"
-        )
-        self._rejected = Tally("{n} connection(s) rejected before they proved the secret")
         self.idle = False  # between runs: set by the pool (see IDLE_EVENTS)
         self.dropped = 0  # frames dropped between runs (the pool reports and resets it)
         self._accepting = False
@@ -195,7 +191,7 @@ class Listener:
             if pushed_out is not None:
                 self._forget(pushed_out)
                 pushed_out.sock.close()
-                self._crowded.add(f"from {incoming.source}")
+                self._pending.pushed_out.add(f"from {incoming.source}")
             self._register(incoming)
         if self._accepting:  # a full house: the kernel's backlog holds the rest meanwhile
             self._selector.unregister(self.server)
@@ -208,7 +204,7 @@ class Listener:
             self._accepting = False
 
     def _reject(self, incoming: Incoming, why: str) -> None:
-        self._rejected.add(f"{incoming.peer}: {why}")
+        self._pending.rejected.add(f"{incoming.peer}: {why}")
         self._pending.remove(incoming)
         self._forget(incoming)
         incoming.sock.close()
@@ -325,8 +321,6 @@ class Listener:
                 self._forget(key.data)
                 key.data.sock.close()
         self._pending.clear()
-        self._crowded.close()
-        self._rejected.close()
         self._selector.close()
         self._wake_r.close()
         self._wake_w.close()
