@@ -19,14 +19,14 @@ import sys
 import textwrap
 from typing import Any
 
-from slurmrun.cli.jobs import DEFAULT_FOLDER, FOLDER_HELP
-from slurmrun.cli.main import (
+from slurmrun.cli.command import (
     UsageError,
     check_target,
     launcher_options,
     parse_launcher,
     split_command,
 )
+from slurmrun.cli.jobs import DEFAULT_FOLDER, FOLDER_HELP
 
 __all__ = ["main", "parse_time", "read_array_file"]
 
