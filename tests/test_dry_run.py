@@ -245,7 +245,15 @@ def test_a_launch_asks_scontrol_once_from_plan_to_dry_run_and_agent_starts(
     for script in fake.iterdir():
         script.chmod(0o755)
     step = DRIVER_STEP if where == "driver_step" else {}
-    _environ(monkeypatch, tmp_path, PATH=f"{fake}:/usr/bin:/bin", **JOB, **step)
+    # The launcher's address is given: the job's nodes need not resolve on this machine.
+    _environ(
+        monkeypatch,
+        tmp_path,
+        PATH=f"{fake}:/usr/bin:/bin",
+        SLURMRUN_LAUNCHER_ADDR="127.0.0.1",
+        **JOB,
+        **step,
+    )
     cfg = slurmrun.Launcher()
     log_dir = LogDir(str(tmp_path / "logs"), keep=True)
     plan = make_plan(cfg)
