@@ -248,8 +248,9 @@ class RunWorkers:
         """Ends what the workers left behind, then their output threads and log files."""
         self.stop()
         strays = 0
-        with contextlib.suppress(SpawnError):  # a dead spawner took its strays with it
-            strays = self.spawner.end_strays()
+        if self.workers:  # (a spawner still importing torch would answer only once done)
+            with contextlib.suppress(SpawnError):  # a dead spawner took its strays with it
+                strays = self.spawner.end_strays()
         if strays:
             _say(
                 self.hostname,
