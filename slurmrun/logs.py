@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from slurmrun import protocol
 from slurmrun.output import (
     LINE,
     PROGRESS,
@@ -456,30 +457,22 @@ def default_handlers(
 
 
 def make_record(
-    header: dict[str, Any],
-    hostname: str,
-    rank: int | None,
-    msg: str | None = None,
-    end: str | None = None,
+    log: protocol.Log, hostname: str, rank: int | None, msg: str, end: str
 ) -> logging.LogRecord:
-    """A LogRecord from a LOG message's fields, its text (`msg`) and how its line ends."""
-    level = int(header.get("level", logging.INFO))
-    local_rank = header.get("local_rank")
+    """A LogRecord from a LOG message, the text it makes (`msg`) and how that line ends."""
     record = logging.makeLogRecord(
         {
-            "name": str(header.get("name") or f"slurmrun.{hostname}"),
-            "levelno": level,
-            "levelname": logging.getLevelName(level),
-            "msg": str(header.get("msg", "")) if msg is None else msg,
+            "name": log.name or f"slurmrun.{hostname}",
+            "levelno": log.level,
+            "levelname": logging.getLevelName(log.level),
+            "msg": msg,
         }
     )
     record.hostname = hostname
-    record.local_rank = int(local_rank) if local_rank is not None else None
+    record.local_rank = log.local_rank if log.local_rank >= 0 else None
     record.rank = rank
-    record.stream = str(header.get("stream", "logging"))
-    record.slurmrun_end = (
-        PROGRESS if (header.get("end") if end is None else end) == PROGRESS else LINE
-    )
+    record.stream = log.stream
+    record.slurmrun_end = PROGRESS if end == PROGRESS else LINE
     return record
 
 
@@ -495,27 +488,26 @@ class RunOutput:
 
     def dispatch(
         self,
-        header: dict[str, Any],
+        log: protocol.Log,
         body: Any,
         hostname: str,
         rank: int | None,
         handlers: Iterable[logging.Handler],
     ) -> None:
-        """Hands the records that one LOG message makes (header, body) to `handlers`."""
-        text, end = log_text(body), str(header.get("end", LINE))
-        stream = str(header.get("stream", "logging"))
-        if stream != "logging":
-            key = (hostname, header.get("local_rank"), stream)
+        """Hands the records that one LOG message (and its body) makes to `handlers`."""
+        text, end = log_text(body), log.end
+        if log.stream != "logging":
+            key = (hostname, log.local_rank, log.stream)
             joiner = self._lines.get(key)
             if joiner is None:
                 joiner = self._lines[key] = LineJoiner()
             made = joiner.add(text, end)
             if joiner.cut == 1 and made is not None and made[1] == LINE:
-                note_cut(f"{hostname}:{header.get('local_rank')} ({stream})")
+                note_cut(f"{hostname}:{log.local_rank} ({log.stream})")
             if made is None:
                 return
             text, end = made
-        dispatch(make_record(header, hostname, rank, text, end), handlers)
+        dispatch(make_record(log, hostname, rank, text, end), handlers)
 
 
 def dispatch(record: logging.LogRecord, handlers: Iterable[logging.Handler]) -> None:

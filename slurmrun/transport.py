@@ -609,17 +609,8 @@ class Connection:
 
     def recv(self) -> Frame | None:
         """Receives one frame; None when the peer closed the connection between frames."""
-        head = _read_prefix(self.sock)
-        if head is None:
-            return None
-        header, body_len, lens = head
-        self.receiving = True
-        try:
-            body = _recv_buffer(self.sock, body_len)
-            buffers = [_recv_buffer(self.sock, n) for n in lens]
-        finally:
-            self.receiving = False
-        return Frame(header, body, buffers)
+        head = self.recv_head()
+        return None if head is None else self.recv_payload(head)
 
     def recv_head(self) -> FrameHead | None:
         """Reads the next frame's header only; its payload must then go to `forward`.

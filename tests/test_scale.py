@@ -128,8 +128,10 @@ def test_an_agent_that_cannot_reach_its_launcher_exits_1_naming_its_host() -> No
 
 
 def _record(hostname: str, local_rank: int | None, msg: str, end: str = "\n") -> logging.LogRecord:
-    header = {"local_rank": local_rank, "stream": "stdout", "level": 20, "msg": msg, "end": end}
-    return make_record(header, hostname, None if local_rank is None else local_rank)
+    log = protocol.Log(
+        stream="stdout", level=20, end=end, local_rank=-1 if local_rank is None else local_rank
+    )
+    return make_record(log, hostname, local_rank, msg, end)
 
 
 def test_worker_files_get_every_finished_line_in_order(tmp_path: os.PathLike[str]) -> None:

@@ -101,21 +101,20 @@ def srun_verdict(step_log: str | None, hostname: str, wait: float = 1.0) -> str 
         time.sleep(0.05)
 
 
-def worker_error(where: WorkerPlace, frame: Frame) -> BaseException:
+def worker_error(where: WorkerPlace, error: protocol.Error, frame: Frame) -> BaseException:
     """The exception a worker raised (rebuilt, with a note), or a WorkerFailedError with its text.
 
     The texts that come with it (message, traceback) are bounded: the worker clipped them
     (`protocol.clip`), and its whole traceback is in its log file, which the note names when it
     exists. Call only with frames from authenticated peers: the exception is unpickled.
     """
-    h = frame.header
     buffers = list(frame.buffers)
-    if h.get("full_traceback") and buffers:
+    if error.full_traceback and buffers:
         buffers.pop()  # the whole traceback, for log files; the header has it clipped
-    traceback_text = protocol.clip(str(h.get("traceback", "")))
+    traceback_text = protocol.clip(error.traceback)
     log_file = where.log_file if where.log_file and os.path.isfile(where.log_file) else None
     exc: Any = None
-    reason = protocol.clip(str(h.get("unpicklable", "")))
+    reason = protocol.clip(error.unpicklable or "")
     if frame.body:
         try:
             exc = loads(frame.body, buffers)
@@ -128,8 +127,8 @@ def worker_error(where: WorkerPlace, frame: Frame) -> BaseException:
             note += f"; its log: {log_file}"
         add_note(exc, note)
         return exc
-    exc_type = protocol.clip(str(h.get("exc_type")))
-    message = f"{where} raised {exc_type}: {protocol.clip(str(h.get('message')))}"
+    exc_type = protocol.clip(error.exc_type)
+    message = f"{where} raised {exc_type}: {protocol.clip(error.message)}"
     if reason:
         message += f" (it could not be rebuilt in the launcher: {reason})"
     message += f"\nRemote traceback:\n{traceback_text}"
@@ -144,20 +143,19 @@ def worker_error(where: WorkerPlace, frame: Frame) -> BaseException:
     )
 
 
-def worker_died(where: WorkerPlace, header: dict[str, Any]) -> WorkerFailedError:
+def worker_died(where: WorkerPlace, died: protocol.Died) -> WorkerFailedError:
     """The error for a worker that exited or was killed before returning (its agent said so)."""
-    tail = str(header.get("stderr_tail", ""))
+    tail = died.stderr_tail
     log_file = where.log_file
-    message = f"worker {where} {header.get('what', 'died')} before returning a result."
+    message = f"worker {where} {died.what} before returning a result."
     if tail:
         message += f"\nLast lines of its output{f' ({log_file})' if log_file else ''}:\n{tail}"
-    code = header.get("exitcode")
     return WorkerFailedError(
         message,
         hostname=where.hostname,
         local_rank=where.local_rank,
         rank=where.rank,
-        exitcode=int(code) if code is not None else None,
+        exitcode=died.exitcode,
         stderr_tail=tail,
         log_file=log_file,
     )

@@ -70,8 +70,10 @@ class Run:
 
     # ------------------------------------------------------------------ main
     def run(self) -> LaunchResult[Any]:
-        """Runs the call on the pool's agents, and always ends the run (workers stopped)."""
-        self.pool.ready(self.grace)
+        """Runs the call on the pool's agents, and always ends the run (workers stopped).
+
+        The pool must be ready (`AgentPool.ready`, which `slurmrun.launcher.warm` calls).
+        """
         self.pool.begin(self)
         try:
             try:
@@ -176,7 +178,7 @@ class Run:
         if isinstance(message, protocol.Log):
             rank = None if message.local_rank < 0 else share.rank_offset + message.local_rank
             label = self.labels[agent.node_rank]
-            self._output.dispatch(frame.header, frame.body, label, rank, self._handlers)
+            self._output.dispatch(message, frame.body, label, rank, self._handlers)
         elif self.ending:
             return  # the run's outcome stands: what its workers say now changes nothing
         elif isinstance(message, protocol.Result):

@@ -92,11 +92,11 @@ class Verdicts:
         where = WorkerPlace(share.hostname, local_rank, share.rank_offset + local_rank, log_file)
         exc: BaseException
         if isinstance(message, protocol.Died):
-            exc = worker_died(where, frame.header)
+            exc = worker_died(where, message)
             if self.pool.endings.ending(share.agent):  # SIGTERM, or its own exit once it got it
                 exc = step_ended(where, exc)
         else:
-            exc = worker_error(where, frame)
+            exc = worker_error(where, message, frame)
         if self.trace is not None:
             if isinstance(message, protocol.Died):
                 code, sig, error, text = message.exitcode, message.signal, None, message.stderr_tail

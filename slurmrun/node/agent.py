@@ -25,7 +25,6 @@ import random
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 
 from slurmrun import allocation, protocol
 from slurmrun.environment import FORWARDED_SIGNALS
-from slurmrun.node.link import LauncherConnection
+from slurmrun.node.link import LauncherConnection, say
 from slurmrun.node.relay import Relay
 from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
@@ -97,6 +96,11 @@ class RunEnds:
         with self._cond:
             self._cond.wait_for(lambda: self.ended(run))
 
+    def wait_gone(self, timeout: float) -> bool:
+        """Waits up to `timeout` s for the launcher to be gone; whether it is."""
+        with self._cond:
+            return self._cond.wait_for(self.gone, timeout)
+
 
 @dataclass
 class Agent:
@@ -149,8 +153,7 @@ class Agent:
 
     def _heartbeat(self, interval: float) -> None:
         beat = protocol.Heartbeat().header()
-        while not self.runs.gone():
-            time.sleep(interval)
+        while not self.runs.wait_gone(interval):
             try:
                 self.launcher.send(beat)
             except OSError:
@@ -179,7 +182,6 @@ class Agent:
                 run.supervise(functools.partial(self.runs.ended, start.run))
                 self.runs.wait(start.run)
             except SpawnError as e:
-                _say(str(e))
                 self.launcher.cut(f"cannot start workers: {e}")
                 raise
             finally:
@@ -239,8 +241,7 @@ def _hostname(environ: Mapping[str, str]) -> str:
 
 
 def _say(message: str) -> None:
-    """A line for the agent's own log (srun's output file, or the local agent's log)."""
-    print(f"slurmrun agent on {_hostname(os.environ)}: {message}", file=sys.stderr, flush=True)
+    say(_hostname(os.environ), message)
 
 
 def _expect_heartbeats(sock: socket.socket, silence: float) -> None:

@@ -9,7 +9,12 @@ from typing import Any
 
 from slurmrun.transport import Connection, FrameHead, OutOfBand
 
-__all__ = ["LauncherConnection"]
+__all__ = ["LauncherConnection", "say"]
+
+
+def say(hostname: str, message: str) -> None:
+    """A line for the agent's own log (srun's output file, or the local agent's log)."""
+    print(f"slurmrun agent on {hostname}: {message}", file=sys.stderr, flush=True)
 
 
 class LauncherConnection(Connection):
@@ -59,9 +64,5 @@ class LauncherConnection(Connection):
     def cut(self, why: str) -> None:
         """Ends the connection (once), saying why in the agent's log."""
         if self.sock.fileno() >= 0:
-            print(
-                f"slurmrun agent on {self.hostname}: {why}; closing the connection to the launcher",
-                file=sys.stderr,
-                flush=True,
-            )
+            say(self.hostname, f"{why}; closing the connection to the launcher")
         self.close()

@@ -112,12 +112,12 @@ class Relay:
         holds it whole (see `slurmrun.node.worker`). The file then shows why the rank failed,
         even for a rank that printed nothing; the launcher's note names that file.
         """
-        body = _recv_payload(worker.conn.sock, head.body_len)
-        buffers = [_recv_payload(worker.conn.sock, n) for n in head.buffer_lens]
-        if worker.log is not None and head.header.get("full_traceback") and buffers:
-            text = bytes(buffers[-1]).decode(errors="replace").rstrip("\n")
+        frame = worker.conn.recv_payload(head)
+        if worker.log is not None and frame.header.get("full_traceback") and frame.buffers:
+            text = bytes(frame.buffers[-1]).decode(errors="replace").rstrip("\n")
             worker.log.write("stderr", logging.ERROR, "", text)
-        self.launcher.send(head.header, body, buffers)
+        buffers = [memoryview(b) for b in frame.buffers]
+        self.launcher.send(frame.header, memoryview(frame.body), buffers)
 
     def _logged(self, worker: WorkerLink, frame: Frame) -> None:
         """Writes a worker's logging record to its file; sends it on if the launcher shows it."""
@@ -214,19 +214,6 @@ class Relay:
         with worker.output_lock:  # the last partial line, then "nothing left" for the drain
             lines.close()
             sock.close()
-
-
-def _recv_payload(sock: socket.socket, size: int) -> bytearray:
-    """The next `size` bytes of a frame's payload."""
-    data = bytearray(size)
-    view = memoryview(data)
-    got = 0
-    while got < size:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise EOFError("the worker closed its connection in the middle of a frame")
-        got += k
-    return data
 
 
 def _tail_line(text: str) -> str:

@@ -14,7 +14,6 @@ import contextlib
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from slurmrun import protocol
 from slurmrun.errors import signal_name
 from slurmrun.logs import WorkerLog
+from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
 from slurmrun.node.spawner import Spawner, SpawnError, WorkerProcess, wait_any
 from slurmrun.node.store_port import StorePort
@@ -252,7 +252,7 @@ class RunWorkers:
             with contextlib.suppress(SpawnError):  # a dead spawner took its strays with it
                 strays = self.spawner.end_strays()
         if strays:
-            _say(
+            say(
                 self.hostname,
                 f"ended {strays} process(es) that the workers of run {self.start.run} had "
                 "started and left running",
@@ -268,8 +268,3 @@ class RunWorkers:
             if worker.log is not None:
                 worker.log.close()
         self.workers = []
-
-
-def _say(hostname: str, message: str) -> None:
-    """A line for the agent's own log."""
-    print(f"slurmrun agent on {hostname}: {message}", file=sys.stderr, flush=True)
