@@ -18,6 +18,7 @@ from pathlib import Path
 import hostlist
 
 from slurmrun.protocol import JOB_TASKS_VAR
+from slurmrun.worker_env import expand_counts
 
 __all__ = [
     "DriverStep",
@@ -43,7 +44,6 @@ __all__ = [
     "visible_gpu_count",
 ]
 
-_COUNT_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 _NVIDIA_DEVICE = re.compile(r"nvidia\d+")
 # One GRES item of `scontrol show job -d`: "gpu:a100:2" optionally followed by "(IDX:0-1)".
 _GRES_ITEM = re.compile(r"([^,()]+)(?:\(([^)]*)\))?")
@@ -454,31 +454,6 @@ def preemption(
     if not -60 <= age <= PREEMPTED_RECENTLY:  # a minute of clock skew between hosts
         return None
     return Preemption(job_id, fields["PreemptTime"], fields.get("Requeue") == "1")
-
-
-def expand_counts(value: str, variable: str) -> list[int]:
-    """Expand SLURM's compressed per-node counts, e.g. ``"36(x2),72"`` to ``[36, 36, 72]``.
-
-    Args:
-        value: the compressed list, as in ``SLURM_JOB_CPUS_PER_NODE`` or ``SLURM_TASKS_PER_NODE``.
-        variable: the variable the value came from, for error messages.
-
-    Returns:
-        One count per node.
-
-    Raises:
-        ValueError: if the value is not of the form ``N`` or ``N(xR)``, comma-separated.
-    """
-    counts: list[int] = []
-    for item in value.split(","):
-        match = _COUNT_ITEM.fullmatch(item.strip())
-        if match is None or match.group(2) == "0":
-            raise ValueError(
-                f"{variable}={value!r} is malformed: expected comma-separated counts such as "
-                f"'4' or '36(x2),72' (a count, optionally followed by '(xR)' for R nodes)"
-            )
-        counts.extend([int(match.group(1))] * int(match.group(2) or 1))
-    return counts
 
 
 def parse_scontrol_gpus(text: str) -> dict[str, int]:

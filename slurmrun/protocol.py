@@ -87,6 +87,9 @@ ENV_FILE_VAR = "SLURMRUN_ENV_FILE"  # a bash file the agent sources before forki
 # srun rewrites SLURM_TASKS_PER_NODE with the step's layout (1 per node for the agents' step),
 # so the job's own layout travels to agents under this name (comma-separated counts).
 JOB_TASKS_VAR = "SLURMRUN_JOB_TASKS_PER_NODE"
+# srun reads some of the job's variables as its options, so they travel to srun agents under
+# this name (JSON, `slurmrun.worker_env.job_vars`), for the workers to see the job's values.
+JOB_ENV_VAR = "SLURMRUN_JOB_ENV"
 # Local agents only (srun agents are known by their node name):
 NODE_RANK_VAR = "SLURMRUN_NODE_RANK"
 HOSTNAME_VAR = "SLURMRUN_HOSTNAME"
@@ -295,6 +298,9 @@ class Start(Message):
     # The agent's name in log file names (`slurmrun.logs.host_labels`: a host named twice has
     # one per node); empty: its hostname.
     log_name: str = ""
+    # Every node's worker count in SLURM's compressed form ("2(x2),1"): the run's layout, as
+    # workers see it in SLURM_TASKS_PER_NODE (`slurmrun.worker_env`). Empty: `workers` per node.
+    tasks_per_node: str = ""
 
 
 def start_header(

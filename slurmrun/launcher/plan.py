@@ -34,12 +34,14 @@ from slurmrun.protocol import (
     ENV_FILE_VAR,
     HEARTBEAT_VAR,
     HEARTBEATS_PER_TIMEOUT,
+    JOB_ENV_VAR,
     JOB_TASKS_VAR,
     LAUNCHER_ADDR_VAR,
     PORT_VAR,
     PRELOAD_VAR,
     SECRET_VAR,
 )
+from slurmrun.worker_env import job_vars
 
 if TYPE_CHECKING:
     from slurmrun.launcher import Launcher
@@ -399,6 +401,7 @@ def agent_starter(
     # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
     # with their values taken from srun's environment, so no value is on a command line.
     environ = srun.srun_environment(os.environ)
+    control[JOB_ENV_VAR] = job_vars(os.environ)  # the workers' SLURM_JOB_NAME, ...
     agent_env = _agent_env(cfg, control, environ)
     starter = srun.srun_agents(plan.step, log_dir.path, sorted(agent_env), node_logs=log_dir.keep)
     return starter, {**environ, **agent_env}

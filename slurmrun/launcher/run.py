@@ -26,6 +26,7 @@ from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.logs import RunOutput, default_handlers, host_labels
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame, loads
+from slurmrun.worker_env import compress_counts
 
 __all__ = ["Run"]
 
@@ -147,6 +148,7 @@ class Run:
             env=dict(self.start_header["env"]),
             unset=list(self.start_header.get("unset", [])),
             log_dir=self.log_dir if agent_files else None,
+            tasks_per_node=compress_counts(counts),
         ).header()
         offset = 0
         for agent, count in zip(order, counts, strict=True):

@@ -37,6 +37,7 @@ from slurmrun.logs import LogDir, log_level, resolve_log_dir
 from slurmrun.protocol import RESTART_VAR
 from slurmrun.result import LaunchResult
 from slurmrun.transport import new_secret
+from slurmrun.worker_env import restart_vars
 
 if TYPE_CHECKING:
     from slurmrun.launcher import Launcher
@@ -235,7 +236,11 @@ def _run(  # noqa: PLR0917 - private, called once
         start_header={
             "sys_path": [p if p else os.getcwd() for p in sys.path],
             "cwd": os.getcwd(),
-            "env": {**changed, RESTART_VAR: str(attempt)},
+            "env": {
+                **changed,
+                RESTART_VAR: str(attempt),
+                **restart_vars(attempt, cfg.max_restarts),
+            },
             "unset": unset,
         },
         local_master=plan.local,

@@ -108,6 +108,7 @@ class RunWorkers:
                 unset=tuple(start.unset),
                 log_level=start.log_level,
                 run=start.run,
+                tasks_per_node=start.tasks_per_node,
             )
             listener = store_listener if local_rank == 0 else None
             self.workers.append(self._fork(spec, listener))

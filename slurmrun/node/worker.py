@@ -20,7 +20,7 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 
-from slurmrun import protocol
+from slurmrun import protocol, worker_env
 from slurmrun.output import MAX_LINE, log_frame
 from slurmrun.transport import Connection, OutOfBand, dumps, loads, nbytes
 
@@ -54,6 +54,7 @@ class WorkerSpec:
     log_level: int
     unset: tuple[str, ...] = ()  # removed from its environment (a warm run's unset variables)
     run: int = 0  # the run's id (a streamed result carries it: the agent marks the rest)
+    tasks_per_node: str = ""  # every node's worker count, compressed ("2(x2),1"); "": uniform
 
 
 def _redirect_output(stdout: socket.socket, stderr: socket.socket) -> None:
@@ -108,19 +109,42 @@ def _watch_agent(conn: Connection) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _worker_env(spec: WorkerSpec) -> dict[str, str]:
-    env = dict(spec.env)
-    env.update(
-        RANK=str(spec.rank),
-        LOCAL_RANK=str(spec.local_rank),
-        GROUP_RANK=str(spec.node_rank),
-        NODE_RANK=str(spec.node_rank),
-        WORLD_SIZE=str(spec.world_size),
-        LOCAL_WORLD_SIZE=str(spec.local_world_size),
-        MASTER_ADDR=spec.master_addr,
-        MASTER_PORT=str(spec.master_port),
+def _set_environment(spec: WorkerSpec) -> None:
+    """The worker's environment: the run's variables, then its world's (`slurmrun.worker_env`)."""
+    for name in spec.unset:
+        os.environ.pop(name, None)
+    os.environ.update(spec.env)
+    uniform = [spec.local_world_size] * -(-spec.world_size // spec.local_world_size)
+    place = worker_env.RankPlace(
+        rank=spec.rank,
+        local_rank=spec.local_rank,
+        world_size=spec.world_size,
+        local_world_size=spec.local_world_size,
+        node_rank=spec.node_rank,
+        master_addr=spec.master_addr,
+        master_port=spec.master_port,
+        tasks_per_node=spec.tasks_per_node or worker_env.compress_counts(uniform),
+        pid=os.getpid(),
     )
-    return env
+    values, removed = worker_env.worker_changes(
+        os.environ, place, os.environ.get(protocol.JOB_ENV_VAR)
+    )
+    for name in removed:
+        os.environ.pop(name, None)
+    os.environ.update(values)
+    _match_thread_count(os.environ.get("OMP_NUM_THREADS"))
+
+
+def _match_thread_count(value: str | None) -> None:
+    """Makes torch's thread count what ``OMP_NUM_THREADS`` says.
+
+    The spawner imported torch (and its OpenMP) before this worker's variables were set.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or value is None or not value.isdigit() or int(value) < 1:
+        return
+    if torch.get_num_threads() != int(value):
+        torch.set_num_threads(int(value))
 
 
 _COMM_ERROR_MARKERS = ("gloo/transport", "Connection reset by peer", "NCCL", "Connection closed by")
@@ -331,9 +355,7 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
         if signum.name not in keep:
             signal.signal(signum, signal.SIG_DFL)
     faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
-    for name in spec.unset:
-        os.environ.pop(name, None)
-    os.environ.update(_worker_env(spec))
+    _set_environment(spec)
     sys.path[:] = list(spec.sys_path)
     with contextlib.suppress(OSError):
         os.chdir(spec.cwd)
