@@ -34,7 +34,7 @@ fi
 
 say "installing Python dependencies"
 python3 -m pip install -q --root-user-action=ignore torch==2.13.0
-python3 -m pip install -q --root-user-action=ignore -e '.[test]'
+python3 -m pip install -q --root-user-action=ignore -e '.[test,frameworks]'
 python3 -m pip install -q --root-user-action=ignore -r docs/requirements.txt
 
 # The docs site, warnings as errors: a broken reference or docstring fails the run here.
