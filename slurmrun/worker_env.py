@@ -39,6 +39,7 @@ __all__ = [
     "compress_counts",
     "expand_counts",
     "job_vars",
+    "preview",
     "restart_vars",
     "worker_changes",
 ]
@@ -254,3 +255,40 @@ def worker_changes(
             else:
                 removed.append(name)
     return values, [name for name in removed if name in environ and name not in values]
+
+
+# What a preview shows where a value is known only when the run starts.
+_LATER = {
+    "MASTER_ADDR": "<rank-0-agent-address>",
+    "MASTER_PORT": "<free-port>",
+    "SLURM_TASK_PID": "<worker-pid>",
+}
+
+
+def preview(
+    environ: Mapping[str, str], counts: Sequence[int], job: str | None = None
+) -> tuple[list[tuple[str, str]], list[str]]:
+    """What rank 0 would set and remove (`worker_changes`), for ``slurmrun info`` and dry runs.
+
+    Args:
+        environ: the environment the agents would start with.
+        counts: every node's worker count.
+        job: as for `worker_changes`.
+
+    Returns:
+        The variables rank 0 would set, sorted by name, with `_LATER`'s stand-ins for values
+        known only when the run starts, and the names it would remove.
+    """
+    place = RankPlace(
+        rank=0,
+        local_rank=0,
+        world_size=sum(counts),
+        local_world_size=counts[0],
+        node_rank=0,
+        master_addr="",
+        master_port=0,
+        tasks_per_node=compress_counts(counts),
+        pid=0,
+    )
+    values, removed = worker_changes(environ, place, job)
+    return sorted((name, _LATER.get(name, value)) for name, value in values.items()), removed

@@ -256,6 +256,8 @@ def _dry_run_fields(plan: dict[str, Any]) -> dict[str, Any]:
             fields[key] = tuple(fields[key])
     fields["commands"] = tuple(tuple(c) for c in fields["commands"])
     fields["env_shown"] = tuple((name, value) for name, value in fields.get("env_shown", ()))
+    fields["worker_env"] = tuple((name, value) for name, value in fields.get("worker_env", ()))
+    fields["worker_unset"] = tuple(fields.get("worker_unset", ()))
     return fields
 
 

@@ -53,6 +53,9 @@ class DryRun:
             secret (``*TOKEN*``, ``*KEY*``, ``*SECRET*``, ``*PASSWORD*``, any case).
         log_dir: the log directory a launch now would create; None when files are off.
         warnings: what will go wrong, or is likely to.
+        worker_env: what each worker sets on top of its agent's environment (its rank, its
+            world: `slurmrun.worker_env`), with rank 0's values (secret-looking ones hidden).
+        worker_unset: the names each worker removes from its agent's environment.
     """
 
     job_id: str | None
@@ -72,6 +75,8 @@ class DryRun:
     log_dir: str | None
     warnings: tuple[str, ...] = ()
     env_shown: tuple[tuple[str, str], ...] = ()
+    worker_env: tuple[tuple[str, str], ...] = ()
+    worker_unset: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int | None:
@@ -130,19 +135,25 @@ class DryRun:
                 f"stdin; secret-looking ones as {SECRET_SHOWN}):"
             )
             out += [f"    {name}={shlex.quote(value)}" for name, value in self.env_shown]
-            return out + self._warning_lines()
+            return out + self._worker_lines() + self._warning_lines()
         out.append(
             f"  environment of the agents ({len(self.env_names)} variables, names only; "
             "SLURMRUN_SECRET is made fresh by each launch):"
         )
-        out += textwrap.wrap(
-            " ".join(self.env_names),
-            _WIDTH,
-            initial_indent="    ",
-            subsequent_indent="    ",
-            break_on_hyphens=False,
-        )
-        return out + self._warning_lines()
+        out += _wrapped(" ".join(self.env_names))
+        return out + self._worker_lines() + self._warning_lines()
+
+    def _worker_lines(self) -> list[str]:
+        if not self.worker_env:
+            return []
+        out = [
+            f"  each worker adds ({len(self.worker_env)} variables; rank 0's values shown, "
+            "each worker has its own):"
+        ]
+        pairs = " ".join(f"{name}={_shown(value)}" for name, value in self.worker_env)
+        if self.worker_unset:
+            pairs += " and removes: " + " ".join(self.worker_unset)
+        return out + _wrapped(pairs)
 
     def _warning_lines(self) -> list[str]:
         out: list[str] = []
@@ -171,6 +182,17 @@ class DryRun:
         if self.backend == "auto":
             return f"auto: nccl on GPU workers, else gloo; expected {self.expected_backend}"
         return self.backend
+
+
+def _wrapped(text: str) -> list[str]:
+    return textwrap.wrap(
+        text, _WIDTH, initial_indent="    ", subsequent_indent="    ", break_on_hyphens=False
+    )
+
+
+def _shown(value: str) -> str:
+    """A value for a shell, or a stand-in (``<...>``) for one known only when the run starts."""
+    return value if value.startswith("<") and value.endswith(">") else shlex.quote(value)
 
 
 def _row(name: str, value: str) -> str:

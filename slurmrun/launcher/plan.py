@@ -41,7 +41,7 @@ from slurmrun.protocol import (
     PRELOAD_VAR,
     SECRET_VAR,
 )
-from slurmrun.worker_env import job_vars
+from slurmrun.worker_env import job_vars, preview
 
 if TYPE_CHECKING:
     from slurmrun.launcher import Launcher
@@ -244,6 +244,10 @@ def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> Dry
     backend = cfg.backend
     if backend == "auto":
         backend = "nccl" if gpus > 0 else "gloo"
+    worker_env: list[tuple[str, str]] = []
+    worker_unset: list[str] = []
+    if counts and all(counts):  # unknown counts (ssh, auto) show no worker's environment
+        worker_env, worker_unset = preview(env, counts, env.get(JOB_ENV_VAR))
     return DryRun(
         job_id=plan.alloc.job_id if plan.alloc is not None else None,
         hosts=tuple(hosts),
@@ -262,6 +266,8 @@ def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> Dry
         env_shown=tuple((n, shown_value(n, _dry_value(n, env, hosts))) for n in names),
         log_dir=log_dir.path if log_dir.keep else None,
         warnings=tuple(warnings),
+        worker_env=tuple((n, shown_value(n, v)) for n, v in worker_env),
+        worker_unset=tuple(worker_unset),
     )
 
 
