@@ -42,6 +42,8 @@ DEFAULT_ENV_VARS: tuple[str, ...] = (
     "TOKENIZERS_*",
     "WANDB_*",
     "TRITON_*",
+    "ACCELERATE_*",  # what `accelerate launch` would export (mixed precision, ...)
+    "SUBMITIT_*",  # submitit's JobEnvironment() asks SUBMITIT_EXECUTOR which cluster it is on
     "XDG_*",
     "VIRTUAL_ENV",
     "CONDA_*",

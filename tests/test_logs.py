@@ -154,6 +154,34 @@ def test_custom_handlers_replace_the_defaults_and_filter_by_host_and_rank(
     assert "print from rank 1" in (tmp_path / "rank1.log").read_text()
 
 
+def log_through_a_library_with_its_own_console_handler():
+    # as `import lightning` does: its logger has a console handler and propagates to the root
+    library = logging.getLogger("fw_library")
+    library.setLevel(logging.INFO)
+    library.addHandler(logging.StreamHandler())
+    library.info("fw line once")
+    logging.getLogger("fw_library.sub").warning("fw warning once")
+    logging.getLogger("other").warning("other line once")  # only slurmrun's handler: a record
+
+
+def test_a_line_a_library_logger_already_wrote_to_stderr_is_shown_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path / "logs"))
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    slurmrun.launch(
+        log_through_a_library_with_its_own_console_handler,
+        workers_per_host=1,
+        log_handlers=[Collect()],
+    )
+    assert sum("fw line once" in line for line in seen) == 1, seen
+    assert sum("fw warning once" in line for line in seen) == 1, seen
+    assert sum("other line once" in line for line in seen) == 1, seen
+
+
 def print_lines_then_return(lines: int, n_bytes: int):
     import torch
 

@@ -76,6 +76,8 @@ class _ChannelHandler(logging.Handler):
         self._conn = conn
 
     def emit(self, record: logging.LogRecord) -> None:
+        if _written_already(record):
+            return
         try:
             msg = record.getMessage()
             if record.exc_info:
@@ -85,6 +87,33 @@ class _ChannelHandler(logging.Handler):
             self._conn.send(*log_frame("logging", msg, level=record.levelno, name=record.name))
         except Exception:  # logging must never break the user's function
             self.handleError(record)
+
+
+def _written_already(record: logging.LogRecord) -> bool:
+    """Whether a handler on the way to the root logger wrote `record` to stdout or stderr.
+
+    Those are the agent's sockets, so the line is output already; a library that gives its
+    own logger a console handler and lets records propagate (``lightning`` does) would show
+    each line twice. Python calls a logger's handlers before its parent's, so they ran.
+    """
+    logger: logging.Logger | None = logging.getLogger(record.name)
+    while logger is not None and logger.parent is not None:  # the root's are not: ours is there
+        for handler in logger.handlers:
+            if (
+                isinstance(handler, logging.StreamHandler)
+                and record.levelno >= handler.level
+                and _is_output(handler.stream)
+            ):
+                return True
+        logger = logger.parent
+    return False
+
+
+def _is_output(stream: object) -> bool:
+    try:
+        return getattr(stream, "fileno", lambda: -1)() in (1, 2)
+    except (OSError, ValueError):  # closed, or not a file
+        return False
 
 
 def _capture_logging(conn: Connection, level: int) -> None:
