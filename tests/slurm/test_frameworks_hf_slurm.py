@@ -29,6 +29,7 @@ from tests.slurm.conftest import JOB_NAME, REPO, _minutes, _run
 
 # The launcher, agents and workers import this checkout's slurmrun, whatever is installed.
 PYTHONPATH = str(REPO)
+SLURMRUN = f"{PYTHONPATH}/slurmrun/__init__.py"
 HF_PRELOAD = "torch,transformers.trainer,transformers.models.bert.modeling_bert"
 STEPS = 3
 BATCH = 2
@@ -231,6 +232,7 @@ def _assert_trained_together(views: list[dict], output: str) -> None:
 
 
 def _assert_torch_world(views: list[dict]) -> None:
+    assert {v["slurmrun"] for v in views} == {SLURMRUN}  # the workers ran the code under test
     assert [(v["node"], v["env_rank"]) for v in views] == [
         (node, rank) for rank, (node, _) in enumerate(WORLD)
     ]
@@ -296,18 +298,22 @@ def test_hf_trainer_in_launch_sees_the_launch_world(run_in_allocation, tmp_path,
 # --------------------------------------------------------------------------- script mode, sbatch
 # The three scripts run one after the other in one 2 x 2 batch job, each through its own
 # `slurmrun script.py` line with its own log and exit status; a test per framework reads its
-# part. One job, because `sbatch --wait` polls the job after 2, 10 and 42 s: a job of 11-42 s
-# returns at 42 s, so three jobs would cost up to three times that.
+# part: one job start instead of three, and one wait (`_sbatch_and_poll`).
 SCRIPTS = {  # name: (script, the spawner's preloads, slurmrun options)
     "hf": (HF_SCRIPT, HF_PRELOAD, ""),
     "accelerate": (ACCELERATE_SCRIPT, "torch,accelerate", ""),
     # JobEnvironment() picks the environment SUBMITIT_EXECUTOR names (submitit's own batch
-    # scripts export SUBMITIT_EXECUTOR=slurm); slurmrun passes it on when asked to.
-    "submitit": (SUBMITIT_SCRIPT, "torch,submitit", "--extra-env-vars SUBMITIT_EXECUTOR"),
+    # scripts export SUBMITIT_EXECUTOR=slurm, and so does this job). slurmrun passes only the
+    # variables its patterns match: without the option the workers lack it and
+    # JobEnvironment() raises "Could not figure out which environment the job is runnning in".
+    "submitit": (SUBMITIT_SCRIPT, "torch,submitit", "--extra-env-vars 'SUBMITIT_*'"),
 }
 
 
-ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+ENDED = {
+    *("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
+    *("BOOT_FAIL", "DEADLINE", "PREEMPTED"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,8 +424,11 @@ def test_accelerate_script_under_sbatch(batch_2x2):
 def test_submitit_job_environment_under_sbatch(batch_2x2):
     """``submitit.JobEnvironment()`` in a script of ``slurmrun script.py`` (2 x 2 job).
 
-    Its SLURM environment (SlurmJobEnvironment) reads SLURM_PROCID/LOCALID/NODEID/NTASKS and
-    SLURM_JOB_NUM_NODES, which slurmrun sets per worker as srun would for a task of the run.
+    With SUBMITIT_EXECUTOR=slurm passed on it is submitit's SlurmJobEnvironment, which reads
+    SLURM_PROCID/LOCALID/NODEID/NTASKS and SLURM_JOB_NUM_NODES: slurmrun sets them per worker
+    as srun would for a task of the run. With the agents' values instead (a task per node:
+    SLURM_PROCID 0 on both workers of node1, SLURM_NTASKS 2, no SLURM_JOB_NUM_NODES), two
+    workers claim rank 0 of a world of 2, and two of the four form that world on their own.
     """
     run = batch_2x2["submitit"]
     views = run.views
@@ -429,6 +438,7 @@ def test_submitit_job_environment_under_sbatch(batch_2x2):
     )
     assert {(v["num_tasks"], v["num_nodes"]) for v in views} == {(4, 2)}, run.log
     assert {v["env_class"] for v in views} == {"SlurmJobEnvironment"}
+    assert {v["slurmrun"] for v in views} == {SLURMRUN}
     assert {tuple(v["hostnames"]) for v in views} == {("node1", "node2")}
     assert [v["slurm"] for v in views] == [
         {
