@@ -303,10 +303,10 @@ SCRIPTS = {  # name: (script, the spawner's preloads, slurmrun options)
     "hf": (HF_SCRIPT, HF_PRELOAD, ""),
     "accelerate": (ACCELERATE_SCRIPT, "torch,accelerate", ""),
     # JobEnvironment() picks the environment SUBMITIT_EXECUTOR names (submitit's own batch
-    # scripts export SUBMITIT_EXECUTOR=slurm, and so does this job). slurmrun passes only the
-    # variables its patterns match: without the option the workers lack it and
-    # JobEnvironment() raises "Could not figure out which environment the job is runnning in".
-    "submitit": (SUBMITIT_SCRIPT, "torch,submitit", "--extra-env-vars 'SUBMITIT_*'"),
+    # scripts export SUBMITIT_EXECUTOR=slurm, and so does this job): SUBMITIT_* reaches the
+    # workers by default (without it JobEnvironment() raises "Could not figure out which
+    # environment the job is runnning in").
+    "submitit": (SUBMITIT_SCRIPT, "torch,submitit", ""),
 }
 
 
