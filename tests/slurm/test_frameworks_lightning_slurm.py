@@ -1,0 +1,173 @@
+"""Lightning under slurmrun on the real cluster: every rank must see one consistent world.
+
+A Lightning DDP run in a 2-node x 2-task job, through ``slurmrun train.py`` in a batch script
+(Lightning picks its torchrun path, TorchElasticEnvironment, or SLURMEnvironment when forced
+through ``plugins``), and Fabric in a function that ``slurmrun.launch`` runs in an allocation.
+Each rank writes what it saw (its rank, local rank, node rank, world size, the cluster
+environment Lightning chose, its weights after training) into a JSON file of tmp_path.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.slurm.conftest import REPO
+
+# The batch script's `slurmrun`, the agents and the workers import this checkout's slurmrun;
+# the spawner imports Lightning once per node, before forking the node's workers.
+EXPORT = f"export PYTHONPATH={REPO} SLURMRUN_PRELOAD=torch,lightning.pytorch\n"
+LAYOUT = "#SBATCH -N 2 --ntasks-per-node=2\n"
+
+TRAIN = """
+import argparse, json, os, pathlib, signal, time
+
+import torch
+import lightning.pytorch as L
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.plugins import TorchCheckpointIO
+from lightning.pytorch.plugins.environments import SLURMEnvironment
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--env", choices=["auto", "slurm", "slurm-requeue"], default="auto")
+parser.add_argument("--max-steps", type=int, default=4)
+parser.add_argument("--wait-at", type=int, default=-1)
+args = parser.parse_args()
+out = pathlib.Path(args.out)
+rank = os.environ["RANK"]
+saved = []
+
+
+class RecordingIO(TorchCheckpointIO):
+    # Lightning writes checkpoints through this on global rank 0 only.
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        saved.append(os.path.basename(path))
+        super().save_checkpoint(checkpoint, path, storage_options)
+
+
+class WaitForSignal(Callback):
+    # The first run stops after step --wait-at and waits, for the test to signal the job.
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        first_run = os.environ.get("SLURM_RESTART_COUNT", "0") == "0"
+        if trainer.global_step == args.wait_at and first_run:
+            (out / f"ready.{rank}").write_text(str(trainer.global_step))
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+plugins = [RecordingIO()]
+if args.env != "auto":
+    plugins.append(SLURMEnvironment(auto_requeue=args.env == "slurm-requeue"))
+L.seed_everything(1)
+model = BoringModel()
+initial = [p.detach().flatten().tolist() for p in model.parameters()]
+trainer = L.Trainer(
+    accelerator="cpu",
+    devices=2,
+    num_nodes=2,
+    strategy="ddp",
+    max_steps=args.max_steps,
+    limit_val_batches=0,
+    logger=False,
+    enable_progress_bar=False,
+    enable_model_summary=False,
+    default_root_dir=out,
+    plugins=plugins,
+    callbacks=[
+        ModelCheckpoint(
+            dirpath=out / "checkpoints", filename="final", every_n_train_steps=args.max_steps
+        ),
+        WaitForSignal(),
+    ],
+)
+trainer.fit(model)
+env = trainer._accelerator_connector.cluster_environment
+seen = {
+    "global_rank": trainer.global_rank,
+    "local_rank": trainer.local_rank,
+    "node_rank": trainer.node_rank,
+    "world_size": trainer.world_size,
+    "is_global_zero": trainer.is_global_zero,
+    "global_step": trainer.global_step,
+    "environment": type(env).__name__,
+    "env_world": [env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()],
+    "dist": [torch.distributed.get_rank(), torch.distributed.get_world_size()],
+    "RANK": os.environ["RANK"],
+    "WORLD_SIZE": os.environ["WORLD_SIZE"],
+    "node": os.environ["SLURMD_NODENAME"],
+    "job": os.environ["SLURM_JOB_ID"],
+    "restarts": os.environ.get("SLURM_RESTART_COUNT", "0"),
+    "saved": saved,
+    "initial": initial,
+    "weights": [p.detach().flatten().tolist() for p in model.parameters()],
+    "slurmrun": __import__("slurmrun").__file__,
+}
+(out / f"rank{rank}.json").write_text(json.dumps(seen))
+"""
+
+
+def _train(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(TRAIN))
+    return path
+
+
+def _seen(out: Path, output: str) -> list[dict]:
+    missing = [r for r in range(4) if not (out / f"rank{r}.json").exists()]
+    assert not missing, f"ranks {missing} wrote nothing\n{output}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+
+
+def _assert_one_world(seen: list[dict], environment: str, output: str) -> None:
+    """Ranks 0..3 in a 2 x 2 world, as Lightning, its environment, torch and the env see it."""
+    assert [s["global_rank"] for s in seen] == [0, 1, 2, 3], output
+    assert [s["local_rank"] for s in seen] == [0, 1, 0, 1]
+    assert [s["node_rank"] for s in seen] == [0, 0, 1, 1]
+    assert [s["node"] for s in seen] == ["node1", "node1", "node2", "node2"]
+    assert {s["world_size"] for s in seen} == {4}
+    assert [s["is_global_zero"] for s in seen] == [True, False, False, False]
+    assert {s["environment"] for s in seen} == {environment}
+    assert [s["env_world"] for s in seen] == [[r, r % 2, r // 2, 4] for r in range(4)]
+    assert [s["dist"] for s in seen] == [[r, 4] for r in range(4)]
+    assert [(s["RANK"], s["WORLD_SIZE"]) for s in seen] == [(str(r), "4") for r in range(4)]
+    assert {s["slurmrun"] for s in seen} == {str(REPO / "slurmrun" / "__init__.py")}
+
+
+def _assert_trained_alike(seen: list[dict], steps: int) -> None:
+    """Every rank took `steps` steps and ends with the same weights, which training changed."""
+    assert {s["global_step"] for s in seen} == {steps}
+    weights = seen[0]["weights"]
+    assert all(s["weights"] == weights for s in seen)  # DDP kept the replicas equal
+    assert weights != seen[0]["initial"]
+
+
+@pytest.mark.parametrize(
+    ("env", "environment"),
+    [("auto", "TorchElasticEnvironment"), ("slurm", "SLURMEnvironment")],
+)
+def test_lightning_ddp_under_slurmrun_sees_one_world(tmp_path, sbatch, env, environment):
+    _train(tmp_path)
+    out = tmp_path / "out"
+    job = sbatch(
+        f"{LAYOUT}{EXPORT}"
+        f"{sys.executable} -m slurmrun train.py --out {out} --env {env} --max-steps 4\n",
+        timeout=120,
+    )
+    seen = _seen(out, job.output)
+    _assert_one_world(seen, environment, job.output)
+    _assert_trained_alike(seen, 4)
+    assert {s["job"] for s in seen} == {job.job_id}
+    # One checkpoint, written by rank 0, holding the weights every rank ended with.
+    assert [s["saved"] for s in seen] == [["final.ckpt"], [], [], []]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["final.ckpt"]
+    ckpt = torch.load(out / "checkpoints" / "final.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 4
+    assert [t.flatten().tolist() for t in ckpt["state_dict"].values()] == seen[0]["weights"]
