@@ -171,3 +171,72 @@ def test_lightning_ddp_under_slurmrun_sees_one_world(tmp_path, sbatch, env, envi
     ckpt = torch.load(out / "checkpoints" / "final.ckpt", weights_only=False)
     assert ckpt["global_step"] == 4
     assert [t.flatten().tolist() for t in ckpt["state_dict"].values()] == seen[0]["weights"]
+
+
+FABRIC = """
+import json, os, sys
+
+import slurmrun
+
+
+def train(steps):
+    import torch
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=2, num_nodes=2, strategy="ddp")
+    # The processes exist already: launch() starts none (the environment says it creates them
+    # externally); it joins the process group, or finds slurmrun's.
+    fabric.launch()
+    fabric.seed_everything(1)
+    model = torch.nn.Linear(8, 2)
+    initial = [p.detach().flatten().tolist() for p in model.parameters()]
+    model, optimizer = fabric.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    torch.manual_seed(fabric.global_rank)  # every rank its own data
+    for _ in range(steps):
+        loss = model(torch.randn(4, 8)).pow(2).sum()
+        optimizer.zero_grad()
+        fabric.backward(loss)
+        optimizer.step()
+    env = fabric.strategy.cluster_environment
+    return {
+        "global_rank": fabric.global_rank,
+        "local_rank": fabric.local_rank,
+        "node_rank": fabric.node_rank,
+        "world_size": fabric.world_size,
+        "is_global_zero": fabric.is_global_zero,
+        "environment": type(env).__name__,
+        "env_world": [env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()],
+        "dist": [torch.distributed.get_rank(), torch.distributed.get_world_size()],
+        "backend": torch.distributed.get_backend(),
+        "RANK": os.environ["RANK"],
+        "WORLD_SIZE": os.environ["WORLD_SIZE"],
+        "node": os.environ["SLURMD_NODENAME"],
+        "initial": initial,
+        "weights": [p.detach().flatten().tolist() for p in model.parameters()],
+        "slurmrun": slurmrun.__file__,
+    }
+
+
+result = slurmrun.launch(train, (3,), workers_per_host=2, backend=BACKEND, timeout=60)
+print("RESULT " + json.dumps([v for host in result.return_values for v in host]))
+"""
+
+
+@pytest.mark.parametrize("backend", [None, "gloo"])
+def test_fabric_in_slurmrun_launch_sees_one_world(run_in_allocation, backend):
+    script = FABRIC.replace("BACKEND", repr(backend))
+    cp = run_in_allocation(
+        ["-N2", "--ntasks-per-node=2"],
+        script,
+        timeout=90,
+        env={"PYTHONPATH": str(REPO), "SLURMRUN_PRELOAD": "torch,lightning.fabric"},
+    )
+    output = cp.stdout + cp.stderr
+    lines = [line for line in cp.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, output
+    seen = json.loads(lines[0].removeprefix("RESULT "))
+    _assert_one_world(seen, "TorchElasticEnvironment", output)
+    assert {s["backend"] for s in seen} == {"gloo"}
+    weights = seen[0]["weights"]
+    assert all(s["weights"] == weights for s in seen)
+    assert weights != seen[0]["initial"]
