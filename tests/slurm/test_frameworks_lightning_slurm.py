@@ -5,19 +5,32 @@ A Lightning DDP run in a 2-node x 2-task job, through ``slurmrun train.py`` in a
 through ``plugins``), and Fabric in a function that ``slurmrun.launch`` runs in an allocation.
 Each rank writes what it saw (its rank, local rank, node rank, world size, the cluster
 environment Lightning chose, its weights after training) into a JSON file of tmp_path.
+
+Lightning's own SLURM requeue works under slurmrun as under srun: SLURM's USR1 reaches the
+workers (slurmstepd signals every process of the agents' step), Lightning's handler saves its
+hpc checkpoint on every rank and rank 0 runs ``scontrol requeue``; the batch script runs again
+and Lightning resumes from that checkpoint. A requeued job waits ~30 s (the test cluster's
+cred_expire) before it starts again.
+
+The batch jobs here are polled every 0.2 s rather than waited for with ``sbatch --wait``,
+which looks after 2, 10, 42, 74 s: a job of 11 s took 42 s.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import sys
 import textwrap
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.slurm.conftest import REPO
+from tests.slurm.conftest import JOB_NAME, REPO, scontrol_job
 
 # The batch script's `slurmrun`, the agents and the workers import this checkout's slurmrun;
 # the spawner imports Lightning once per node, before forking the node's workers.
@@ -41,8 +54,10 @@ parser.add_argument("--max-steps", type=int, default=4)
 parser.add_argument("--wait-at", type=int, default=-1)
 args = parser.parse_args()
 out = pathlib.Path(args.out)
+out.mkdir(exist_ok=True)
 rank = os.environ["RANK"]
 saved = []
+started = []
 
 
 class RecordingIO(TorchCheckpointIO):
@@ -50,6 +65,17 @@ class RecordingIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint, path, storage_options=None):
         saved.append(os.path.basename(path))
         super().save_checkpoint(checkpoint, path, storage_options)
+
+
+class Record(Callback):
+    # The step this run started from: 0, or the step of the checkpoint it resumed.
+    def on_train_start(self, trainer, pl_module):
+        started.append(trainer.global_step)
+
+    # Every rank makes each checkpoint's contents (rank 0 writes it): the steps, one a line.
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        with open(out / f"checkpointed.{rank}", "a") as f:
+            f.write(f"{trainer.global_step}\\n")
 
 
 class WaitForSignal(Callback):
@@ -85,6 +111,7 @@ trainer = L.Trainer(
         ModelCheckpoint(
             dirpath=out / "checkpoints", filename="final", every_n_train_steps=args.max_steps
         ),
+        Record(),
         WaitForSignal(),
     ],
 )
@@ -97,6 +124,8 @@ seen = {
     "world_size": trainer.world_size,
     "is_global_zero": trainer.is_global_zero,
     "global_step": trainer.global_step,
+    "started": started,
+    "ckpt_path": trainer.ckpt_path,
     "environment": type(env).__name__,
     "env_world": [env.global_rank(), env.local_rank(), env.node_rank(), env.world_size()],
     "dist": [torch.distributed.get_rank(), torch.distributed.get_world_size()],
@@ -112,6 +141,56 @@ seen = {
 }
 (out / f"rank{rank}.json").write_text(json.dumps(seen))
 """
+
+
+class BatchJob:
+    """A batch job of tmp_path's, submitted without ``--wait``, polled until it ends."""
+
+    ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+    def __init__(self, run_cmd, tmp_path: Path, script: str, name: str) -> None:
+        path, self.log = tmp_path / f"{name}.sh", tmp_path / f"{name}.out"
+        path.write_text(f"#!/bin/bash\n{script}")
+        # --time=5: with --signal=USR1@90, SLURM's own USR1 comes long after any test here.
+        argv = ["sbatch", "--parsable", f"--job-name={JOB_NAME}", "--time=5"]
+        self.id = run_cmd([*argv, f"--output={self.log}", str(path)]).stdout.split(";")[0].strip()
+
+    def field(self, name: str) -> str:
+        return scontrol_job(self.id)[name]
+
+    def ended(self) -> bool:
+        return self.field("JobState") in self.ENDED
+
+    def output(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what}: not within {timeout} s\n--- job output\n{self.output()}")
+            time.sleep(0.2)
+
+    def wait(self, timeout: float) -> str:
+        """Waits for the job's end; returns its state."""
+        self.wait_for(self.ended, timeout, f"job {self.id} ended")
+        return self.field("JobState")
+
+
+@pytest.fixture
+def batch_job(run_cmd, tmp_path) -> Iterator[Callable[[str], BatchJob]]:
+    """``batch_job(script)`` submits it; a job still running at the test's end is cancelled."""
+    jobs: list[BatchJob] = []
+
+    def submit(script: str) -> BatchJob:
+        jobs.append(BatchJob(run_cmd, tmp_path, textwrap.dedent(script), f"job{len(jobs)}"))
+        return jobs[-1]
+
+    yield submit
+    for job in jobs:
+        with contextlib.suppress(Exception):
+            if not job.ended():
+                subprocess.run(["scancel", job.id], timeout=30, check=False)
 
 
 def _train(tmp_path: Path) -> Path:
@@ -153,18 +232,20 @@ def _assert_trained_alike(seen: list[dict], steps: int) -> None:
     ("env", "environment"),
     [("auto", "TorchElasticEnvironment"), ("slurm", "SLURMEnvironment")],
 )
-def test_lightning_ddp_under_slurmrun_sees_one_world(tmp_path, sbatch, env, environment):
+def test_lightning_ddp_under_slurmrun_sees_one_world(tmp_path, batch_job, env, environment):
     _train(tmp_path)
     out = tmp_path / "out"
-    job = sbatch(
+    job = batch_job(
         f"{LAYOUT}{EXPORT}"
-        f"{sys.executable} -m slurmrun train.py --out {out} --env {env} --max-steps 4\n",
-        timeout=120,
+        f"{sys.executable} -m slurmrun train.py --out {out} --env {env} --max-steps 4\n"
     )
-    seen = _seen(out, job.output)
-    _assert_one_world(seen, environment, job.output)
+    assert job.wait(timeout=120) == "COMPLETED", job.output()
+    seen = _seen(out, job.output())
+    _assert_one_world(seen, environment, job.output())
     _assert_trained_alike(seen, 4)
-    assert {s["job"] for s in seen} == {job.job_id}
+    assert {s["job"] for s in seen} == {job.id}
+    assert [(s["started"], s["ckpt_path"]) for s in seen] == [([0], None)] * 4
+    assert [(out / f"checkpointed.{r}").read_text() for r in range(4)] == ["4\n"] * 4
     # One checkpoint, written by rank 0, holding the weights every rank ended with.
     assert [s["saved"] for s in seen] == [["final.ckpt"], [], [], []]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["final.ckpt"]
@@ -240,3 +321,39 @@ def test_fabric_in_slurmrun_launch_sees_one_world(run_in_allocation, backend):
     weights = seen[0]["weights"]
     assert all(s["weights"] == weights for s in seen)
     assert weights != seen[0]["initial"]
+
+
+def test_lightning_requeues_the_job_on_sigusr1_and_resumes_from_its_hpc_checkpoint(
+    tmp_path, batch_job
+):
+    _train(tmp_path)
+    out = tmp_path / "out"
+    job = batch_job(
+        f"{LAYOUT}#SBATCH --signal=SIGUSR1@90 --requeue --open-mode=append\n"
+        f"{EXPORT}echo run ${{SLURM_RESTART_COUNT:-0}}\n"
+        f"{sys.executable} -m slurmrun train.py --out {out} --env slurm-requeue"
+        " --max-steps 6 --wait-at 3\n"
+    )
+    ready = [out / f"ready.{r}" for r in range(4)]
+    job.wait_for(lambda: all(p.exists() for p in ready) or job.ended(), 90, "every rank at step 3")
+    assert not job.ended(), job.output()
+    # As SLURM signals ahead of the time limit: every step of the job, not the batch step.
+    subprocess.run(["scancel", "--signal=USR1", job.id], check=True, timeout=30)
+    job.wait_for(lambda: job.field("Restarts") == "1", 60, "the requeue")
+    # SLURM holds a requeued job until its credentials expired (cred_expire=30) to restart it.
+    assert job.wait(timeout=150) == "COMPLETED", job.output()
+    output = job.output()
+    assert "run 0" in output and "run 1" in output
+    hpc = out / "hpc_ckpt_1.ckpt"
+    assert sorted(p.name for p in out.glob("*.ckpt")) == [hpc.name], output
+    assert torch.load(hpc, weights_only=False)["global_step"] == 3
+    seen = _seen(out, output)
+    _assert_one_world(seen, "SLURMEnvironment", output)
+    _assert_trained_alike(seen, 6)
+    assert {s["restarts"] for s in seen} == {"1"}
+    # Every rank took the signal: each made the hpc checkpoint at step 3 (rank 0 wrote it),
+    # then the final one at step 6 in the second run.
+    assert [(out / f"checkpointed.{r}").read_text() for r in range(4)] == ["3\n6\n"] * 4
+    # The second run resumed from the checkpoint Lightning saved on the signal.
+    assert [(s["started"], s["ckpt_path"]) for s in seen] == [([3], str(hpc))] * 4
+    assert [s["saved"] for s in seen] == [["final.ckpt"], [], [], []]
