@@ -6,11 +6,16 @@ through ``plugins``), and Fabric in a function that ``slurmrun.launch`` runs in 
 Each rank writes what it saw (its rank, local rank, node rank, world size, the cluster
 environment Lightning chose, its weights after training) into a JSON file of tmp_path.
 
-Lightning's own SLURM requeue works under slurmrun as under srun: SLURM's USR1 reaches the
-workers (slurmstepd signals every process of the agents' step), Lightning's handler saves its
-hpc checkpoint on every rank and rank 0 runs ``scontrol requeue``; the batch script runs again
-and Lightning resumes from that checkpoint. A requeued job waits ~30 s (the test cluster's
-cred_expire) before it starts again.
+Fabric works whether it makes the process group from the torchrun variables itself
+(``backend=None``, as under torchrun) or finds the one slurmrun made (``backend="gloo"``).
+
+Lightning's own SLURM requeue works under slurmrun as under srun, with SLURMEnvironment given
+in ``plugins`` (slurmrun's workers look launched by torchrun, so Lightning would otherwise pick
+TorchElasticEnvironment, which sets no USR1 handler: the signal kills the workers): SLURM's
+USR1 reaches the workers (slurmstepd signals every process of the agents' step), Lightning's
+handler saves its hpc checkpoint on every rank and rank 0 runs ``scontrol requeue``; the batch
+script runs again and Lightning resumes from that checkpoint. A requeued job waits ~30 s (the
+test cluster's cred_expire) before it starts again.
 
 The batch jobs here are polled every 0.2 s rather than waited for with ``sbatch --wait``,
 which looks after 2, 10, 42, 74 s: a job of 11 s took 42 s.
@@ -38,7 +43,7 @@ EXPORT = f"export PYTHONPATH={REPO} SLURMRUN_PRELOAD=torch,lightning.pytorch\n"
 LAYOUT = "#SBATCH -N 2 --ntasks-per-node=2\n"
 
 TRAIN = """
-import argparse, json, os, pathlib, signal, time
+import argparse, json, os, pathlib, time
 
 import torch
 import lightning.pytorch as L
@@ -56,14 +61,19 @@ args = parser.parse_args()
 out = pathlib.Path(args.out)
 out.mkdir(exist_ok=True)
 rank = os.environ["RANK"]
-saved = []
 started = []
+
+
+def note(kind, what):
+    # Appended to out/<kind>.<rank>, which outlives a run that SLURM kills.
+    with open(out / f"{kind}.{rank}", "a") as f:
+        f.write(f"{what} ")
 
 
 class RecordingIO(TorchCheckpointIO):
     # Lightning writes checkpoints through this on global rank 0 only.
     def save_checkpoint(self, checkpoint, path, storage_options=None):
-        saved.append(os.path.basename(path))
+        note("wrote", os.path.basename(path))
         super().save_checkpoint(checkpoint, path, storage_options)
 
 
@@ -72,10 +82,9 @@ class Record(Callback):
     def on_train_start(self, trainer, pl_module):
         started.append(trainer.global_step)
 
-    # Every rank makes each checkpoint's contents (rank 0 writes it): the steps, one a line.
+    # Every rank makes each checkpoint's contents (trainer.save_checkpoint is collective).
     def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-        with open(out / f"checkpointed.{rank}", "a") as f:
-            f.write(f"{trainer.global_step}\\n")
+        note("checkpointed", trainer.global_step)
 
 
 class WaitForSignal(Callback):
@@ -134,7 +143,6 @@ seen = {
     "node": os.environ["SLURMD_NODENAME"],
     "job": os.environ["SLURM_JOB_ID"],
     "restarts": os.environ.get("SLURM_RESTART_COUNT", "0"),
-    "saved": saved,
     "initial": initial,
     "weights": [p.detach().flatten().tolist() for p in model.parameters()],
     "slurmrun": __import__("slurmrun").__file__,
@@ -205,6 +213,12 @@ def _seen(out: Path, output: str) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
 
 
+def _notes(out: Path, kind: str) -> list[list[str]]:
+    """What each rank noted of `kind` (train.py's note), in order, over all runs of the job."""
+    files = [out / f"{kind}.{r}" for r in range(4)]
+    return [f.read_text().split() if f.exists() else [] for f in files]
+
+
 def _assert_one_world(seen: list[dict], environment: str, output: str) -> None:
     """Ranks 0..3 in a 2 x 2 world, as Lightning, its environment, torch and the env see it."""
     assert [s["global_rank"] for s in seen] == [0, 1, 2, 3], output
@@ -245,9 +259,9 @@ def test_lightning_ddp_under_slurmrun_sees_one_world(tmp_path, batch_job, env, e
     _assert_trained_alike(seen, 4)
     assert {s["job"] for s in seen} == {job.id}
     assert [(s["started"], s["ckpt_path"]) for s in seen] == [([0], None)] * 4
-    assert [(out / f"checkpointed.{r}").read_text() for r in range(4)] == ["4\n"] * 4
-    # One checkpoint, written by rank 0, holding the weights every rank ended with.
-    assert [s["saved"] for s in seen] == [["final.ckpt"], [], [], []]
+    # One checkpoint, made by every rank, written by rank 0, with the weights they ended with.
+    assert _notes(out, "checkpointed") == [["4"]] * 4
+    assert _notes(out, "wrote") == [["final.ckpt"], [], [], []]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["final.ckpt"]
     ckpt = torch.load(out / "checkpoints" / "final.ckpt", weights_only=False)
     assert ckpt["global_step"] == 4
@@ -353,7 +367,7 @@ def test_lightning_requeues_the_job_on_sigusr1_and_resumes_from_its_hpc_checkpoi
     assert {s["restarts"] for s in seen} == {"1"}
     # Every rank took the signal: each made the hpc checkpoint at step 3 (rank 0 wrote it),
     # then the final one at step 6 in the second run.
-    assert [(out / f"checkpointed.{r}").read_text() for r in range(4)] == ["3\n6\n"] * 4
+    assert _notes(out, "checkpointed") == [["3", "6"]] * 4
+    assert _notes(out, "wrote") == [["hpc_ckpt_1.ckpt", "final.ckpt"], [], [], []]
     # The second run resumed from the checkpoint Lightning saved on the signal.
     assert [(s["started"], s["ckpt_path"]) for s in seen] == [([3], str(hpc))] * 4
-    assert [s["saved"] for s in seen] == [["final.ckpt"], [], [], []]
