@@ -23,8 +23,9 @@ Helpers (all are fixtures returning callables; every call has a timeout):
 - ``run_in_allocation(salloc_args, script, timeout=60)``: write ``script`` (Python) to tmp_path
   and run ``salloc <salloc_args> <python> script.py``: the script runs on the login side with
   the allocation's SLURM_* variables set, the way a user runs slurmrun inside ``salloc``.
-- ``sbatch(script, args=(), timeout=60)``: submit a batch script with ``sbatch --wait``
-  (it runs on node1, the batch host) and return its exit code and output file.
+- ``sbatch(script, args=(), timeout=60)``: submit a batch script (it runs on node1, the batch
+  host), wait for its end (``wait_job``: polled, where ``sbatch --wait`` sleeps up to 32 s
+  between looks) and return its exit code and output file.
 - ``node_processes(wait=5.0)``: this session's processes on the nodes (slurmd excluded), polled
   until none are left or ``wait`` runs out (slurmstepd takes a moment to exit); ``{}`` when
   clean. A process started outside the helpers can be made visible by starting its job
@@ -299,7 +300,9 @@ def sbatch(tmp_path: Path, slurm_cluster: SlurmCluster) -> Callable[..., BatchRe
 
     ``script`` is a batch script (``#!/bin/bash`` is prepended when it has no shebang, so
     ``#SBATCH`` lines may follow); it is submitted from tmp_path with
-    ``sbatch --wait --output=<tmp_path>/batch_N.out <args>`` and runs on node1.
+    ``sbatch --output=<tmp_path>/batch_N.out <args>``, runs on node1, and is polled until it
+    ended (`wait_job`); the returncode is the batch script's, as ``sbatch --wait`` gives it
+    (sbatch's own where the submission failed).
     """
     counter = itertools.count()
 
@@ -318,7 +321,6 @@ def sbatch(tmp_path: Path, slurm_cluster: SlurmCluster) -> Callable[..., BatchRe
         path.write_text(text)
         argv = [
             "sbatch",
-            "--wait",
             "--parsable",
             f"--job-name={JOB_NAME}",
             f"--time={_minutes(timeout)}",
@@ -326,10 +328,12 @@ def sbatch(tmp_path: Path, slurm_cluster: SlurmCluster) -> Callable[..., BatchRe
             *args,
             str(path),
         ]
-        cp = _run(argv, timeout=timeout, check=False, cwd=tmp_path)
+        cp = _run(argv, timeout=30, check=False, cwd=tmp_path)
+        job_id = cp.stdout.strip().split(";")[0]
+        fields = wait_job(job_id, timeout, out) if cp.returncode == 0 else {}
         result = BatchResult(
-            job_id=cp.stdout.strip().split(";")[0],
-            returncode=cp.returncode,
+            job_id=job_id,
+            returncode=_exit_status(fields["ExitCode"]) if fields else cp.returncode,
             output=out.read_text() if out.exists() else "",
             sbatch_stderr=cp.stderr,
         )
@@ -508,6 +512,41 @@ def preempt_debug_jobs(tmp_path: Path, cluster: SlurmCluster) -> None:
          f"--job-name={JOB_NAME}", f"--output={tmp_path / 'urgent.out'}", "--wrap", "sleep 1"],
         timeout=30, check=True, cwd=tmp_path,
     )  # fmt: skip
+
+
+ENDED_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"}
+    | {"DEADLINE", "PREEMPTED"}
+)
+
+
+def wait_job(job_id: str, timeout: float, output: Path | None = None) -> dict[str, str]:
+    """Polls `job_id` every 0.2 s until it ended; returns its `scontrol_job` fields.
+
+    ``sbatch --wait`` looks at the job after 2, 10, 42, 74 s...: a job of 15 s costs 42 s.
+    A job not ended after `timeout` is cancelled and the test fails with its `output`.
+    """
+    deadline = time.monotonic() + timeout
+    fields: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        fields = scontrol_job(job_id)
+        if fields.get("JobState") in ENDED_STATES:
+            return fields
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], timeout=10, check=False)
+    shown = output.read_text() if output is not None and output.exists() else ""
+    pytest.fail(
+        f"job {job_id} still {fields.get('JobState')} after {timeout} s (cancelled)\n{shown}",
+        pytrace=False,
+    )
+
+
+def _exit_status(exit_code: str) -> int:
+    """A shell's status of the batch script from scontrol's ``ExitCode=N:S``, as sbatch --wait."""
+    code, _, sig = exit_code.partition(":")
+    if code.isdigit() and int(code):
+        return int(code)
+    return 128 + int(sig) if sig.isdigit() and int(sig) else 0
 
 
 def scontrol_job(job_id: str) -> dict[str, str]:

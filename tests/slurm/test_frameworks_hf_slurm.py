@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import JOB_NAME, REPO, _minutes, _run
+from tests.slurm.conftest import JOB_NAME, REPO, _minutes, _run, wait_job
 
 # The launcher, agents and workers import this checkout's slurmrun, whatever is installed.
 PYTHONPATH = str(REPO)
@@ -310,12 +307,6 @@ SCRIPTS = {  # name: (script, the spawner's preloads, slurmrun options)
 }
 
 
-ENDED = {
-    *("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"),
-    *("BOOT_FAIL", "DEADLINE", "PREEMPTED"),
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class ScriptRun:
     returncode: int
@@ -324,41 +315,14 @@ class ScriptRun:
 
 
 def _sbatch_and_poll(d: Path, timeout: float) -> str:
-    """Submits d/job.sh and polls it every 0.2 s until it ended; returns its id.
-
-    ``sbatch --wait`` polls after 2, 10 and 42 s: the ~15 s this job runs would cost 42 s.
-    """
-    cp = _run(
-        [
-            "sbatch",
-            "--parsable",
-            f"--job-name={JOB_NAME}",
-            f"--time={_minutes(timeout)}",
-            f"--output={d / 'job.out'}",
-            str(d / "job.sh"),
-        ],
-        timeout=30,
-        check=True,
-        cwd=d,
-    )
+    """Submits d/job.sh and waits for its end (`wait_job`: polled); returns its id."""
+    argv = ["sbatch", "--parsable", f"--job-name={JOB_NAME}", f"--time={_minutes(timeout)}"]
+    out = d / "job.out"
+    cp = _run([*argv, f"--output={out}", str(d / "job.sh")], timeout=30, check=True, cwd=d)
     job = cp.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + timeout
-    state = "?"
-    while time.monotonic() < deadline:
-        shown = subprocess.run(
-            ["scontrol", "-o", "show", "job", job],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        ).stdout
-        state = m.group(1) if (m := re.search(r"JobState=(\S+)", shown)) else "?"
-        if state in ENDED:
-            assert state == "COMPLETED", f"job {job} {state}\n" + (d / "job.out").read_text()
-            return job
-        time.sleep(0.2)
-    subprocess.run(["scancel", job], timeout=10, check=False)
-    pytest.fail(f"job {job} still {state} after {timeout} s (cancelled)", pytrace=False)
+    state = wait_job(job, timeout, out)["JobState"]
+    assert state == "COMPLETED", f"job {job} {state}\n" + out.read_text()
+    return job
 
 
 @pytest.fixture(scope="module")

@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.slurm.conftest import JOB_NAME, REPO, scontrol_job
+from tests.slurm.conftest import ENDED_STATES, JOB_NAME, REPO, scontrol_job, wait_job
 
 # The batch script's `slurmrun`, the agents and the workers import this checkout's slurmrun;
 # the spawner imports Lightning once per node, before forking the node's workers.
@@ -159,8 +159,6 @@ seen = {
 class BatchJob:
     """A batch job of tmp_path's, submitted without ``--wait``, polled until it ends."""
 
-    ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-
     def __init__(self, run_cmd, tmp_path: Path, script: str, name: str) -> None:
         path, self.log = tmp_path / f"{name}.sh", tmp_path / f"{name}.out"
         path.write_text(f"#!/bin/bash\n{script}")
@@ -172,7 +170,7 @@ class BatchJob:
         return scontrol_job(self.id)[name]
 
     def ended(self) -> bool:
-        return self.field("JobState") in self.ENDED
+        return self.field("JobState") in ENDED_STATES
 
     def output(self) -> str:
         return self.log.read_text() if self.log.exists() else ""
@@ -186,8 +184,7 @@ class BatchJob:
 
     def wait(self, timeout: float) -> str:
         """Waits for the job's end; returns its state."""
-        self.wait_for(self.ended, timeout, f"job {self.id} ended")
-        return self.field("JobState")
+        return wait_job(self.id, timeout, self.log)["JobState"]
 
 
 @pytest.fixture
