@@ -125,8 +125,9 @@ def test_a_function_from_the_submitters_sys_path_runs_on_every_cpu_of_one_node(
     assert [v[1] for v in values] == [0, 1, 2]
     assert {v[2] for v in values} == {job.job_id}
     assert {v[3] for v in values} == {3.0}
-    # the job has 3 CPUs on its node, and the agents' step (workers' own) all of them
-    assert {v[4] for v in values} == {("3", "3")}
+    # the job has 3 CPUs on its node, one per task (its --cpus-per-task, which each worker
+    # sees as a task of a plain srun in the job would: not the agents' step's 3)
+    assert {v[4] for v in values} == {("1", "3")}
     assert job.state == "COMPLETED"
     assert job.done()
 
