@@ -5,7 +5,8 @@
     >>> result.rank(0)
 
 Names are imported on first use, so that agents and workers, which import parts of this
-package, do not pay for the launcher's modules (and ``import slurmrun`` stays light).
+package, do not pay for the launcher's modules (and ``import slurmrun`` stays light);
+``slurmrun.__version__`` too, read from the installed package's metadata.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from slurmrun.launcher import Launcher, launch
     from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
     from slurmrun.result import LaunchResult
+
+    __version__: str
 
 _EXPORTS = {
     "AgentFailedError": "slurmrun.errors",
@@ -67,6 +70,9 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = _version()
+        return globals()[name]
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'slurmrun' has no attribute {name!r}")
@@ -78,4 +84,14 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_EXPORTS])
+    return sorted({*globals(), *_EXPORTS, "__version__"})
+
+
+def _version() -> str:
+    """The installed distribution's version; ``0+unknown`` for a checkout never installed."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("slurmrun")
+    except PackageNotFoundError:
+        return "0+unknown"

@@ -23,6 +23,7 @@ __all__ = [
     "Command",
     "UsageError",
     "check_target",
+    "command_defaults",
     "launcher_options",
     "parse_launcher",
     "split_command",
@@ -59,6 +60,16 @@ class Command:
     module: bool = False
     script_args: list[str] = field(default_factory=list)
     dry_run: bool = False
+
+
+def command_defaults() -> Launcher:
+    """The command's launcher options when none is given: `Launcher`'s, but no process group.
+
+    As torchrun, the script makes its own process group unless ``--backend`` asks for one.
+    """
+    from slurmrun.launcher import Launcher  # noqa: PLC0415
+
+    return Launcher(backend=None)
 
 
 def launcher_options() -> list[str]:
@@ -176,12 +187,12 @@ def check_target(cmd: Command) -> None:
 def parse_launcher(args: list[str], prog: str = "slurmrun") -> Launcher:
     """The `Launcher` of the launcher options `args` (tyro exits with 2 on bad ones).
 
-    As torchrun, the script makes its own process group unless ``--backend`` asks for one.
+    Options not given keep `command_defaults`.
     """
     import tyro  # noqa: PLC0415 - only the command pays for it
 
     from slurmrun.launcher import Launcher  # noqa: PLC0415
 
     return tyro.cli(
-        Launcher, args=args, prog=prog, description=DESCRIPTION, default=Launcher(backend=None)
+        Launcher, args=args, prog=prog, description=DESCRIPTION, default=command_defaults()
     )

@@ -7,12 +7,15 @@ the script's path (or ``-m MODULE``) on belongs to the script, as with ``python`
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import os
+import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
+import slurmrun
 from slurmrun.cli.command import (
     Command,
     UsageError,
@@ -21,6 +24,7 @@ from slurmrun.cli.command import (
     parse_launcher,
     split_command,
 )
+from slurmrun.cli.helptext import help_text, usage_text
 from slurmrun.protocol import PRELOAD_VAR
 
 if TYPE_CHECKING:
@@ -38,17 +42,16 @@ __all__ = [
 ]
 
 
-USAGE = """\
-usage: slurmrun [-h] [--dry-run] [LAUNCHER OPTIONS] SCRIPT.py [SCRIPT ARGS...]
-       slurmrun [-h] [--dry-run] [LAUNCHER OPTIONS] -m MODULE [MODULE ARGS...]
-       slurmrun info [...]
-       slurmrun submit|status|logs|cancel|jobs [...]"""
-
+VERB_MODULES = {
+    "info": "slurmrun.cli.info",
+    "submit": "slurmrun.cli.submit",
+    **dict.fromkeys(("status", "logs", "cancel", "jobs"), "slurmrun.cli.jobs"),
+}
 SIGTERM_STATUS = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
 
 
 def _usage_error(message: str) -> int:
-    print(f"{USAGE}\nslurmrun: error: {message}", file=sys.stderr)
+    print(f"{usage_text()}\nslurmrun: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -59,22 +62,23 @@ def main(argv: list[str] | None = None) -> int:
         argv: the arguments after the program's name (default: ``sys.argv[1:]``).
 
     Returns:
-        0 when every rank finished; the first failing rank's ``sys.exit`` status; 1 when a rank
-        raised; 128+N for a worker killed by signal N; 130 on Ctrl-C; 2 for bad options (tyro
-        exits with 2 itself, and with 0 after ``--help``).
+        0 when every rank finished (and after ``--help``, ``--version``); the first failing
+        rank's ``sys.exit`` status; 1 when a rank raised; 128+N for a worker killed by signal
+        N; 130 on Ctrl-C; 2 for bad options (tyro exits with 2 itself).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["info"]:
-        info = importlib.import_module("slurmrun.cli.info")  # only `info` pays for its imports
-        return int(info.main(argv[1:]))
-    if argv[:1] == ["submit"]:
-        return int(importlib.import_module("slurmrun.cli.submit").main(argv[1:]))
-    if argv[:1] and argv[0] in ("status", "logs", "cancel", "jobs"):
-        return int(importlib.import_module("slurmrun.cli.jobs").main(argv))
+    verb = VERB_MODULES.get(argv[0]) if argv else None
+    if verb is not None:  # only a verb pays for its module's imports
+        return int(importlib.import_module(verb).main(argv if verb.endswith("jobs") else argv[1:]))
     try:
         cmd = split_command(argv)
     except UsageError as e:
         return _usage_error(str(e))
+    # Only before the script: `slurmrun train.py --help` gives --help to the script.
+    if {"-h", "--help", "--version"} & set(cmd.launcher_args):
+        asked_help = {"-h", "--help"} & set(cmd.launcher_args)
+        print(help_text() if asked_help else f"slurmrun {slurmrun.__version__}")
+        return 0
     launcher = parse_launcher(cmd.launcher_args)
     try:
         check_target(cmd)
@@ -124,7 +128,12 @@ def _dry_run(launcher: Launcher, func_args: tuple[Any, ...], func_kwargs: dict[s
         plan = launcher.dry_run(run_script, func_args, func_kwargs)
     except Exception as e:  # a host it cannot resolve, a node not in the job...
         return _report_failure(e)
-    print(plan)
+    target, args = func_args
+    if func_kwargs["module"]:
+        what = f"{shlex.join(['-m', target, *args])} (module mode: as python -m would"
+    else:
+        what = f"{shlex.join([target, *args])} (script mode: as python would"
+    print(dataclasses.replace(plan, workers_run=f"{what}, sys.argv set)"))
     return 0
 
 

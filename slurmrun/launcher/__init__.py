@@ -22,7 +22,7 @@ from slurmrun.environment import DEFAULT_ENV_VARS
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import AgentFailed, EventHandler, LaunchStarted, Restarting, Trace
 from slurmrun.launcher.checks import check_call
-from slurmrun.launcher.dryrun import DryRun
+from slurmrun.launcher.dryrun import DryRun, describe_call
 from slurmrun.launcher.failures import note_preemption
 from slurmrun.launcher.plan import Plan, make_plan, plan_dry_run
 from slurmrun.launcher.warm import WARM_ATTR, Warm, run_attempt, sigterm_as_exit, warm_of
@@ -167,7 +167,8 @@ class Launcher:
         """
         kwargs = {} if func_kwargs is None else func_kwargs
         check_call(self, func, func_args, kwargs)
-        return plan_dry_run(self, make_plan(self))
+        plan = plan_dry_run(self, make_plan(self))
+        return replace(plan, workers_run=describe_call(func, func_args, kwargs))
 
     def __enter__(self) -> Launcher:
         """Keeps the agents (and their imports) from one `run` to the next until `close`.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import reprlib
 import shlex
 import textwrap
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["DryRun", "shown_value"]
+__all__ = ["DryRun", "describe_call", "shown_value"]
 
 _WIDTH = 96
 # Names whose values a dry run does not show (case-insensitive): HF_TOKEN, WANDB_API_KEY...
@@ -56,6 +58,8 @@ class DryRun:
         worker_env: what each worker sets on top of its agent's environment (its rank, its
             world: `slurmrun.worker_env`), with rank 0's values (secret-looking ones hidden).
         worker_unset: the names each worker removes from its agent's environment.
+        workers_run: what every worker runs (``module.func(args)``, or the script and its
+            arguments for the ``slurmrun`` command); empty: not shown.
     """
 
     job_id: str | None
@@ -77,6 +81,7 @@ class DryRun:
     env_shown: tuple[tuple[str, str], ...] = ()
     worker_env: tuple[tuple[str, str], ...] = ()
     worker_unset: tuple[str, ...] = ()
+    workers_run: str = ""
 
     @property
     def world_size(self) -> int | None:
@@ -119,6 +124,7 @@ class DryRun:
             _row("workers per host", self._workers_text()),
             _row("world size", self._world_text()),
             _row("backend", self._backend_text()),
+            *([_row("workers run", self.workers_run)] if self.workers_run else []),
             _row(
                 "launcher address",
                 f"{self.launcher_address}:{self.port or '<free port>'} "
@@ -182,6 +188,17 @@ class DryRun:
         if self.backend == "auto":
             return f"auto: nccl on GPU workers, else gloo; expected {self.expected_backend}"
         return self.backend
+
+
+def describe_call(func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """``module.func(args...)``, each argument's repr cut short: the call every worker makes."""
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 40
+    name = getattr(func, "__qualname__", None) or type(func).__qualname__
+    module = getattr(func, "__module__", None)
+    shown = [short.repr(a) for a in args] + [f"{k}={short.repr(v)}" for k, v in kwargs.items()]
+    call = f"{module + '.' if module else ''}{name}({', '.join(shown)})"
+    return f"{call}, each worker's return value sent back"
 
 
 def _wrapped(text: str) -> list[str]:

@@ -1,0 +1,169 @@
+"""``slurmrun --help``: the usage lines, the verbs, and every option, wrapped for the terminal.
+
+The launcher options' help is their `slurmrun.Launcher` field docstrings, read from its source
+(not through tyro: ``--help`` stays quick) and turned from reST into plain text.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import re
+import shlex
+import shutil
+import textwrap
+from typing import Any
+
+__all__ = ["USAGE", "field_docstrings", "help_text", "plain", "usage_text"]
+
+USAGE = [
+    "[OPTIONS] SCRIPT [ARGS...]",
+    "[OPTIONS] -m MODULE [ARGS...]",
+    "--dry-run [OPTIONS] SCRIPT|-m MODULE [ARGS...]",
+]
+VERBS = [
+    ("info [--json]", "show what slurmrun detects in this job"),
+    ("submit ... SCRIPT", "submit SCRIPT (or -m MODULE) as a batch job"),
+    ("status JOB_ID", "print a submitted job's state"),
+    ("logs JOB_ID [-f]", "print a worker's output"),
+    ("cancel JOB_ID", "cancel a submitted job"),
+    ("jobs", "list the jobs submitted"),
+]
+DESCRIPTION = [
+    "Runs SCRIPT (or -m MODULE) as __main__ on every worker of the SLURM allocation (one per "
+    "GPU, or per task/CPU), as torchrun would: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
+    "MASTER_PORT are set, and the script calls dist.init_process_group() itself (--backend "
+    "makes slurmrun initialise the group before the script instead). Everything from SCRIPT "
+    "(or -m MODULE) on belongs to the script; -- may end the options.",
+    "Exit status: 0 when every rank finished; the first failing rank's sys.exit status; 1 when "
+    "a rank raised (its traceback is printed); 128+N when a worker was killed by signal N; 130 "
+    "on Ctrl-C; 2 for bad options. slurmrun VERB --help shows a verb's options.",
+]
+OWN_OPTIONS = [
+    ("-h, --help", "show this help and exit"),
+    ("--version", "print slurmrun's version and exit"),
+    (
+        "--dry-run",
+        "print what would run (the hosts, workers, the agents' command line, the script and "
+        "its arguments) and start nothing",
+    ),
+]
+# What each launcher option takes; a field missing here shows VALUE.
+METAVARS = {
+    "hostnames": "auto|slurm|HOST...",
+    "workers_per_host": "auto|slurm|N...",
+    "backend": "auto|nccl|gloo|mpi|ucc|None",
+    "timeout": "SECONDS",
+    "default_env_vars": "PATTERN...",
+    "extra_env_vars": "PATTERN|NAME=VALUE...",
+    "env_file": "FILE",
+    "max_restarts": "N",
+    "heartbeat_timeout": "SECONDS",
+    "ssh_config_file": "FILE",
+}
+HELP_COLUMN = 24  # where an option's help starts when its name is short enough
+MAX_WIDTH = 100
+
+
+def usage_text() -> str:
+    """The usage lines (``usage: slurmrun ...``), one per form and one per verb."""
+    lines = [f"slurmrun {form}" for form in USAGE]
+    lines += [f"slurmrun {verb:<18} {text}" for verb, text in VERBS]
+    return "usage: " + "\n       ".join(lines)
+
+
+def help_text(width: int | None = None) -> str:
+    """The whole ``slurmrun --help``, lines at most `width` long (default: the terminal's)."""
+    if width is None:
+        width = shutil.get_terminal_size().columns  # $COLUMNS first
+    width = max(40, min(width, MAX_WIDTH) - 1)
+    out = [usage_text(), ""]
+    for paragraph in DESCRIPTION:
+        out += [*_wrap(plain(paragraph), width), ""]
+    out.append("options (before SCRIPT or -m MODULE):")
+    for name, text in [*OWN_OPTIONS, *_launcher_options()]:
+        out += _option(name, text, width)
+    return "\n".join(out)
+
+
+def plain(text: str, fields: frozenset[str] = frozenset()) -> str:
+    """Docstring reST made plain for a terminal: ````"auto"```` is auto, ```name``` name.
+
+    A field of `fields` in single backquotes becomes its option (```max_restarts``` is
+    --max-restarts); whitespace is collapsed, so paragraphs rewrap.
+    """
+    text = re.sub(r'``"([\w.*=-]+)"``', r"\1", text)  # ``"auto"``: typed without quotes
+    text = re.sub(r"``(.+?)``", r"\1", text, flags=re.DOTALL)
+    text = re.sub(
+        r"`([\w.]+)`",
+        lambda m: "--" + m[1].replace("_", "-") if m[1] in fields else m[1],
+        text,
+    )
+    return " ".join(text.split())
+
+
+def field_docstrings(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass `cls` (the string after ``name: type = x``)."""
+    (node,) = ast.parse(textwrap.dedent(inspect.getsource(cls))).body
+    assert isinstance(node, ast.ClassDef)  # noqa: S101 - getsource of a class
+    docs = {}
+    for statement, after in zip(node.body, node.body[1:], strict=False):
+        if (
+            isinstance(statement, ast.AnnAssign)
+            and isinstance(statement.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            docs[statement.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def _launcher_options() -> list[tuple[str, str]]:
+    """(``--option METAVAR``, plain help with the command's default) per launcher option."""
+    from slurmrun.cli.command import command_defaults  # noqa: PLC0415
+    from slurmrun.launcher import Launcher  # noqa: PLC0415
+
+    defaults = command_defaults()
+    docs = field_docstrings(Launcher)
+    shown = [f for f in dataclasses.fields(Launcher) if "Suppress" not in str(f.type)]
+    names = frozenset(f.name for f in shown)
+    options = []
+    for f in shown:
+        text = plain(docs.get(f.name, ""), names)
+        default = _default_text(getattr(defaults, f.name))
+        if default:
+            text += f" (default: {default})"
+        option = "--" + f.name.replace("_", "-")
+        options.append((f"{option} {METAVARS.get(f.name, 'VALUE')}", text))
+    return options
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return shlex.join(map(str, value))
+    if isinstance(value, dict):
+        return " ".join(f"{k}={shlex.quote(str(v))}" for k, v in value.items())
+    return str(value)
+
+
+def _option(name: str, text: str, width: int) -> list[str]:
+    """An option's lines: its help beside it when the name is short, else under it."""
+    indent = " " * HELP_COLUMN
+    head = f"  {name}"
+    if len(head) <= HELP_COLUMN - 2:
+        lines = _wrap(text, width, indent)
+        return [head.ljust(HELP_COLUMN) + lines[0].lstrip(), *lines[1:]]
+    return [head, *_wrap(text, width, indent)]
+
+
+def _wrap(text: str, width: int, indent: str = "") -> list[str]:
+    return textwrap.wrap(
+        text,
+        width,
+        initial_indent=indent,
+        subsequent_indent=indent,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
