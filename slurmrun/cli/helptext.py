@@ -153,7 +153,7 @@ def _option(name: str, text: str, width: int) -> list[str]:
     indent = " " * HELP_COLUMN
     head = f"  {name}"
     if len(head) <= HELP_COLUMN - 2:
-        lines = _wrap(text, width, indent)
+        lines = _wrap(text, width, indent) or [""]
         return [head.ljust(HELP_COLUMN) + lines[0].lstrip(), *lines[1:]]
     return [head, *_wrap(text, width, indent)]
 
