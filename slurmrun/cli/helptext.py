@@ -154,7 +154,7 @@ def _option(name: str, text: str, width: int) -> list[str]:
     head = f"  {name}"
     if len(head) <= HELP_COLUMN - 2:
         lines = _wrap(text, width, indent) or [""]
-        return [head.ljust(HELP_COLUMN) + lines[0].lstrip(), *lines[1:]]
+        return [(head.ljust(HELP_COLUMN) + lines[0].lstrip()).rstrip(), *lines[1:]]
     return [head, *_wrap(text, width, indent)]
 
 
