@@ -1,20 +1,21 @@
-"""A small DDP training loop on CPU workers: run it with `python examples/quickstart.py`.
+"""A small DDP training loop: run it with `python examples/quickstart.py`.
 
-On a laptop it uses one worker per CPU core; inside `salloc`/`sbatch` the same script runs on
-every GPU (or CPU) of every node of the job.
+How many workers: slurmrun's default, `workers_per_host="auto"`. On a laptop that is one
+worker per usable CPU core; inside `salloc`/`sbatch` the same script runs one worker per GPU
+of every node of the job (on nodes without GPUs, one per task). To choose the number per host
+yourself, set `QUICKSTART_WORKERS` (`QUICKSTART_WORKERS=2 python examples/quickstart.py`).
 """
 
 from __future__ import annotations
 
 import os
 
-import torch
-
 import slurmrun
 
 
 def train(steps: int, lr: float) -> dict[str, float]:
     """Fits y = 3x + 1 with DistributedDataParallel; each rank sees its own data shard."""
+    import torch  # on the workers: the launcher itself never needs torch here
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
@@ -33,7 +34,9 @@ def train(steps: int, lr: float) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    workers = int(os.environ.get("QUICKSTART_WORKERS", "2"))
+    workers: int | str = os.environ.get("QUICKSTART_WORKERS", "auto")
+    if workers != "auto":
+        workers = int(workers)
     result = slurmrun.launch(train, (200,), {"lr": 0.1}, workers_per_host=workers)
     for value in result.values():
         print(

@@ -59,6 +59,7 @@ from typing import Any
 import cloudpickle
 
 from slurmrun.device_bytes import DeviceBytes
+from slurmrun.torch_import import import_torch
 
 __all__ = [
     "PREFIX_BYTES",
@@ -303,7 +304,7 @@ class _Storage:
 
 
 def _rebuild_storage(data: Any) -> Any:
-    import torch  # noqa: PLC0415 - only a value that holds tensors needs torch in the launcher
+    torch = import_torch()  # only a value that holds tensors needs torch in the launcher
 
     if memoryview(data).nbytes == 0:
         return torch.empty((0,), dtype=torch.uint8).untyped_storage()
@@ -320,7 +321,7 @@ def _rebuild_tensor(  # noqa: PLR0917 - pickle calls it with positional argument
     parameter: bool,
     conj: bool,
 ) -> Any:
-    import torch  # noqa: PLC0415 - only a value that holds tensors needs torch in the launcher
+    torch = import_torch()  # only a value that holds tensors needs torch in the launcher
 
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):

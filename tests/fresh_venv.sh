@@ -6,7 +6,10 @@
 #
 #   torch  Python 3 (this machine's python3) with `pip install torch==2.13.0 <slurmrun>`: the
 #          declared dependencies and nothing else (no numpy, no pytest). Tensors, a bfloat16
-#          tensor, a dict of tensors, plain objects, an exception, a dead worker.
+#          tensor, a dict of tensors, plain objects, an exception, a dead worker; then the
+#          README's first Python example and every localhost file of examples/, run as a new
+#          user runs them, their output checked, and no torch warning about the missing numpy
+#          (tests/smoke/examples.py).
 #   py310  Python 3.10 (SLURMRUN_PY310, else python3.10 on PATH, else pyenv's) with slurmrun
 #          installed --no-deps plus its declared dependencies but torch (PyPI's torch for 3.10
 #          is a multi-GB CUDA build): the same launches with backend=None, without tensors.
@@ -30,7 +33,9 @@ SRC="$WORK/src"
 mkdir -p "$SRC"
 cp -r "$ROOT/pyproject.toml" "$ROOT/README.md" "$ROOT/slurmrun" "$SRC/"
 find "$SRC" -name __pycache__ -prune -exec rm -rf {} +
-cp "$ROOT/tests/smoke/smoke.py" "$WORK/smoke.py"
+cp "$ROOT/tests/smoke/smoke.py" "$ROOT/tests/smoke/examples.py" "$WORK/"
+mkdir -p "$WORK/docs-copy"
+cp -r "$ROOT/README.md" "$ROOT/examples" "$WORK/docs-copy/"
 
 # The declared dependencies but torch, read from pyproject.toml (for the leg without torch).
 deps_without_torch() {
@@ -65,24 +70,34 @@ install_torch() { # VENV: torch pinned, slurmrun with its declared dependencies
 install_py310() { # VENV: the declared dependencies but torch, then slurmrun without them
   local deps
   mapfile -t deps < <(deps_without_torch)
-  "$1/bin/pip" install -q "${deps[@]}"
+  "$1/bin/pip" install -q "${deps[@]}" || return
   "$1/bin/pip" install -q --no-deps "$SRC"
 }
 
-# leg NAME PYTHON SMOKE_ARGS: a fresh venv, install_NAME into it, the smoke run; then removed.
+# leg NAME PYTHON SMOKE_ARGS [examples]: a fresh venv, install_NAME into it, the smoke run, and
+# with `examples` the README's and examples/' scripts (examples.py); then the venv is removed.
 leg() {
-  local name="$1" python="$2" smoke_args="$3"
+  local name="$1" python="$2" smoke_args="$3" examples="${4:-}"
   local venv="$WORK/venv-$name" start=$SECONDS rc=0
   say "[$name] fresh venv from $python"
+  # `set -e` does not apply inside a subshell on the left of `||`: each step exits on failure
+  # itself, and the examples run even when a smoke check failed (both verdicts are wanted).
   (
-    set -e
-    "$python" -m venv "$venv"
+    "$python" -m venv "$venv" || exit
     export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
-    "install_$name" "$venv"
+    "install_$name" "$venv" || exit
     say "[$name] installed in $((SECONDS - start)) s: $("$venv/bin/pip" list --format=freeze | tr '\n' ' ')"
-    cd "$WORK" # outside the checkout: the installed slurmrun is the one imported
+    cd "$WORK" || exit # outside the checkout: the installed slurmrun is the one imported
+    steps=0
     # shellcheck disable=SC2086  # smoke_args is a word list
-    env -u PYTHONPATH SLURMRUN_LOG_DIR="$WORK/logs-$name" "$venv/bin/python" smoke.py $smoke_args
+    env -u PYTHONPATH SLURMRUN_LOG_DIR="$WORK/logs-$name" "$venv/bin/python" smoke.py $smoke_args ||
+      steps=$?
+    if [ -n "$examples" ]; then
+      step_start=$SECONDS
+      env -u PYTHONPATH "$venv/bin/python" examples.py "$WORK/docs-copy" || steps=$?
+      say "[$name] examples took $((SECONDS - step_start)) s"
+    fi
+    exit "$steps"
   ) || rc=$?
   rm -rf "$venv"
   if [ "$rc" = 0 ]; then
@@ -97,7 +112,7 @@ failed=()
 for name in "$@"; do
   case "$name" in
     torch)
-      leg torch python3 "" || failed+=(torch)
+      leg torch python3 "" examples || failed+=(torch)
       ;;
     py310)
       py310="$(find_py310)"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib
 import os
 import pickle
 import select
@@ -36,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slurmrun.torch_import import import_module
 from slurmrun.waiting import wait_readable
 
 __all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any"]
@@ -280,7 +280,7 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
     _die_with_parent(agent_pid, NAME, reaper=True)
     for module in preload:
         with contextlib.suppress(ImportError):  # e.g. no torch on this node: backend=None works
-            importlib.import_module(module)
+            import_module(module)
     from slurmrun.node.worker import run_worker  # noqa: PLC0415 - after torch, like the workers
 
     wake_r, wake_w = socket.socketpair()
