@@ -24,19 +24,17 @@ raises is reported once on stderr, and the run goes on: output must not cost a r
 from __future__ import annotations
 
 import contextlib
-import datetime
 import logging
 import os
 import queue
 import sys
-import tempfile
 import threading
 import urllib.parse
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import IO, Any
 
 from slurmrun import protocol
+from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.output import (
     LINE,
     PROGRESS,
@@ -64,48 +62,12 @@ __all__ = [
     "tail_file",
 ]
 
-LOG_DIR_VAR = "SLURMRUN_LOG_DIR"
 LOG_LEVEL_VAR = "SLURMRUN_LOG_LEVEL"
 _APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 WRITER_CLOSE_TIMEOUT = 30.0  # what the end of a run waits for queued lines to reach the files
 
 
-# ---------------------------------------------------------------------- directories
-
-
-@dataclass(frozen=True)
-class LogDir:
-    """The directory for one launch's log files.
-
-    Attributes:
-        path: the directory.
-        keep: False when the user turned files off (``SLURMRUN_LOG_DIR=""``): then it is a
-            private temporary directory, only for the agents' own start-up output, removed
-            after the launch.
-    """
-
-    path: str
-    keep: bool
-
-
-def resolve_log_dir(environ: dict[str, str] | None = None, *, create: bool = True) -> LogDir:
-    """Creates this launch's log directory, ``<$SLURMRUN_LOG_DIR or ./slurmrun_logs>/<time>``.
-
-    With ``create=False`` (a dry run) nothing is created: the path is the one a launch now
-    would create, and a private temporary directory is only named.
-    """
-    env = os.environ if environ is None else environ
-    configured = env.get(LOG_DIR_VAR)
-    if configured == "":
-        if not create:
-            return LogDir(os.path.join(tempfile.gettempdir(), "slurmrun-logs-*"), keep=False)
-        return LogDir(tempfile.mkdtemp(prefix="slurmrun-logs-"), keep=False)
-    base = configured if configured is not None else os.path.join(os.getcwd(), "slurmrun_logs")
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
-    path = os.path.join(base, stamp)  # one subdirectory per launch: launches never mix files
-    if create:
-        os.makedirs(path, exist_ok=True)
-    return LogDir(os.path.abspath(path), keep=True)
+# ---------------------------------------------------------------------- files
 
 
 def worker_log_path(log_dir: str, hostname: str, local_rank: int) -> str:

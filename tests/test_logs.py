@@ -66,7 +66,7 @@ def test_rank0_output_is_live_with_prefixes_and_every_rank_has_a_file(capfd, tmp
     assert "[localhost:0] stderr line from rank 0" in err
     assert "[localhost:0] WARNING:user.code: logging record from rank 0" in err
     assert "rank 1" not in out + err
-    (launch_dir,) = tmp_path.iterdir()
+    (launch_dir,) = tmp_path.glob("20*")  # and the link `latest`
     for rank in ("0", "1"):
         text = (launch_dir / f"localhost.{rank}.log").read_text()
         for expected in (
@@ -100,7 +100,7 @@ def test_agents_write_the_files_and_send_the_launcher_only_what_it_shows(tmp_pat
     assert [r.getMessage() for r in received if "line" in r.getMessage()] == [
         f"rank 0 line {i}" for i in range(300)
     ]
-    (launch_dir,) = tmp_path.iterdir()
+    (launch_dir,) = tmp_path.glob("20*")
     for rank in range(3):  # every line in its file, in order, by the time launch returned
         lines = (launch_dir / f"localhost.{rank}.log").read_text().splitlines()
         assert lines == [f"rank {rank} line {i}" for i in range(300)]

@@ -121,7 +121,7 @@ def test_repeated_host_gives_every_rank_its_own_file_and_prefix(capfd, tmp_path,
         report_rank, hostnames=["localhost", "localhost"], workers_per_host=1, backend=None
     )
     assert result.return_values == [[0], [1]]
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = tmp_path.glob("20*")
     for name, rank in (("localhost.0.log", 0), ("localhost#1.0.log", 1)):
         assert (run_dir / name).read_text() == f"line from rank {rank}\n"
     out = capfd.readouterr().out
@@ -135,5 +135,5 @@ def test_hostname_with_a_slash_gets_a_readable_log_file(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURMRUN_LAUNCHER_ADDR", "127.0.0.1")  # no lookup of the bad name
     with pytest.raises(slurmrun.AgentFailedError, match="Could not resolve hostname") as info:
         slurmrun.launch(report_rank, hostnames=["rack/3"], workers_per_host=1, backend=None)
-    (run_dir,) = tmp_path.iterdir()
+    (run_dir,) = tmp_path.glob("20*")
     assert info.value.log_file == str(run_dir / "rack%2F3.agent.log")

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 from slurmrun import resources as named_resources
+from slurmrun.batch.cluster import check_slurm
 from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.batch.requeue import Requeue
 from slurmrun.batch.submit import JobSpec, SubmitDryRun
@@ -109,6 +110,9 @@ def submit_array(
     Raises:
         TypeError, ValueError: bad options or an unpicklable call, before submitting.
         OSError: `folder` cannot be created.
+        RuntimeError: SLURM cannot take the job from here (a
+            `slurmrun.batch.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
+            or no controller answers ``scontrol ping``. The message says what to do.
     """
     calls = [tuple(args) for args in args_list]
     if not calls:
@@ -144,6 +148,7 @@ def submit_array(
                 f"{e}. Everything it holds must be picklable by cloudpickle (locks, open files, "
                 "sockets and generators are not)"
             ) from e
+    check_slurm(ping=not dry_run)  # a dry run needs no controller (submitit needs srun)
     executor = spec.executor(array_parallelism=max_parallel or len(calls))
     if dry_run:
         executor.parameters["map_count"] = len(calls)  # what submitit sets for an array

@@ -34,7 +34,8 @@ from slurmrun.batch.requeue import (
 )
 from slurmrun.errors import RemoteTraceback
 from slurmrun.launcher import Launcher
-from slurmrun.logs import LOG_DIR_VAR, _FileHandler, stream_handler
+from slurmrun.log_dirs import LOG_DIR_VAR
+from slurmrun.logs import _FileHandler, stream_handler
 from slurmrun.protocol import IGNORED_SIGNALS_VAR
 from slurmrun.transport import dumps_inband, loads
 

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from slurmrun import resources as named_resources
 from slurmrun.batch.call import JobCall
+from slurmrun.batch.cluster import check_slurm
 from slurmrun.batch.folder import base_folder
 from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.batch.requeue import Requeue
@@ -137,6 +138,9 @@ def submit(
     Raises:
         TypeError, ValueError: bad options or an unpicklable call, before submitting.
         OSError: `folder` cannot be created.
+        RuntimeError: SLURM cannot take the job from here (a
+            `slurmrun.batch.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
+            or no controller answers ``scontrol ping``. The message says what to do.
     """
     nodes, gpus_per_node, cpus_per_worker, slurm_parameters = named_resources.apply(
         resources, nodes, gpus_per_node, cpus_per_worker, slurm_parameters
@@ -155,6 +159,7 @@ def submit(
         slurm_parameters=slurm_parameters,
         requeue=requeue,
     )
+    check_slurm(ping=not dry_run)  # a dry run needs no controller (submitit needs srun)
     executor = job.executor()
     if dry_run:
         script = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")

@@ -5,8 +5,9 @@ MODULE``) submits what ``slurmrun SCRIPT.py`` runs (`slurmrun.cli.script.run_scr
 worker) through `slurmrun.submit` and prints the job id; with ``--array FILE``, one job array
 through `slurmrun.submit_array`, whose element K adds the K-th line of arguments of FILE to
 the script's, and prints one id per element. ``slurmrun status|logs|cancel|jobs``
-(`slurmrun.cli.jobs`) follow them. Exit status: 0; 2 for bad options (nothing submitted); 1
-when sbatch refused the job (its message is printed).
+(`slurmrun.cli.jobs`) follow them; stderr says which cluster and partition took them. Exit
+status: 0; 2 for bad options (nothing submitted); 1 when SLURM is not reachable from here or
+sbatch refused the job (what is wrong is printed).
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ def _submit_job(
     from submitit.core.utils import FailedJobError  # noqa: PLC0415
 
     from slurmrun.batch import submit, submit_array  # noqa: PLC0415 - only this verb pays for it
+    from slurmrun.batch.cluster import SlurmUnavailableError, placement  # noqa: PLC0415
     from slurmrun.cli.script import run_script  # noqa: PLC0415
 
     options = _job_options(args, launcher)
@@ -232,6 +234,9 @@ def _submit_job(
             )
     except (ValueError, TypeError) as e:
         return _submit_error(str(e))
+    except SlurmUnavailableError as e:
+        print(f"slurmrun submit: {e}", file=sys.stderr)
+        return 1
     except FailedJobError:  # submitit printed sbatch's message
         print("slurmrun submit: sbatch refused the job; nothing was submitted", file=sys.stderr)
         return 1
@@ -244,6 +249,11 @@ def _submit_job(
     kind = "module" if cmd.module else "script"
     jobs = made if elements is not None else [made]
     print("\n".join(job.job_id for job in jobs), flush=True)  # first: they are submitted
+    # Which cluster took it: SLURM's configuration here may name another one than meant.
+    first = jobs[0].job_id.partition("_")[0]
+    what = f"job {first}" if elements is None else f"job array {first} ({len(jobs)} elements)"
+    where = placement(first)
+    print(f"submitted {what}" + (f" to {where}" if where else ""), file=sys.stderr)
     for job, argv in zip(jobs, lines, strict=True):
         meta = job.files.meta()
         meta["function"] = shlex.join([kind, cmd.target, *argv])

@@ -29,7 +29,7 @@ from slurmrun.launcher.starters import (
     local_agent_env,
     package_pythonpath,
 )
-from slurmrun.logs import LogDir, resolve_log_dir
+from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.protocol import (
     ENV_FILE_VAR,
     HEARTBEAT_VAR,

@@ -33,7 +33,8 @@ from slurmrun.launcher.plan import (
 from slurmrun.launcher.pool import AgentPool, PoolBroken
 from slurmrun.launcher.run import Run
 from slurmrun.launcher.starters import LocalAgents, SrunAgents
-from slurmrun.logs import LogDir, log_level, resolve_log_dir
+from slurmrun.log_dirs import LogDir, resolve_log_dir
+from slurmrun.logs import log_level
 from slurmrun.protocol import RESTART_VAR
 from slurmrun.result import LaunchResult
 from slurmrun.transport import new_secret

@@ -66,6 +66,7 @@ def test_submit_status_logs_jobs(slurm_cluster, tmp_path, script):
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
     assert job_id.isdigit()
+    assert f"submitted job {job_id} to cluster slurmtest, partition debug\n" in done.stderr
     try:
         _wait_for(
             lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout, 120, "completion"
@@ -186,6 +187,19 @@ def test_submit_a_module_with_launcher_options(slurm_cluster, tmp_path):
     assert listed[1].endswith("module proj.train --nodes 9")
 
 
+def test_submit_says_which_cluster_and_partition_took_the_job(slurm_cluster, tmp_path, script):
+    # A login node's SLURM configuration may name another cluster than meant: the line says.
+    # The job waits an hour to start, and is cancelled: it costs the cluster nothing.
+    argv = ["submit", "--partition", "urgent", "--sbatch", "begin=now+3600", script]
+    done = slurmrun(tmp_path, *argv)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    try:
+        assert done.stderr == f"submitted job {job_id} to cluster slurmtest, partition urgent\n"
+    finally:
+        slurmrun(tmp_path, "cancel", job_id)
+
+
 @pytest.mark.parametrize("array", [False, True])
 def test_a_job_sbatch_refuses_exits_1_with_its_reason(slurm_cluster, tmp_path, script, array):
     (tmp_path / "sweep.txt").write_text("--lr 1\n--lr 2\n")
@@ -207,6 +221,8 @@ def test_submit_an_array_of_script_runs(slurm_cluster, tmp_path, script):
     ids = done.stdout.split()
     array = ids[0].split("_")[0]
     assert ids == [f"{array}_0", f"{array}_1"]
+    where = "to cluster slurmtest, partition debug"
+    assert f"submitted job array {array} (2 elements) {where}\n" in done.stderr
     try:
         for job_id in ids:
             _wait_for(

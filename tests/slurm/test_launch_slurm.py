@@ -382,7 +382,7 @@ def test_logs_and_environment_behave_as_on_localhost(run_in_allocation, tmp_path
     assert "[node1:0] echo from rank 0" in cp.stdout
     assert "[node1:0] WARNING:user: record from rank 0" in cp.stderr
     assert "rank 3" not in cp.stdout + cp.stderr
-    (launch_dir,) = logs.iterdir()
+    (launch_dir,) = logs.glob("20*")
     for rank, (node, local) in enumerate(
         (n, lr) for n in ("node1", "node2", "node3") for lr in (0, 1)
     ):
