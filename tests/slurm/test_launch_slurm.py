@@ -205,7 +205,7 @@ import psutil, signal
 def kill_agent_on_node2():
     if os.environ["SLURMD_NODENAME"] == "node2" and os.environ["LOCAL_RANK"] == "0":
         agent = psutil.Process().parent().parent()
-        assert "slurmrun.node.agent" in " ".join(agent.cmdline())
+        assert " ".join(agent.cmdline()).startswith("slurmrun agent (")
         agent.send_signal(signal.SIGKILL)
     time.sleep(120)
 
