@@ -88,3 +88,11 @@ def test_an_ssh_dry_run_shows_set_for_secret_looking_names(fake_ssh: None) -> No
     assert "HF_TOKEN='<set>'" in text or "HF_TOKEN=<set>" in text
     assert "MY_SETTING=visible-value" in text
     assert all(TOKEN not in arg for command in plan.commands for arg in command)
+
+
+def test_agents_are_pointed_at_the_launchers_own_slurmrun() -> None:
+    """ssh and srun agents import the slurmrun of the launcher (a checkout, not the installed)."""
+    from slurmrun.launcher.starters import package_pythonpath
+
+    root = package_pythonpath({"PYTHONPATH": "/elsewhere"}).split(os.pathsep)[0]
+    assert os.path.samefile(os.path.join(root, "slurmrun"), os.path.dirname(slurmrun.__file__))
