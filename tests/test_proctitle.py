@@ -103,6 +103,17 @@ def a_function():
     pass
 
 
+class Callable:
+    def __call__(self):
+        pass
+
+
+class NameRaises:
+    @property
+    def __module__(self):
+        raise RuntimeError("no module for you")
+
+
 def test_what_a_worker_runs_is_named_without_its_arguments():
     from functools import partial
 
@@ -111,6 +122,8 @@ def test_what_a_worker_runs_is_named_without_its_arguments():
     assert what_runs(run_script, ("/home/me/train.py", ["--token", "x"]), {}) == "train.py"
     assert what_runs(run_script, ("pkg.mod", []), {"module": True}) == "-m pkg.mod"
     assert what_runs(partial(a_function, "secret"), (), {}) == "a_function"
+    assert what_runs(Callable(), (), {}) == "Callable"
+    assert what_runs(NameRaises(), (), {}) == ""
     assert (
         what_runs(lambda: 0, (), {})
         == f"{test_what_a_worker_runs_is_named_without_its_arguments.__name__}.<lambda>"

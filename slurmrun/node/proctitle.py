@@ -81,19 +81,22 @@ def what_runs(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> st
     """What a worker runs, for its title: a script's base name, ``-m module``, or a function's name.
 
     A function's qualified name, ``<locals>`` left out: ``Trainer.fit``, ``main.step``.
-
-    Never an argument: a command line is readable by every user of the host.
+    Never an argument: a command line is readable by every user of the host. Never raises
+    (a name is not worth failing a run for): "" when `func` has no name to give.
     """
-    while isinstance(func, functools.partial):
-        func = func.func
-    name = getattr(func, "__qualname__", None)
-    if (getattr(func, "__module__", None), name) == _SCRIPT_RUNNER:
-        target = args[0] if args else kwargs.get("target")
-        if isinstance(target, str):
-            module = args[2] if len(args) > 2 else kwargs.get("module", False)
-            return f"-m {target}" if module else os.path.basename(target)
-    # A function defined in a function: "main.<locals>.step" reads as "main.step".
-    return str(name or type(func).__qualname__).replace(".<locals>", "")
+    try:
+        while isinstance(func, functools.partial):
+            func = func.func
+        name = getattr(func, "__qualname__", None)
+        if (getattr(func, "__module__", None), name) == _SCRIPT_RUNNER:
+            target = args[0] if args else kwargs.get("target")
+            if isinstance(target, str):
+                module = args[2] if len(args) > 2 else kwargs.get("module", False)
+                return f"-m {target}" if module else os.path.basename(target)
+        # A function defined in a function: "main.<locals>.step" reads as "main.step".
+        return str(name or type(func).__qualname__).replace(".<locals>", "")
+    except Exception:
+        return ""
 
 
 @functools.lru_cache(maxsize=1)
