@@ -154,7 +154,7 @@ def hang_in_a_collective(path: str) -> str:
 
 def agent_of_this_worker() -> psutil.Process:
     agent = psutil.Process().parent().parent()  # worker -> spawner -> agent
-    assert "slurmrun.node.agent" in " ".join(agent.cmdline())
+    assert " ".join(agent.cmdline()) == "slurmrun agent (localhost)"
     return agent
 
 

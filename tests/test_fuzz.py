@@ -199,7 +199,7 @@ def command_lines_and_environ_of(pids: list[int]) -> tuple[list[str], list[str]]
 def assert_secret_nowhere(secret: bytes, seen: dict[str, Any], worker: dict[str, Any]) -> None:
     """Not on any command line, in no environment of the launch, in no log file."""
     assert "lines" in seen, "the launch's processes were never looked at"
-    assert any("slurmrun.node.agent" in line for line in seen["lines"])
+    assert any(line.startswith("slurmrun agent (") for line in seen["lines"])
     assert not worker["secret_in_env"]
     assert "SLURMRUN_SECRET" not in worker["environ"]
     assert not any("SLURMRUN_SECRET" in env for env in seen["worker_environ"])

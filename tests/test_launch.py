@@ -78,7 +78,7 @@ def exit_on_rank_1(how: str):
 def kill_own_agent():
     # worker -> spawner -> agent
     agent = psutil.Process().parent().parent()
-    assert "slurmrun.node.agent" in " ".join(agent.cmdline())
+    assert " ".join(agent.cmdline()) == "slurmrun agent (localhost)"
     if os.environ["LOCAL_RANK"] == "0":
         agent.kill()
     time.sleep(60)
@@ -241,7 +241,7 @@ def look_for_the_secret(raw_halves, hex_halves):
         check(value, f"os.environ[{name!r}]")
     spawner = psutil.Process().parent()
     agent = spawner.parent()
-    assert agent is not None and "slurmrun.node.agent" in " ".join(agent.cmdline())
+    assert agent is not None and " ".join(agent.cmdline()) == "slurmrun agent (localhost)"
     for who, pid in (("worker", os.getpid()), ("spawner", spawner.pid)):
         with open(f"/proc/{pid}/environ", "rb") as f:
             check(f.read(), f"/proc/<{who}>/environ")
@@ -552,7 +552,7 @@ def test_the_secret_is_nowhere_in_a_worker_or_its_spawner(monkeypatch, tmp_path,
     rank0, rank1 = result.values()
     assert rank0["places"] == [] and rank1["places"] == []
     assert rank0["in_agent_memory"], "the scan did not find the secret in the agent"
-    assert any("slurmrun.node.agent" in line for line in rank0["command_lines"])
+    assert "slurmrun agent (localhost)" in rank0["command_lines"]
     for line in rank0["command_lines"]:
         assert hexed not in line.lower()
 

@@ -73,7 +73,7 @@ def test_ssh_agents_get_their_variables_with_no_value_on_a_command_line(
         done.set()
         watcher.join(10)
     assert result.values() == [(TOKEN, "visible-value")]
-    assert any("slurmrun.node" in line and "agent_main" in line for line in lines)
+    assert "slurmrun agent (fakehost)" in lines  # the agent ran (named by slurmrun.node.proctitle)
     # ssh itself lives a moment here (it execs the remote command): it wrote its command line
     lines += (tmp_path / "ssh_argv").read_text().splitlines()
     assert any("/ssh -T" in line for line in lines), "ssh was seen"
@@ -88,3 +88,11 @@ def test_an_ssh_dry_run_shows_set_for_secret_looking_names(fake_ssh: None) -> No
     assert "HF_TOKEN='<set>'" in text or "HF_TOKEN=<set>" in text
     assert "MY_SETTING=visible-value" in text
     assert all(TOKEN not in arg for command in plan.commands for arg in command)
+
+
+def test_agents_are_pointed_at_the_launchers_own_slurmrun() -> None:
+    """ssh and srun agents import the slurmrun of the launcher (a checkout, not the installed)."""
+    from slurmrun.launcher.starters import package_pythonpath
+
+    root = package_pythonpath({"PYTHONPATH": "/elsewhere"}).split(os.pathsep)[0]
+    assert os.path.samefile(os.path.join(root, "slurmrun"), os.path.dirname(slurmrun.__file__))

@@ -33,7 +33,8 @@ def agent_command() -> list[str]:
 
 def package_pythonpath(environ: Mapping[str, str]) -> str:
     """PYTHONPATH that makes this very slurmrun importable, even from an uninstalled checkout."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # The directory that holds the slurmrun package (this file is slurmrun/launcher/starters.py).
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rest = environ.get("PYTHONPATH", "")
     return root if not rest else f"{root}{os.pathsep}{rest}"
 

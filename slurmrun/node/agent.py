@@ -27,12 +27,13 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slurmrun import allocation, protocol
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.node.link import LauncherConnection, say
+from slurmrun.node.proctitle import node_name
 from slurmrun.node.relay import Relay
 from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
@@ -234,14 +235,8 @@ class Agent:
             current.stop()
 
 
-def _hostname(environ: Mapping[str, str]) -> str:
-    return (
-        environ.get(protocol.HOSTNAME_VAR) or environ.get("SLURMD_NODENAME") or socket.gethostname()
-    )
-
-
 def _say(message: str) -> None:
-    say(_hostname(os.environ), message)
+    say(node_name(os.environ), message)
 
 
 def _expect_heartbeats(sock: socket.socket, silence: float) -> None:
@@ -342,7 +337,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     port = int(os.environ[protocol.PORT_VAR])
     heartbeat = float(os.environ.get(HEARTBEAT_VAR, "1.0"))
     silence = heartbeat * HEARTBEATS_PER_TIMEOUT
-    hostname = _hostname(os.environ)
+    hostname = node_name(os.environ)
 
     retry = float(os.environ.get(CONNECT_RETRY_VAR, CONNECT_RETRY))
 

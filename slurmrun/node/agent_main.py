@@ -3,7 +3,8 @@
 Importing torch dominates a launch, so the agent's first act is to fork the spawner that
 imports it (`slurmrun.node.spawner`); the rest of the agent (`slurmrun.node.agent`, about 0.1 s of
 imports) loads while the spawner works. This module therefore imports only the standard
-library, `slurmrun.environment`, `slurmrun.protocol` and `slurmrun.node.spawner` before the fork.
+library, `slurmrun.environment`, `slurmrun.protocol`, `slurmrun.node.proctitle` and
+`slurmrun.node.spawner` before the fork.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 import threading
 
 from slurmrun.environment import FORWARDED_SIGNALS, EnvFileError, source_env_file
+from slurmrun.node.proctitle import AGENT_COMM, node_name, set_title
 from slurmrun.node.spawner import Spawner, forget_variable
 from slurmrun.protocol import ENV_FILE_VAR, PRELOAD_VAR, SECRET_STDIN_VAR, SECRET_VAR
 
@@ -109,6 +111,8 @@ def main() -> int:
         spawner: Spawner | str = Spawner.start(preload, forget=[SECRET_VAR])
     else:
         spawner = problem
+    # Before any thread starts: threads inherit the comm (top's name) of their creator.
+    set_title(f"slurmrun agent ({node_name(os.environ)})", AGENT_COMM)
     if from_stdin:
         # Read only now, after the fork: the spawner holds no copy. The pipe then stays open
         # for the agent's life; its end (the launcher or the connection gone) ends the agent.

@@ -35,15 +35,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slurmrun.node.proctitle import SPAWNER_COMM, node_name, set_title
 from slurmrun.torch_import import import_module
 from slurmrun.waiting import wait_readable
 
 __all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any"]
 
 _PR_SET_PDEATHSIG = 1
-_PR_SET_NAME = 15
 _PR_SET_CHILD_SUBREAPER = 36
-NAME = b"slurmrun-spawn"  # what ps and top show for it (its command line is the agent's)
 _PID = struct.Struct("!q")
 _CODE = struct.Struct("!i")
 MAX_REQUEST_BYTES = 1 << 20
@@ -61,16 +60,14 @@ class SpawnError(RuntimeError):
     """The spawner could not start a worker (it died, or never answered)."""
 
 
-def _die_with_parent(parent_pid: int, name: bytes | None = None, *, reaper: bool = False) -> None:
-    """Asks the kernel to SIGKILL this fresh fork when its parent goes away (and names it).
+def _die_with_parent(parent_pid: int, *, reaper: bool = False) -> None:
+    """Asks the kernel to SIGKILL this fresh fork when its parent goes away.
 
     With `reaper`, this process also becomes the child subreaper of its descendants. Not
     Linux: the agent's socket closing still ends spawner and workers.
     """
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        if name is not None:
-            libc.prctl(_PR_SET_NAME, name, 0, 0, 0)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if reaper:
             libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -277,7 +274,9 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
         signal.SIGTERM: signal.SIG_DFL,
     }
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
-    _die_with_parent(agent_pid, NAME, reaper=True)
+    _die_with_parent(agent_pid, reaper=True)
+    # Before torch's import starts threads: they inherit the comm (top's name) of their creator.
+    set_title(f"slurmrun spawner ({node_name(os.environ)})", SPAWNER_COMM)
     for module in preload:
         with contextlib.suppress(ImportError):  # e.g. no torch on this node: backend=None works
             import_module(module)

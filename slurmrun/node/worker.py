@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from slurmrun import protocol, worker_env
+from slurmrun.node.proctitle import set_title, what_runs, worker_comm, worker_title
 from slurmrun.output import MAX_LINE, log_frame
 from slurmrun.transport import Connection, OutOfBand, dumps, loads, nbytes
 
@@ -376,6 +377,8 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
     `store_listener`: rank 0's, the listening socket of the run's store (see
     `slurmrun.node.store_port`).
     """
+    # First, before any thread starts: threads inherit the comm (top's name) of their creator.
+    set_title(worker_title(spec.rank, spec.hostname, spec.local_rank), worker_comm(spec.rank))
     _redirect_output(stdout, stderr)
     # The agent ignores them; the user's code decides, unless the launch says they stay
     # ignored (a submitted job: SLURM's --signal=USR2@90 must not kill its workers).
@@ -398,6 +401,8 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
         threading.Thread(target=_watch_agent, args=(conn,), daemon=True).start()
         try:
             func, args, kwargs = loads(frame.body, frame.buffers)
+            what = what_runs(func, args, kwargs)
+            set_title(worker_title(spec.rank, spec.hostname, spec.local_rank, what))
             initialised = _init_process_group(spec, store_listener)
             result = func(*args, **kwargs)
         except BaseException as exc:

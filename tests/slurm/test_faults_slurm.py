@@ -149,7 +149,7 @@ def hang_in_a_collective():
 
 def agent_of_this_worker():
     agent = psutil.Process().parent().parent()  # worker -> spawner -> agent
-    assert "slurmrun.node.agent" in " ".join(agent.cmdline())
+    assert " ".join(agent.cmdline()).startswith("slurmrun agent (")
     return agent
 
 
@@ -603,7 +603,7 @@ WORK = @WORK@
 def stop_agent_on_node2():
     if os.environ["SLURMD_NODENAME"] == "node2":
         agent = psutil.Process().parent().parent()
-        assert "slurmrun.node.agent" in " ".join(agent.cmdline())
+        assert " ".join(agent.cmdline()).startswith("slurmrun agent (")
         with open(os.path.join(WORK, "fault_time"), "w") as f:
             f.write(repr(time.time()))
         agent.suspend()  # SIGSTOP: alive, but no heartbeat any more

@@ -205,7 +205,7 @@ import psutil, signal
 def kill_agent_on_node2():
     if os.environ["SLURMD_NODENAME"] == "node2" and os.environ["LOCAL_RANK"] == "0":
         agent = psutil.Process().parent().parent()
-        assert "slurmrun.node.agent" in " ".join(agent.cmdline())
+        assert " ".join(agent.cmdline()).startswith("slurmrun agent (")
         agent.send_signal(signal.SIGKILL)
     time.sleep(120)
 
@@ -413,3 +413,34 @@ def test_broken_env_file_on_the_cluster_fails_with_bashs_message(run_in_allocati
     )
     assert "AGENT_FAILED" in cp.stdout, cp.stdout + cp.stderr
     assert "syntax error" in cp.stdout
+
+
+NAMES = """
+def names():
+    def of(pid):
+        with open(f"/proc/{pid}/cmdline", "rb") as f, open(f"/proc/{pid}/comm") as c:
+            return f.read().decode(), c.read().strip()
+
+    def parent(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    spawner = parent(os.getpid())
+    return [of(os.getpid()), of(spawner), of(parent(spawner))]
+
+emit(slurmrun.launch(names, workers_per_host=2, backend=None, timeout=60))
+"""
+
+
+def test_ps_names_every_worker_by_rank_node_and_local_rank(run_in_allocation):
+    """What ps shows on the nodes (slurmrun.node.proctitle): rank 3 is node2's second worker."""
+    out = results(run_in_allocation(["-N2"], script(NAMES)))
+    assert out["hosts"] == ["node1", "node2"]
+    values = [v for host in out["values"] for v in host]
+    for rank, (worker, spawner, agent) in enumerate(values):
+        node, local_rank = f"node{rank // 2 + 1}", rank % 2
+        title = f"slurmrun: names rank {rank} ({node}:{local_rank})\0"
+        assert worker == [title, f"slurmrun-r{rank}"]
+        assert spawner == [f"slurmrun spawner ({node})\0", "slurmrun-spawn"]
+        assert agent == [f"slurmrun agent ({node})\0", "slurmrun-agent"]
+    assert values[3][0][0] == "slurmrun: names rank 3 (node2:1)\0"

@@ -101,7 +101,8 @@ def nft_in(cluster, node: str, nft: str, *args: str, stdin: str | None = None) -
 def agent_processes(node_processes, node: str) -> list[str]:
     """This session's agent, spawner and workers on `node` (slurmstepd is not counted)."""
     procs = node_processes(wait=0).get(node, [])
-    return [f"{p.pid} {p.cmdline}" for p in procs if "slurmrun.node.agent_main" in p.cmdline]
+    titles = ("slurmrun agent (", "slurmrun spawner (", "slurmrun: ")  # slurmrun.node.proctitle
+    return [f"{p.pid} {p.cmdline}" for p in procs if p.cmdline.startswith(titles)]
 
 
 def test_agents_stop_their_workers_when_the_launcher_vanishes(

@@ -240,7 +240,8 @@ def test_the_secret_is_on_no_command_line(
         on_event=lambda e: seen.append(str(e)),
     )
     lines = result.rank(0)
-    assert "import agent_main" in lines  # the agents were running when it looked
+    assert "import agent_main" in lines  # ssh's command line: the agents were being started
+    assert "slurmrun agent (" in lines  # and running when it looked
     assert "SLURMRUN_SECRET=" not in lines and "SLURMRUN_SECRET_STDIN=1" in lines
 
 
