@@ -1104,6 +1104,59 @@ def render(report: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
+def machine(python: str) -> dict[str, Any]:
+    """What the figures were measured on: CPU, cores, memory, OS, SLURM and torch versions."""
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        cpu = platform.processor()
+    os_name = platform.platform()
+    try:
+        with open("/etc/os-release") as f:
+            fields = dict(ln.rstrip("\n").split("=", 1) for ln in f if "=" in ln)
+        os_name = f"{fields.get('PRETTY_NAME', '').strip(chr(34))}, Linux {platform.release()}"
+    except OSError:
+        pass
+    slurm = ""
+    if shutil.which("srun"):
+        cp = subprocess.run(
+            ["srun", "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+        slurm = cp.stdout.strip() if cp.returncode == 0 else ""
+    torch = subprocess.run(
+        [python, "-c", "import torch; print(torch.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    ).stdout.strip()
+    return {
+        "cpu_model": cpu,
+        "cores": os.cpu_count(),
+        "mem_total_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
+        "os": os_name,
+        "slurm": slurm,
+        "torch": torch,
+    }
+
+
+def recorded(path: str) -> list[Any]:
+    """The `recorded` measurements of an existing results file, which a new run keeps.
+
+    They are figures the docs quote that run.py does not measure (the GPU suite, before/after
+    comparisons, earlier runs), each with its date, machine and command; tests/test_figures.py
+    checks that every figure a page quotes is in this file.
+    """
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return list(old.get("recorded", [])) if isinstance(old, dict) else []
+
+
 def meta(cfg: Config) -> dict[str, Any]:
     """Machine and version facts for the JSON file."""
 
@@ -1127,6 +1180,7 @@ def meta(cfg: Config) -> dict[str, Any]:
     ).stdout.strip()
     return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": machine(cfg.python),
         "host": platform.node(),
         "cpus": os.cpu_count(),
         "mem_total_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB, 1),
@@ -1203,12 +1257,14 @@ def main() -> None:
     print("\n" + text)
     print(f"(took {report.data['meta']['duration_s']:.0f} s)")
     if a.json:
+        kept = recorded(a.json)
         with open(a.json, "w") as f:
             json.dump(
                 {
                     "tables": [asdict(t) for t in report.tables],
                     "targets": [asdict(t) for t in report.targets],
                     **report.data,
+                    "recorded": kept,
                 },
                 f,
                 indent=1,
