@@ -10,9 +10,10 @@ cluster than the one meant.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
+
+from slurmrun.allocation import scontrol, scontrol_fields
 
 __all__ = ["SlurmUnavailableError", "check_slurm", "placement"]
 
@@ -85,25 +86,12 @@ def placement(job_id: str, *, timeout: float = QUERY_TIMEOUT) -> str:
     Read from ``scontrol show job`` (partition) and ``scontrol show config`` (the controller's
     ClusterName); ``""`` where neither can be read.
     """
-    job = _scontrol(["show", "job", "-o", job_id.partition("_")[0]], timeout)
-    config = _scontrol(["show", "config"], timeout)
-    cluster = re.search(r"^ClusterName\s*=\s*(\S+)", config, re.MULTILINE)
-    partition = re.search(r"(?:^|\s)Partition=(\S+)", job)
+    job = scontrol(["show", "job", "-o", job_id.partition("_")[0]], timeout) or ""
+    config = scontrol(["show", "config"], timeout) or ""
+    cluster = scontrol_fields(config).get("ClusterName")
+    partition = scontrol_fields(job).get("Partition")  # an array's first element: the first wins
     parts = [
-        f"cluster {cluster.group(1)}" if cluster else "",
-        f"partition {partition.group(1)}" if partition else "",
+        f"cluster {cluster}" if cluster else "",
+        f"partition {partition}" if partition else "",
     ]
     return ", ".join(part for part in parts if part)
-
-
-def _scontrol(args: list[str], timeout: float) -> str:
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        return ""
-    try:
-        done = subprocess.run(
-            [scontrol, *args], capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except (subprocess.TimeoutExpired, OSError):
-        return ""
-    return done.stdout if done.returncode == 0 else ""
