@@ -18,10 +18,10 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
+
+from smoke import run_checks  # copied beside this file, as tests/fresh_venv.sh does
 
 from slurmrun.allocation import usable_cpu_count
 
@@ -136,19 +136,7 @@ def every_example_is_run_or_slurm_only() -> None:
 
 def main() -> int:
     print(f"examples: {ROOT}, numpy {'absent' if NO_NUMPY else 'present'}, {CORES} cores")
-    passed = failed = 0
-    for func in [every_example_is_run_or_slurm_only, readme_first_example, *CHECKS.values()]:
-        start = time.monotonic()
-        try:
-            func()
-        except Exception:
-            failed += 1
-            print(f"FAIL {func.__name__}\n{traceback.format_exc()}", flush=True)
-        else:
-            passed += 1
-            print(f"ok   {func.__name__} ({time.monotonic() - start:.1f} s)", flush=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return run_checks([every_example_is_run_or_slurm_only, readme_first_example, *CHECKS.values()])
 
 
 if __name__ == "__main__":

@@ -233,8 +233,16 @@ def main() -> int:
     else:
         numpy_state = "present"
     print(f"smoke: Python {sys.version.split()[0]}, numpy {numpy_state}, backend {BACKEND}")
+    return run_checks(CHECKS)
+
+
+def run_checks(checks: list[Callable[[], None]]) -> int:
+    """Runs each check, printing ok/FAIL and its time, then the tally; 1 if any failed.
+
+    tests/smoke/examples.py runs its checks with it too (both are copied side by side).
+    """
     passed = failed = 0
-    for func in CHECKS:
+    for func in checks:
         start = time.monotonic()
         try:
             func()
