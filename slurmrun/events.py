@@ -43,6 +43,7 @@ __all__ = [
     "LaunchFinished",
     "LaunchStarted",
     "Restarting",
+    "Stalled",
     "StepEnding",
     "WorkerFailed",
     "WorkersStarted",
@@ -191,6 +192,25 @@ class Restarting(Event):
     kind: ClassVar[str] = "restarting"
     attempt: int = 0
     error: str = ""
+
+
+@dataclass(frozen=True)
+class Stalled(Event):
+    """No rank wrote output, returned or failed for ``stall_timeout`` seconds.
+
+    Every rank's stacks were dumped once (printed, and written to the log directory); the run
+    goes on (its ``timeout`` still decides when a collective gives up).
+
+    Attributes:
+        seconds: the launch's ``stall_timeout``.
+        summary: one line per group of ranks with the same stack (`slurmrun.stacks`).
+        stacks_file: the whole report in the log directory ("" if there is none).
+    """
+
+    kind: ClassVar[str] = "stalled"
+    seconds: float = 0.0
+    summary: str = ""
+    stacks_file: str = ""
 
 
 @dataclass(frozen=True)

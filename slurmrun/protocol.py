@@ -23,16 +23,30 @@ One agent's life, as the launcher sees it::
 
 At any time an agent may say TERMINATING: SLURM is ending its step, and its workers (which got
 SLURM's SIGTERM too) have until SLURM's kill, not the launcher's short grace, to exit.
+
+During a run, two exchanges look inside it (`slurmrun.stacks`, `slurmrun.node.debugger`)::
+
+           <------------------  ASK_STACKS                 the agent asks each worker, or
+    STACKS (one per worker) -->                            dumps it with faulthandler
+    DEBUGGER (PROMPT) ------->                             a worker's pdb wants a line
+           <------------------  DEBUG_INPUT                the user's line, for that worker
+    DEBUGGER (ENDED) -------->                             its session is over
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
+
+from slurmrun.messages import TEXT_LIMIT, Message, ProtocolError, clip
 
 __all__ = [
+    "ASK_STACKS",
     "CLOSE",
+    "DEBUGGER",
+    "DEBUG_INPUT",
     "DIED",
     "DONE",
     "END",
@@ -44,13 +58,18 @@ __all__ = [
     "KINDS",
     "LOG",
     "RESULT",
+    "STACKS",
     "START",
     "STARTED",
     "STOP",
     "STREAM",
     "TERMINATING",
     "TEXT_LIMIT",
+    "AskStacks",
     "Close",
+    "DebugInput",
+    "DebugState",
+    "Debugger",
     "Died",
     "Done",
     "End",
@@ -63,6 +82,7 @@ __all__ = [
     "Message",
     "ProtocolError",
     "Result",
+    "Stacks",
     "Start",
     "Started",
     "Stop",
@@ -115,6 +135,8 @@ START = "start"  # `Start`, with the pickled call as body: fork the workers of o
 END = "end"  # `End`: the run is over: stop its workers (if any are left), then say IDLE
 CLOSE = "close"  # `Close`: exit (stopping workers first)
 HEARTBEAT = "hb"  # `Heartbeat`, both ways
+ASK_STACKS = "ask_stacks"  # `AskStacks`: every worker's stacks, please (also agent -> worker)
+DEBUG_INPUT = "debug_input"  # `DebugInput`: a line for a worker's debugger (also agent -> worker)
 # agent -> launcher
 HELLO = "hello"  # `Hello`, first thing after the handshake
 STARTED = "started"  # `Started`: the run's workers' process ids, by local rank
@@ -126,145 +148,12 @@ TERMINATING = "terminating"  # `Terminating`: SLURM is ending this step (see SLU
 LOG = "log"  # `Log`
 RESULT = "result"  # `Result`, with the pickled return value as body
 ERROR = "error"  # `Error`, with the pickled exception as body
+STACKS = "stacks"  # `Stacks`, with the worker's stacks as body
+DEBUGGER = "debugger"  # `Debugger`, with the debugger's output as body
 # worker <-> agent
 STREAM = "stream"  # `StreamRequest`: a worker asks for a connection of its own (large result)
 FUNC = "func"  # `Func`, agent -> worker, with the pickled call as body
 STOP = "stop"  # `Stop`, agent -> worker: stop now
-
-# ------------------------------------------------------------ bounded texts
-# The most characters of one text field (a message, a traceback, an output tail) in a header.
-# JSON escapes a non-ASCII character as 6 bytes, so a field takes at most ~200 KiB: a header's
-# few such fields stay well under `transport.MAX_HEADER_BYTES` (1 MiB).
-TEXT_LIMIT = 32 * 1024
-
-
-def clip(text: str, limit: int = TEXT_LIMIT, *, where: str | None = None) -> str:
-    """`text`, or its head and tail with a marker saying how much was cut from the middle.
-
-    Args:
-        text: any text bound for a frame header.
-        limit: the most characters returned, the marker included (clipping twice changes
-            nothing); a limit shorter than the marker returns the marker alone.
-        where: where the whole text is (a log file), for the marker.
-
-    Returns:
-        `text` itself when it has at most `limit` characters.
-
-    Example:
-        >>> clip("a" * 20 + "b" * 20, 30)
-        'aa... [37 characters cut] ...b'
-    """
-    if len(text) <= limit:
-        return text
-    whole = f": the whole text is in {where}" if where else ""
-
-    def marker(cut: int) -> str:
-        return f"... [{cut:,} characters cut{whole}] ..."
-
-    keep = max(0, limit - len(marker(len(text))))  # the longest marker this text can need
-    tail = keep // 2
-    return text[: keep - tail] + marker(len(text) - keep) + text[len(text) - tail :]
-
-
-M = TypeVar("M", bound="Message")
-
-
-class ProtocolError(ValueError):
-    """A header that is no message of this protocol (unknown kind, missing or wrong fields)."""
-
-
-@dataclass(frozen=True)
-class Message:
-    """A message: its header is ``{"t": KIND, **fields}``; some kinds also carry a body."""
-
-    KIND: ClassVar[str]
-
-    def header(self) -> dict[str, Any]:
-        """The frame header that carries this message.
-
-        Its values are the message's own (not copies, as `dataclasses.asdict` would make):
-        a header is only encoded, and a run sends one START per agent.
-        """
-        shape = _shape(type(self))
-        header: dict[str, Any] = {"t": self.KIND}
-        for name in shape.order:
-            value = getattr(self, name)
-            # A default is left out (`from_header` puts it back): smaller frames to encode,
-            # send, decode and keep (a 4096-node run's launcher holds 32,768 results' headers).
-            if name not in shape.constant or value != shape.constant[name]:
-                header[name] = value
-        return header
-
-    @classmethod
-    def from_header(cls: type[M], header: dict[str, Any]) -> M:
-        """The message in `header` (unknown keys ignored).
-
-        What was sent is taken as it was sent (the sender made it through the class, clipped
-        texts and all): the fields are set without the class's ``__init__``, which costs
-        several times as much, and a launcher reads ~50,000 messages in a 4096-node run.
-
-        Raises:
-            ProtocolError: a field without a default is missing.
-        """
-        shape = _shape(cls)
-        keys = header.keys()
-        if not shape.required <= keys:
-            missing = sorted(shape.required - keys)
-            raise ProtocolError(f"a {cls.KIND!r} message without its fields {missing}")
-        values = shape.defaults()
-        if keys <= shape.allowed:
-            values.update(header)
-            values.pop("t", None)
-        else:  # keys of a newer sender: left out
-            values.update({k: v for k, v in header.items() if k in shape.names})
-        message = object.__new__(cls)
-        object.__setattr__(message, "__dict__", values)
-        return message
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """A message class's fields, as `Message.header` and `Message.from_header` need them."""
-
-    names: frozenset[str]
-    order: tuple[str, ...]  # the names, in the class's order
-    allowed: frozenset[str]  # the names and "t"
-    required: frozenset[str]
-    constant: dict[str, Any]  # defaults that are values
-    factories: dict[str, Any]  # defaults made by a factory (a new list each time)
-
-    def defaults(self) -> dict[str, Any]:
-        """A fresh dict of every default."""
-        values = self.constant.copy()
-        if self.factories:
-            for name, factory in self.factories.items():
-                values[name] = factory()
-        return values
-
-
-_SHAPES: dict[type[Message], _Shape] = {}
-
-
-def _shape(cls: type[Message]) -> _Shape:
-    shape = _SHAPES.get(cls)
-    if shape is None:
-        fields = dataclasses.fields(cls)
-        missing = dataclasses.MISSING
-        names = frozenset(f.name for f in fields)
-        shape = _SHAPES[cls] = _Shape(
-            names=names,
-            order=tuple(f.name for f in fields),
-            allowed=names | {"t"},
-            required=frozenset(
-                f.name for f in fields if f.default is missing and f.default_factory is missing
-            ),
-            constant={f.name: f.default for f in fields if f.default is not missing},
-            factories={
-                f.name: f.default_factory for f in fields if f.default_factory is not missing
-            },
-        )
-    return shape
-
 
 # ------------------------------------------------------------ launcher -> agent
 
@@ -500,11 +389,73 @@ class Stop(Message):
     KIND: ClassVar[str] = STOP
 
 
+@dataclass(frozen=True)
+class AskStacks(Message):
+    """Every worker's stacks, please: launcher -> agent, and agent -> each worker."""
+
+    KIND: ClassVar[str] = ASK_STACKS
+    run: int
+    request: int  # the answers carry it back
+    # Seconds a worker has to answer itself before the agent dumps it (`slurmrun.stacks`).
+    answer_wait: float = 1.0
+
+
+@dataclass(frozen=True)
+class Stacks(Message):
+    """One worker's stacks (the body) for request `request`: worker or agent -> launcher.
+
+    The body is `slurmrun.stacks.capture`'s JSON (`source` "python"), faulthandler's text
+    ("faulthandler"), or empty ("none": `note` says why).
+    """
+
+    KIND: ClassVar[str] = STACKS
+    request: int
+    source: str = "python"  # a `slurmrun.stacks.StackSource` value
+    note: str = ""  # why there are none ("exited with code 0"), clipped
+    local_rank: int = -1
+    run: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "note", clip(self.note, 1000))
+
+
+class DebugState(str, enum.Enum):
+    """Where a worker's debugger session is (`Debugger.state`)."""
+
+    PROMPT = "prompt"  # it wrote the body (its output, ending with the prompt) and waits
+    ENDED = "ended"  # the session is over (the body: its last output); the rank goes on
+
+
+@dataclass(frozen=True)
+class Debugger(Message):
+    """A worker's debugger (pdb) speaks: its output is the body (`slurmrun.node.debugger`)."""
+
+    KIND: ClassVar[str] = DEBUGGER
+    state: str  # a `DebugState` value
+    where: str = ""  # "node2 rank 5": who speaks, for the launcher's messages
+    local_rank: int = -1
+    run: int = 0
+
+
+@dataclass(frozen=True)
+class DebugInput(Message):
+    """A line the user typed for the debugger of worker `local_rank` (the body, UTF-8).
+
+    `eof`: the launcher has no line to give (no terminal, or the user pressed Ctrl-D): the
+    debugger lets the rank go on.
+    """
+
+    KIND: ClassVar[str] = DEBUG_INPUT
+    run: int
+    local_rank: int
+    eof: bool = False
+
+
 KINDS: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (
         Start, End, Close, Heartbeat, Hello, Started, Idle, Done, Died, Terminating,
-        Log, Result, Error, StreamRequest, Func, Stop,
+        Log, Result, Error, StreamRequest, Func, Stop, AskStacks, Stacks, Debugger, DebugInput,
     )
 }  # fmt: skip
 

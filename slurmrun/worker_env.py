@@ -16,7 +16,9 @@ code that reads them (Lightning's ``SLURMEnvironment``, submitit's ``JobEnvironm
   none where the job has none (the agents' step sets ``SLURM_CPUS_PER_TASK`` to the node's
   CPUs, which describes the agent's task, not a worker's);
 - no PMI variables (`REMOVED_PREFIXES`): srun's MPI plugin set them for the agent's task, and
-  a worker that used them would join that world as the agent.
+  a worker that used them would join that world as the agent;
+- ``PYTHONBREAKPOINT`` naming slurmrun's debugger (`DEBUGGER_HOOK`), unless it is set: a
+  ``breakpoint()`` then opens pdb in the launcher's terminal (a worker has none of its own).
 
 Everything else of SLURM's (``SLURM_JOB_*``, the node's, the step's id and node list) is true
 for every worker of the node and stays. This module is imported by workers: standard library
@@ -31,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "DEBUGGER_HOOK",
     "JOB_VARS",
     "REMOVED_PREFIXES",
     "TASK_VARS",
@@ -38,6 +41,7 @@ __all__ = [
     "RankPlace",
     "compress_counts",
     "expand_counts",
+    "flight_recorder_vars",
     "job_vars",
     "preview",
     "restart_vars",
@@ -67,6 +71,8 @@ TORCHRUN_VARS = (
     "NODE_RANK",
 )
 ROLE_NAME = "default"  # torchrun's --role default
+# What breakpoint() calls in a worker (`slurmrun.node.debugger`), unless PYTHONBREAKPOINT is set.
+DEBUGGER_HOOK = "slurmrun.node.debugger.set_trace"
 # torchrun's run id without --rdzv-id; under SLURM: the job's id (`--rdzv-id=$SLURM_JOB_ID`).
 NO_RUN_ID = "none"
 
@@ -182,6 +188,31 @@ def restart_vars(attempt: int, max_restarts: int) -> dict[str, str]:
     }
 
 
+# torch's NCCL flight recorder: entries kept per rank, when a launch turns it on.
+FLIGHT_RECORDER_ENTRIES = 2000
+FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"  # torch appends the rank
+
+
+def flight_recorder_vars(directory: str) -> dict[str, str]:
+    """What turns on torch's NCCL flight recorder, with its dumps in `directory`.
+
+    Each rank keeps its last collectives and dumps them (on a collective's timeout, as
+    ``TORCH_NCCL_DUMP_ON_TIMEOUT`` asks) to ``<directory>/nccl_trace_rank_<rank>``, ready for
+    ``python -m torch.distributed.flight_recorder.fr_trace <directory>``. Both of torch's
+    names are set: ``TORCH_FR_*`` (torch 2.6 and later) and ``TORCH_NCCL_*`` (before). gloo
+    ignores them.
+    """
+    prefix = f"{directory.rstrip('/')}/{FLIGHT_RECORDER_PREFIX}"
+    entries = str(FLIGHT_RECORDER_ENTRIES)
+    return {
+        "TORCH_FR_BUFFER_SIZE": entries,
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": entries,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+    }
+
+
 def job_vars(environ: Mapping[str, str]) -> str:
     """The job's `JOB_VARS` in the launcher's `environ`, as the agents carry them (JSON)."""
     return json.dumps({name: environ[name] for name in JOB_VARS if name in environ})
@@ -225,6 +256,8 @@ def worker_changes(
     }
     if "OMP_NUM_THREADS" not in environ and place.local_world_size > 1:
         values["OMP_NUM_THREADS"] = "1"  # torchrun's default where a node runs several workers
+    if "PYTHONBREAKPOINT" not in environ:
+        values["PYTHONBREAKPOINT"] = DEBUGGER_HOOK
     removed = [name for name in environ if name.startswith(REMOVED_PREFIXES)]
     if "SLURM_JOB_ID" not in environ:
         return values, removed

@@ -27,6 +27,7 @@ from slurmrun.launcher.failures import note_preemption
 from slurmrun.launcher.plan import Plan, make_plan, plan_dry_run
 from slurmrun.launcher.warm import WARM_ATTR, Warm, run_attempt, sigterm_as_exit, warm_of
 from slurmrun.result import LaunchResult
+from slurmrun.stacks import StackReport
 
 if TYPE_CHECKING:
     import tyro
@@ -117,6 +118,18 @@ class Launcher:
     """Called with each `slurmrun.events.Event` of a launch (from a thread of its own: a slow
     or raising handler never stalls the launch). ``$SLURMRUN_EVENTS_FILE`` also gets them."""
 
+    stall_timeout: float | None = None
+    """Seconds without output, a result or a failure from any rank after which every rank's
+    stacks are dumped once (printed, written to the log directory, a `slurmrun.events.Stalled`
+    event); the run goes on. None: never. Off by default: many runs are silent for long
+    stretches on purpose (a long evaluation, a data pass), and a dump would read as an
+    error there; set it a little above your longest quiet stretch."""
+
+    flight_recorder: bool = False
+    """Turns on torch's NCCL flight recorder: each rank's last collectives are dumped, on a
+    collective's timeout, into ``flight_recorder/`` in the log directory, for ``python -m
+    torch.distributed.flight_recorder.fr_trace``. NCCL only (gloo ignores it)."""
+
     def run(
         self,
         func: Callable[..., T],
@@ -141,6 +154,31 @@ class Launcher:
             Exception: whatever a worker raised, re-raised with its traceback as ``__cause__``.
         """
         return self._run(func, func_args, func_kwargs)
+
+    def stacks(self, timeout: float = 10.0) -> StackReport | None:
+        """Every rank's Python stacks (all threads) during a run, from another thread.
+
+        Workers answer themselves; one stuck in C code holding the GIL is dumped by
+        faulthandler. The report is also written to the launch's log directory.
+
+        Args:
+            timeout: seconds to wait for the answers (ranks without one say so).
+
+        Returns:
+            The report (`print(report.format())`, `report.summary()`), or None when no run
+            is in progress.
+
+        Example:
+            >>> import threading, time, slurmrun
+            >>> launcher = slurmrun.Launcher(workers_per_host=2, backend="gloo")
+            >>> t = threading.Thread(target=launcher.run, args=(time.sleep, (3,)))
+            >>> t.start(); time.sleep(2)
+            >>> print(launcher.stacks().summary())  # doctest: +SKIP
+            ranks 0-1: <module> ...
+            >>> t.join()
+        """
+        warm = warm_of(self)
+        return None if warm is None else warm.stacks(timeout)
 
     def dry_run(
         self,
@@ -226,7 +264,7 @@ class Launcher:
         warm = warm_of(self)
         if warm is not None:
             setattr(self, WARM_ATTR, None)
-            warm.close_pool()
+            warm.close()
 
     def _run(
         self,
@@ -307,6 +345,8 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
     heartbeat_timeout: float = 15.0,
     on_event: EventHandler | None = None,
     ssh_config_file: str | None = None,
+    stall_timeout: float | None = None,
+    flight_recorder: bool = False,
 ) -> LaunchResult[T]:
     """Runs ``func(*func_args, **func_kwargs)`` on every worker of every host; see `Launcher`.
 
@@ -328,4 +368,6 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
         heartbeat_timeout=heartbeat_timeout,
         on_event=on_event,
         ssh_config_file=ssh_config_file,
+        stall_timeout=stall_timeout,
+        flight_recorder=flight_recorder,
     ).run(func, func_args, func_kwargs)

@@ -42,8 +42,10 @@ def _validate(cfg: Launcher, func: object, func_args: object, func_kwargs: objec
     restarts = cfg.max_restarts
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
         raise ValueError(f"max_restarts must be an int >= 0, got {restarts!r}")
-    for name in ("heartbeat_timeout", "timeout"):
+    for name in ("heartbeat_timeout", "timeout", "stall_timeout"):
         seconds = getattr(cfg, name)
+        if name == "stall_timeout" and seconds is None:
+            continue
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
             raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
 

@@ -32,7 +32,7 @@ from slurmrun.errors import AgentFailedError
 from slurmrun.events import AgentConnected, Trace
 from slurmrun.launcher.health import AgentHealth, StepEndings
 from slurmrun.launcher.listener import Listener
-from slurmrun.launcher.pump import Closed, Event, Received, all_of, drain, pump
+from slurmrun.launcher.pump import Closed, Event, Local, Received, all_of, drain, pump
 from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import LogDir
 from slurmrun.transport import Connection, Frame
@@ -96,7 +96,10 @@ class RunOwner(Protocol):
         """`agent`'s connection ended during the run."""
 
     def on_tick(self, now: float) -> None:
-        """What time alone reveals about the run."""
+        """What time alone reveals about the run (also once it is ending)."""
+
+    def on_local(self, event: Local, now: float) -> None:
+        """A request of this process for the run (stacks, a line typed for a debugger)."""
 
 
 @dataclass
@@ -303,6 +306,12 @@ class Router:
 
     def on_event(self, event: Event, now: float) -> None:
         """Routes one event: the pool's own, the run's, or another run's (dropped)."""
+        if isinstance(event, Local):
+            if self.pool.run is not None:
+                self.pool.run.on_local(event, now)
+            else:
+                event.unowned()
+            return
         agent = self.pool.agent_of(event.conn)
         if isinstance(event, Closed):
             if agent is not None:
@@ -333,7 +342,8 @@ class Router:
     def on_tick(self, now: float) -> None:
         """Judges agents (and the run's own clock)."""
         if self.pool.run is not None and self.pool.run.ending:
-            return  # the run's outcome stands; `Run._end`'s wait is bounded
+            self.pool.run.on_tick(now)  # the outcome stands: it judges nothing now
+            return  # `Run._end`'s wait is bounded
         self.pool.health.check_processes(self.pool.agents, now, running=self.pool.run is not None)
         if self.pool.state is not PoolState.OPENING:
             self.pool.health.check_silence(self.pool.agents, now)
@@ -473,6 +483,9 @@ class _Closing:
     pool: AgentPool
 
     def on_event(self, event: Event, now: float) -> None:
+        if isinstance(event, Local):
+            event.unowned()
+            return
         agent = self.pool.agent_of(event.conn)
         if isinstance(event, Closed):
             if agent is not None:

@@ -1,7 +1,9 @@
 """The launcher's one loop: typed events from the network threads, handed to their owner.
 
 The listener's threads (`slurmrun.launcher.listener`) only move bytes: they put a `Received`
-for every whole frame and a `Closed` when a connection ends on one queue. `pump` is the only
+for every whole frame and a `Closed` when a connection ends on one queue; this process's own
+threads put `Local` events there (a request for every rank's stacks, a line typed for a
+debugger). `pump` is the only
 loop that reads it: the owner of the phase at hand (the pool while agents connect, between
 runs and while they close; the run while it lasts) gets every event, and a tick on a clock
 (not when the queue runs dry: steady output must not postpone what time alone reveals, like
@@ -18,7 +20,18 @@ from typing import Protocol, TypeVar
 
 from slurmrun.transport import Connection, Frame
 
-__all__ = ["TICK", "Closed", "Event", "Events", "Owner", "Received", "all_of", "drain", "pump"]
+__all__ = [
+    "TICK",
+    "Closed",
+    "Event",
+    "Events",
+    "Local",
+    "Owner",
+    "Received",
+    "all_of",
+    "drain",
+    "pump",
+]
 
 TICK = 0.05  # seconds between ticks
 T = TypeVar("T")
@@ -40,7 +53,14 @@ class Closed:
     why: str
 
 
-Event = Received | Closed
+class Local:
+    """An event of this process (another thread, the terminal), not of a connection."""
+
+    def unowned(self) -> None:
+        """Nobody takes it: no run is in progress (answer what waits for it)."""
+
+
+Event = Received | Closed | Local
 Events = queue.SimpleQueue[Event]
 
 

@@ -10,6 +10,8 @@ launcher's business.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -17,14 +19,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.errors import AgentFailedError
+from slurmrun.errors import AgentFailedError, add_note
 from slurmrun.events import Trace, WorkersStarted
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool, PoolAgent
-from slurmrun.launcher.pump import all_of, pump
+from slurmrun.launcher.pump import Local, all_of, pump
 from slurmrun.launcher.share import Share
 from slurmrun.launcher.verdicts import Verdicts
+from slurmrun.launcher.watch import RunWatch
 from slurmrun.logs import RunOutput, default_handlers, host_labels
 from slurmrun.result import LaunchResult
+from slurmrun.stacks import StackReport
 from slurmrun.transport import Connection, Frame, loads
 from slurmrun.worker_env import compress_counts
 
@@ -32,6 +36,9 @@ __all__ = ["Run"]
 
 # After the last result, how long to wait for agents to forward their workers' last output.
 DONE_WAIT = 2.0
+# Ctrl-C or a failure: how long the stacks of the ranks still running may take to come in.
+DUMP_WAIT = 3.0
+log = logging.getLogger("slurmrun")
 
 
 @dataclass
@@ -53,6 +60,8 @@ class Run:
     agents_write_logs: bool = False
     log_level: int = logging.INFO
     trace: Trace | None = None  # the launch's events and milestones
+    stall_timeout: float | None = None  # see `slurmrun.launcher.watch`
+    stacks_dir: str | None = None  # where stacks reports are written (the launch's log dir)
     id: int = 0  # given by the pool (`AgentPool.begin`)
 
     def __post_init__(self) -> None:
@@ -68,6 +77,14 @@ class Run:
         self.labels = host_labels(self.pool.hostnames)
         self.ending = False  # END was sent: only output still counts, nothing is judged
         self.verdicts = Verdicts(self.pool, self._shares, self.trace, self.labels)
+        self.watch = RunWatch(
+            self.pool,
+            self._shares,
+            self.labels,
+            stall_timeout=self.stall_timeout,
+            log_dir=self.stacks_dir,
+            trace=self.trace,
+        )
 
     # ------------------------------------------------------------------ main
     def run(self) -> LaunchResult[Any]:
@@ -79,15 +96,48 @@ class Run:
         try:
             try:
                 self._hand_out()
+                self.watch.begin(self.id, time.monotonic())
                 pump(self.pool.events, self.pool.router, self._finished)
                 return self._collect()
+            except KeyboardInterrupt:
+                self._dump("Ctrl-C")
+                raise
+            except Exception as e:
+                self._dump("the run failed", e)
+                raise
             finally:
+                self.watch.close()
                 self._end()
         finally:
             self.pool.finish(self)
             if self._own_handlers:
                 for handler in self._handlers:
                     handler.close()
+
+    def stacks(self, why: str, timeout: float) -> StackReport | None:
+        """Every rank's stacks, gathered by this thread's loop (the run's outcome stands)."""
+        self.ending = True
+        reports: list[StackReport] = []
+        self.watch.want(why, timeout, reports.append)
+        deadline = time.monotonic() + timeout + 1.0
+        with contextlib.suppress(Exception):  # the outcome stands: this only looks
+            pump(self.pool.events, self.pool.router, lambda: bool(reports), deadline)
+        return reports[0] if reports else None
+
+    def _dump(self, why: str, error: BaseException | None = None) -> None:
+        """Before the workers stop (Ctrl-C, a failure): where every rank still running is."""
+        if self.pool.broken or not self._shares:
+            return
+        report = self.stacks(why, DUMP_WAIT)
+        if report is None or not any(r.threads for r in report.ranks):
+            return  # every rank had ended: nothing to show
+        path = self.watch.write(report)
+        shown = _running(report)
+        text = f"{shown.summary()}" + (f"\n(every thread's stacks: {path})" if path else "")
+        if error is None:
+            log.warning("slurmrun: %s: where each rank was:\n%s", why, text)
+        else:
+            add_note(error, f"slurmrun: where the ranks still running were:\n{text}")
 
     def _end(self) -> None:
         """Tells every agent to stop the run's workers, and waits until each is idle.
@@ -181,6 +231,11 @@ class Run:
             rank = None if message.local_rank < 0 else share.rank_offset + message.local_rank
             label = self.labels[agent.node_rank]
             self._output.dispatch(message, frame.body, label, rank, self._handlers)
+            self.watch.heard(now)
+        elif isinstance(message, protocol.Stacks):
+            self.watch.on_stacks(agent.node_rank, message, bytes(frame.body))
+        elif isinstance(message, protocol.Debugger):
+            self.watch.on_debugger(agent.node_rank, message, bytes(frame.body))
         elif self.ending:
             return  # the run's outcome stands: what its workers say now changes nothing
         elif isinstance(message, protocol.Result):
@@ -191,6 +246,7 @@ class Run:
         elif isinstance(message, protocol.Started):
             self._on_started(share, message)
         elif isinstance(message, protocol.Error | protocol.Died):
+            self.watch.sessions.rank_ended((agent.node_rank, message.local_rank))
             self.verdicts.worker_failed(share, message, frame, now)
 
     def on_closed(self, agent: PoolAgent, why: str) -> None:
@@ -203,9 +259,15 @@ class Run:
                 agent.node_rank, f"it closed its connection before all results{detail}"
             )
 
+    def on_local(self, event: Local, now: float) -> None:
+        """A request of another thread (stacks), or a line typed for a debugger."""
+        self.watch.on_local(event)
+
     def on_tick(self, now: float) -> None:
-        """Raises the failure that time alone reveals: a lone error without its cause."""
-        self.verdicts.check_held(now)
+        """Raises the failure that time alone reveals (a lone error without its cause)."""
+        self.watch.on_tick(now)
+        if not self.ending:
+            self.verdicts.check_held(now)
 
     def _on_result(self, share: Share, result: protocol.Result, frame: Frame, now: float) -> None:
         local_rank = result.local_rank
@@ -231,6 +293,8 @@ class Run:
             self.trace.mark("workers_started")
 
     def _got_result(self, share: Share, local_rank: int, frame: Frame, now: float) -> None:
+        self.watch.heard(now)
+        self.watch.sessions.rank_ended((share.agent.node_rank, local_rank))
         self._results_left -= local_rank not in share.results
         share.results[local_rank] = frame
         self._last_result = now
@@ -270,6 +334,11 @@ class Run:
 
     def _collect(self) -> LaunchResult[Any]:
         return _values([self._shares[i] for i in range(len(self.pool.hostnames))])
+
+
+def _running(report: StackReport) -> StackReport:
+    """`report` without the ranks that had ended (no stacks)."""
+    return dataclasses.replace(report, ranks=tuple(r for r in report.ranks if r.threads))
 
 
 def _values(order: list[Share]) -> LaunchResult[Any]:

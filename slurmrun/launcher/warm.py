@@ -15,8 +15,10 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurmrun.control import ControlServer
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace
 from slurmrun.launcher import srun
@@ -32,13 +34,15 @@ from slurmrun.launcher.plan import (
 )
 from slurmrun.launcher.pool import AgentPool, PoolBroken
 from slurmrun.launcher.run import Run
+from slurmrun.launcher.stackdumps import StacksWanted
 from slurmrun.launcher.starters import LocalAgents, SrunAgents
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.logs import log_level
 from slurmrun.protocol import RESTART_VAR
 from slurmrun.result import LaunchResult
+from slurmrun.stacks import StackReport
 from slurmrun.transport import new_secret
-from slurmrun.worker_env import restart_vars
+from slurmrun.worker_env import flight_recorder_vars, restart_vars
 
 if TYPE_CHECKING:
     from slurmrun.launcher import Launcher
@@ -65,6 +69,8 @@ def sigterm_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# Beyond a stacks request's own timeout: how long its asker waits for the run's loop.
+ANSWER_SLACK = 5.0
 WARM_ATTR = "_slurmrun_warm"
 # What the agents were started with: changing one between runs would need new agents.
 _AGENT_OPTIONS = (
@@ -99,6 +105,7 @@ class Warm:
         self.pool: AgentPool | None = None
         self.options: dict[str, object] | None = None
         self.env: dict[str, str] = {}  # the user's variables, as the pool's agents got them
+        self.control: ControlServer | None = None  # ``slurmrun stacks``'s way in
 
     def env_changes(self, cfg: Launcher) -> tuple[dict[str, str], list[str]]:
         """The user's variables that changed since the agents started, and those now unset.
@@ -126,6 +133,52 @@ class Warm:
                 "call close()) and use a new one."
             )
 
+    def stacks(self, timeout: float) -> StackReport | None:
+        """Every rank's stacks, from another thread than the run's (None: no run)."""
+        found = self.stacks_dump(timeout)
+        return None if found is None else found[0]
+
+    def stacks_dump(self, timeout: float) -> tuple[StackReport, Path | None] | None:
+        """`stacks`, and where the report was written."""
+        pool = self.pool
+        if pool is None or pool.run is None:
+            return None
+        wanted = StacksWanted("asked", timeout)
+        pool.events.put(wanted)
+        try:
+            return wanted.answer.result(timeout + ANSWER_SLACK)
+        except TimeoutError:
+            return None
+
+    def start_control(self) -> None:
+        """Lets ``slurmrun stacks`` reach this launcher (`slurmrun.control`), once."""
+        if self.control is None:
+            what = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
+            self.control = ControlServer(
+                self._on_request, what=what[:200], job_id=os.environ.get("SLURM_JOB_ID", "")
+            )
+            self.control.start()
+
+    def _on_request(self, op: str, args: dict[str, Any]) -> str:
+        if op != "stacks":
+            raise ValueError(f"unknown request {op!r}: this launcher answers 'stacks'")
+        timeout = min(float(args.get("timeout", 10.0)), 300.0)
+        found = self.stacks_dump(timeout)
+        if found is None:
+            return f"slurmrun: no run in progress in this launcher (pid {os.getpid()})\n"
+        report, path = found
+        written = f"\n(written to {path})" if path else ""
+        return f"{report.format()}{written}\n"
+
+    def close(self) -> None:
+        """Stops the kept agents and the control socket."""
+        control, self.control = self.control, None
+        try:
+            self.close_pool()
+        finally:
+            if control is not None:
+                control.close()
+
     def close_pool(self) -> None:
         """Stops the kept agents, if any (the next run starts new ones)."""
         pool, self.pool = self.pool, None
@@ -146,6 +199,7 @@ class Warm:
             self.env = user_env(cfg)
             self.pool = open_pool(cfg, plan, trace)
         self.pool.trace = trace
+        self.start_control()
         return self.pool
 
 
@@ -226,7 +280,12 @@ def _run(  # noqa: PLR0917 - private, called once
     trace: Trace,
 ) -> LaunchResult[Any]:
     log_dir = pool.log_dir
+    kept = log_dir.path if log_dir is not None and log_dir.keep else None
     changed, unset = warm.env_changes(cfg)
+    if cfg.flight_recorder:
+        recorder_dir = os.path.join(kept or os.getcwd(), "flight_recorder")
+        os.makedirs(recorder_dir, exist_ok=True)  # torch writes its dumps there, not makes it
+        changed |= flight_recorder_vars(recorder_dir)
     run = Run(
         pool=pool,
         workers_per_host=plan.workers_per_host,
@@ -246,9 +305,11 @@ def _run(  # noqa: PLR0917 - private, called once
         },
         local_master=plan.local,
         handlers=cfg.log_handlers,
-        log_dir=log_dir.path if log_dir is not None and log_dir.keep else None,
+        log_dir=kept,
         agents_write_logs=isinstance(pool.starter, (LocalAgents, SrunAgents)),
         log_level=log_level(),
         trace=trace,
+        stall_timeout=cfg.stall_timeout,
+        stacks_dir=kept,
     )
     return run.run()

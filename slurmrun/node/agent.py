@@ -140,6 +140,12 @@ class Agent:
                     self.inbox.put(frame)
                 elif isinstance(message, protocol.End):
                     self.runs.end(message.run)
+                elif isinstance(message, protocol.AskStacks):
+                    self._stacks(message)
+                elif isinstance(message, protocol.DebugInput):
+                    current = self.current
+                    if current is not None and current.start.run == message.run:
+                        current.debug_input(message, bytes(frame.body))
         except BlockingIOError:
             _say(f"the launcher sent nothing for {self.silence:g} s: stopping the workers.")
         except protocol.ProtocolError as e:
@@ -151,6 +157,18 @@ class Agent:
             # would ever wake `serve`, and the agent would outlive its launcher.
             self.runs.end_all()
             self.inbox.put(None)
+
+    def _stacks(self, ask: protocol.AskStacks) -> None:
+        """Answers ASK_STACKS on a thread of its own (it waits for the workers' answers)."""
+        current = self.current
+        if current is not None and current.start.run == ask.run:
+            threading.Thread(target=current.stacks, args=(ask,), daemon=True).start()
+            return
+        none = protocol.Stacks(
+            request=ask.request, source="none", note="no workers of that run here", run=ask.run
+        )  # local_rank -1: every worker of this agent
+        with contextlib.suppress(OSError):  # cut: the launcher sees the end
+            self.launcher.send(none.header())
 
     def _heartbeat(self, interval: float) -> None:
         beat = protocol.Heartbeat().header()

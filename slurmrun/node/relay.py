@@ -54,6 +54,7 @@ class WorkerLink:
     log: WorkerLog | None = None  # its log file, when this agent writes it
     forward: bool = True  # whether its output and logging records go to the launcher
     run: int = 0  # the run it belongs to: every frame it sends is marked with it
+    stacks_answered: int = 0  # the last ASK_STACKS request it answered itself
 
 
 @dataclass
@@ -99,6 +100,8 @@ class Relay:
                 if head.kind == protocol.ERROR:
                     self._relay_error(worker, head)
                 else:
+                    if head.kind == protocol.STACKS:  # (the agent dumps those that do not answer)
+                        worker.stacks_answered = int(head.header.get("request", 0))
                     self.launcher.take(head, worker.conn)
                 if final:
                     worker.delivered = True

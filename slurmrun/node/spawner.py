@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slurmrun.node.inbox import stacks_signal
 from slurmrun.node.proctitle import SPAWNER_COMM, node_name, set_title
 from slurmrun.torch_import import import_module
 from slurmrun.waiting import wait_readable
@@ -274,6 +275,8 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
         signal.SIGTERM: signal.SIG_DFL,
     }
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
+    # Until a worker arms it (`inbox.arm_stacks_signal`), a dump request must not kill it.
+    signal.signal(stacks_signal(), signal.SIG_IGN)
     _die_with_parent(agent_pid, reaper=True)
     # Before torch's import starts threads: they inherit the comm (top's name) of their creator.
     set_title(f"slurmrun spawner ({node_name(os.environ)})", SPAWNER_COMM)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from slurmrun import protocol
 from slurmrun.errors import signal_name
 from slurmrun.logs import WorkerLog
+from slurmrun.node.dumps import answer_stacks
 from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
 from slurmrun.node.spawner import Spawner, SpawnError, WorkerProcess, wait_any
@@ -80,6 +81,7 @@ class RunWorkers:
     slurm_ending: threading.Event
     say_terminating: Callable[[], None]
     workers: list[WorkerLink] = field(default_factory=list)
+    spawned: threading.Event = field(default_factory=threading.Event)  # every worker was forked
 
     # ------------------------------------------------------------------ start
     def spawn(self, func_payload: bytes) -> None:
@@ -117,6 +119,7 @@ class RunWorkers:
             with contextlib.suppress(OSError):  # a worker that died already: judged as such
                 worker.conn.send(func, func_payload)
         pids = [w.process.pid for w in self.workers]
+        self.spawned.set()
         with contextlib.suppress(OSError):  # the launcher is gone: the agent's reader ends it
             self.launcher.send(protocol.Started(run=start.run, pids=pids).header())
 
@@ -209,6 +212,23 @@ class RunWorkers:
         with contextlib.suppress(OSError):  # the launcher is gone: nobody waits
             self.launcher.send(died.header())
         return True
+
+    def stacks(self, ask: protocol.AskStacks) -> None:
+        """Answers the launcher's ASK_STACKS for every worker (`slurmrun.node.dumps`; waits)."""
+        if not self.spawned.wait(timeout=ask.answer_wait):
+            answer = protocol.Stacks(
+                request=ask.request, source="none", note="its workers are starting", run=ask.run
+            )  # local_rank -1: every worker of this agent
+            with contextlib.suppress(OSError):
+                self.launcher.send(answer.header())
+            return
+        answer_stacks(self.workers, self.launcher, ask)
+
+    def debug_input(self, message: protocol.DebugInput, line: bytes) -> None:
+        """Passes a line the user typed to the debugger of worker `message.local_rank`."""
+        if self.spawned.is_set() and 0 <= message.local_rank < len(self.workers):
+            with contextlib.suppress(OSError):  # it exited: the launcher hears of that
+                self.workers[message.local_rank].conn.send(message.header(), line)
 
     def forward_signal(self, signum: int) -> None:
         """Passes a signal from SLURM (e.g. ``--signal=USR1@60``) on to every live worker."""

@@ -15,12 +15,12 @@ import os
 import signal
 import socket
 import sys
-import threading
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 
 from slurmrun import protocol, worker_env
+from slurmrun.node import debugger, inbox
 from slurmrun.node.proctitle import set_title, what_runs, worker_comm, worker_title
 from slurmrun.output import MAX_LINE, log_frame
 from slurmrun.transport import Connection, OutOfBand, dumps, loads, nbytes
@@ -122,21 +122,6 @@ def _capture_logging(conn: Connection, level: int) -> None:
     root.addHandler(_ChannelHandler(conn))
     root.setLevel(level)
     logging.captureWarnings(True)
-
-
-def _watch_agent(conn: Connection) -> None:
-    """Ends this worker as soon as the agent says stop or its socket closes.
-
-    The agent also signals workers itself; this covers an agent that was SIGKILLed.
-    """
-    try:
-        while True:
-            frame = conn.recv()
-            if frame is None or frame.kind == protocol.STOP:
-                break
-    except OSError:
-        pass
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _set_environment(spec: WorkerSpec) -> None:
@@ -387,18 +372,22 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
         if signum.name not in keep:
             signal.signal(signum, signal.SIG_DFL)
     faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
+    inbox.arm_stacks_signal(streams)
     _set_environment(spec)
     sys.path[:] = list(spec.sys_path)
     with contextlib.suppress(OSError):
         os.chdir(spec.cwd)
     conn = Connection(sock)
     _capture_logging(conn, spec.log_level)
+    debugger.attach(conn, f"{spec.hostname} rank {spec.rank}")
     code = 0
     try:
         frame = conn.recv()
+        while frame is not None and frame.kind != protocol.FUNC:  # (nothing else comes first)
+            frame = conn.recv()
         if frame is None:
             os._exit(71)
-        threading.Thread(target=_watch_agent, args=(conn,), daemon=True).start()
+        inbox.watch_agent(conn)
         try:
             func, args, kwargs = loads(frame.body, frame.buffers)
             what = what_runs(func, args, kwargs)

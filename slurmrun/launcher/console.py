@@ -1,0 +1,197 @@
+"""Debugger sessions of a run in the launcher's terminal: one at a time, the others queued.
+
+A worker's pdb (`slurmrun.node.debugger`) sends what it wrote, ending with its prompt
+(``(Pdb) [node2 rank 5]``); `Sessions` shows it and reads one line from the terminal on a
+thread of its own (`TerminalReader`: the run's loop never blocks on the user), which comes
+back to the loop as a `LineTyped` event and goes to that worker as DEBUG_INPUT. While one
+rank's session is open, other ranks that stop at a breakpoint wait their turn (the launcher
+says so). Ctrl-C ends the run as ever: the main thread gets it, not the reader.
+
+Without a terminal (a batch job's launcher, stdin not a TTY) a breakpoint cannot be served:
+the launcher says where it was, and the rank goes on (pdb sees end of input).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from slurmrun import protocol
+from slurmrun.launcher.pump import Events, Local
+from slurmrun.waiting import wait_readable
+
+__all__ = ["LineTyped", "Sessions", "TerminalReader", "has_terminal"]
+
+log = logging.getLogger("slurmrun")
+Key = tuple[int, int]  # (node rank, local rank)
+_POLL = 0.1  # how often the reader looks whether its line is still wanted
+LINE_LIMIT = 64 * 1024  # what one typed line may hold
+
+
+def has_terminal(stdin: TextIO | None = None) -> bool:
+    """Whether a person can answer here: stdin is a terminal, or a Jupyter kernel's input."""
+    stdin = sys.stdin if stdin is None else stdin
+    if "ipykernel" in sys.modules:
+        return True
+    try:
+        return stdin is not None and stdin.isatty()
+    except (ValueError, OSError):
+        return False
+
+
+@dataclass(frozen=True)
+class LineTyped(Local):
+    """The user typed `line` for the session of `key` (None: end of input, Ctrl-D)."""
+
+    key: Key
+    line: str | None
+
+
+class TerminalReader:
+    """Reads one line at a time from stdin, on a thread of its own, into the run's loop."""
+
+    def __init__(self, events: Events) -> None:
+        self._events = events
+        self._stop = threading.Event()
+
+    def read(self, key: Key) -> None:
+        """Starts reading the line for `key` (the prompt is shown already)."""
+        self._stop.clear()
+        stop = self._stop
+        threading.Thread(
+            target=self._read, args=(key, stop), name="slurmrun-console", daemon=True
+        ).start()
+
+    def cancel(self) -> None:
+        """The line is no longer wanted (the session or the run ended)."""
+        self._stop.set()
+        self._stop = threading.Event()
+
+    def _read(self, key: Key, stop: threading.Event) -> None:
+        try:
+            fd = sys.stdin.fileno()
+        except (AttributeError, ValueError, OSError):  # a Jupyter kernel: its input()
+            line: str | None = _input()
+        else:
+            while not stop.is_set():
+                if wait_readable([fd], _POLL):
+                    break
+            if stop.is_set():
+                return
+            line = sys.stdin.readline(LINE_LIMIT) or None
+        if not stop.is_set():
+            self._events.put(LineTyped(key, line))
+
+
+def _input() -> str | None:
+    try:
+        return input() + "\n"
+    except EOFError:
+        return None
+
+
+class Sessions:
+    """The run's debugger sessions (see the module's docstring).
+
+    Args:
+        send: sends a DEBUG_INPUT to the agent of the key's node rank.
+        reader: reads the user's lines (None: no terminal; every prompt gets end of input).
+        out: where prompts and the debugger's output are written.
+    """
+
+    def __init__(
+        self,
+        send: Callable[[int, protocol.DebugInput, bytes], None],
+        reader: TerminalReader | None,
+        out: TextIO | None = None,
+    ) -> None:
+        self._send = send
+        self._reader = reader
+        self._out = out
+        self.active: Key | None = None
+        self._waiting: deque[tuple[Key, str, bytes]] = deque()
+        self._run = 0
+
+    @property
+    def open(self) -> bool:
+        """Whether a rank is in a session, or waits for one."""
+        return self.active is not None or bool(self._waiting)
+
+    def on_message(self, run: int, key: Key, message: protocol.Debugger, body: bytes) -> None:
+        """A worker's debugger spoke: a prompt (show it, or queue it), or its session ended."""
+        self._run = run
+        text = body.decode(errors="replace")
+        if message.state == protocol.DebugState.ENDED:
+            self._write(text)
+            if self.active == key:
+                self._next()
+            return
+        if self._reader is None:
+            self._no_terminal(key, message.where, text)
+            return
+        if self.active in (None, key):
+            self._show(key, text)
+        elif all(k != key for k, _, _ in self._waiting):
+            self._waiting.append((key, message.where, body))
+            self._write(
+                f"\nslurmrun: {message.where} stopped at a breakpoint too; its session follows "
+                f"this one ({len(self._waiting)} waiting).\n"
+            )
+
+    def on_line(self, typed: LineTyped) -> None:
+        """The user's line: to the worker whose session is open."""
+        if typed.key != self.active:
+            return
+        line = typed.line or ""
+        input_ = protocol.DebugInput(run=self._run, local_rank=typed.key[1], eof=typed.line is None)
+        self._send(typed.key[0], input_, line.encode(errors="surrogateescape"))
+
+    def rank_ended(self, key: Key) -> None:
+        """Rank `key` returned, failed or died: its session (or place in the queue) is over."""
+        self._waiting = deque(w for w in self._waiting if w[0] != key)
+        if self.active == key:
+            self._next()
+
+    def close(self) -> None:
+        """The run is over: no line is wanted any more."""
+        if self._reader is not None:
+            self._reader.cancel()
+        self.active = None
+        self._waiting.clear()
+
+    def _show(self, key: Key, text: str) -> None:
+        self.active = key
+        self._write(text)
+        if self._reader is not None:
+            self._reader.read(key)
+
+    def _next(self) -> None:
+        self.active = None
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._waiting:
+            key, _, body = self._waiting.popleft()
+            self._show(key, body.decode(errors="replace"))
+
+    def _no_terminal(self, key: Key, where: str, text: str) -> None:
+        stop = next((line for line in text.splitlines() if line.startswith("> ")), "")
+        log.warning(
+            "slurmrun: %s stopped at a breakpoint%s, but this launch has no terminal to debug "
+            "in (its stdin is not one): the rank goes on. Run the launch from a terminal "
+            "(under SLURM: salloc, or srun --pty) to debug it.",
+            where,
+            f" ({stop[2:]})" if stop else "",
+        )
+        self._send(key[0], protocol.DebugInput(run=self._run, local_rank=key[1], eof=True), b"")
+
+    def _write(self, text: str) -> None:
+        out = self._out if self._out is not None else sys.stdout
+        with contextlib.suppress(OSError, ValueError):
+            out.write(text)
+            out.flush()

@@ -1,0 +1,194 @@
+"""What a run shows of itself while it lasts: every rank's stacks, stalls, debugger sessions.
+
+A `RunWatch` belongs to one `slurmrun.launcher.run.Run` and sees its messages and ticks:
+
+- stacks on demand (`slurmrun.launcher.stackdumps`): one request at a time; others that come
+  meanwhile share its report;
+- a stall (``Launcher(stall_timeout=...)``): when no rank wrote output, returned or failed for
+  that long, every rank's stacks are dumped once (printed, written to the log directory, a
+  `slurmrun.events.Stalled` event), and the run goes on;
+- debugger sessions in the launcher's terminal (`slurmrun.launcher.console`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+
+from slurmrun import protocol
+from slurmrun.events import Stalled, Trace
+from slurmrun.launcher.console import LineTyped, Sessions, TerminalReader, has_terminal
+from slurmrun.launcher.pool import AgentPool
+from slurmrun.launcher.pump import Local
+from slurmrun.launcher.share import Share
+from slurmrun.launcher.stackdumps import Gather, StacksWanted
+from slurmrun.stacks import StackReport
+
+__all__ = ["RunWatch"]
+
+log = logging.getLogger("slurmrun")
+# How long the stacks asked for by the run itself (a stall) may take to come in.
+STALL_DUMP_WAIT = 10.0
+
+
+class RunWatch:
+    """Stacks, stalls and debugger sessions of one run (see the module's docstring).
+
+    Args:
+        pool: the run's agents.
+        shares: the run's shares by node rank.
+        labels: each node's label, by node rank.
+        stall_timeout: seconds without a word from any rank that make a stall (None: off).
+        log_dir: where reports are written (None: nowhere).
+        trace: the launch's events.
+    """
+
+    def __init__(
+        self,
+        pool: AgentPool,
+        shares: Mapping[int, Share],
+        labels: list[str],
+        *,
+        stall_timeout: float | None,
+        log_dir: str | None,
+        trace: Trace | None,
+    ) -> None:
+        self.pool = pool
+        self.shares = shares
+        self.labels = labels
+        self.stall_timeout = stall_timeout
+        self.log_dir = log_dir
+        self.trace = trace
+        self.run = 0
+        self.gather: Gather | None = None
+        self.last_word = 0.0  # when a rank last wrote, returned or failed (monotonic)
+        self._stalled_at: float | None = None  # the quiet spell already reported
+        self.sessions = Sessions(
+            self._send_input, TerminalReader(pool.events) if has_terminal() else None
+        )
+
+    def begin(self, run: int, now: float) -> None:
+        """The run's workers were handed out."""
+        self.run = run
+        self.last_word = now
+
+    def heard(self, now: float) -> None:
+        """A rank wrote, returned or failed: the run is not stalled."""
+        self.last_word = now
+
+    # ------------------------------------------------------------------ stacks
+    def want(self, why: str, timeout: float, done: Callable[[StackReport], None]) -> None:
+        """Asks every rank for its stacks (or joins the request in progress)."""
+        if self.gather is not None:
+            self.gather.done.append(done)
+            return
+        now = _now()
+        gather = Gather(self.run, self.shares, self.labels, why, now, now + timeout, done=[done])
+        self.gather = gather
+        header = gather.message().header()
+        gather.ask(
+            lambda share: not share.agent.closed and share.agent.node_rank not in self.pool.dead,
+            lambda share: self.pool.send(share.agent, header),
+        )
+        self._finish_gather(now)
+
+    def on_stacks(self, node_rank: int, message: protocol.Stacks, body: bytes) -> None:
+        """A STACKS answer."""
+        if self.gather is not None:
+            self.gather.take(node_rank, message, body)
+            self._finish_gather(_now())
+
+    def _finish_gather(self, now: float) -> None:
+        gather = self.gather
+        if gather is None or not gather.complete(now):
+            return
+        self.gather = None
+        report = gather.report(now - gather.started)
+        for done in gather.done:
+            done(report)
+
+    # ------------------------------------------------------------------ events and ticks
+    def on_local(self, event: Local) -> None:
+        """A request of another thread, or a line typed for a debugger."""
+        if isinstance(event, StacksWanted):
+            answer = event.answer
+            self.want(event.why, event.timeout, lambda report: _answer(answer, report, self))
+        elif isinstance(event, LineTyped):
+            self.sessions.on_line(event)
+        else:
+            event.unowned()
+
+    def on_debugger(self, node_rank: int, message: protocol.Debugger, body: bytes) -> None:
+        """A worker's debugger spoke."""
+        self.last_word = _now()
+        self.sessions.on_message(self.run, (node_rank, message.local_rank), message, body)
+
+    def on_tick(self, now: float) -> None:
+        """Makes the report whose time is up; notices a stall."""
+        self._finish_gather(now)
+        if self.stall_timeout is None or self.gather is not None or self.sessions.open:
+            return
+        if now - self.last_word < self.stall_timeout:
+            return
+        if self._stalled_at == self.last_word:
+            return  # this quiet spell was reported
+        self._stalled_at = self.last_word
+        quiet = now - self.last_word
+        self.want(f"no output for {quiet:.0f} s", STALL_DUMP_WAIT, self._stalled)
+
+    def _stalled(self, report: StackReport) -> None:
+        path = self.write(report)
+        seconds = self.stall_timeout or 0.0
+        log.warning(
+            "slurmrun: no rank wrote output, returned or failed for %g s. Where each rank "
+            "is:\n%s%s",
+            seconds,
+            report.summary(),
+            f"\n(every thread's stacks: {path})" if path else "",
+        )
+        if self.trace is not None:
+            self.trace.emit(
+                Stalled,
+                seconds=seconds,
+                summary=report.summary(),
+                stacks_file=str(path or ""),
+            )
+
+    def write(self, report: StackReport) -> Path | None:
+        """Writes `report` into the launch's log directory, if it has one."""
+        if self.log_dir is None:
+            return None
+        try:
+            return report.write(os.path.join(self.log_dir, "stacks"))
+        except OSError as e:
+            log.warning("slurmrun: could not write the stacks report: %s", e)
+            return None
+
+    def close(self) -> None:
+        """The run is over: answer what still waits, end the debugger sessions."""
+        gather, self.gather = self.gather, None
+        if gather is not None:
+            report = gather.report(_now() - gather.started)
+            for done in gather.done:
+                done(report)
+        self.sessions.close()
+
+    def _send_input(self, node_rank: int, message: protocol.DebugInput, line: bytes) -> None:
+        share = self.shares.get(node_rank)
+        if share is not None and not share.agent.closed:
+            self.pool.send(share.agent, message.header(), line)
+
+
+def _answer(
+    answer: Future[tuple[StackReport, Path | None] | None], report: StackReport, watch: RunWatch
+) -> None:
+    if not answer.done():
+        answer.set_result((report, watch.write(report)))
+
+
+def _now() -> float:
+    return time.monotonic()

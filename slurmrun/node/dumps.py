@@ -1,0 +1,125 @@
+"""The agent's answer to ASK_STACKS: every worker's stacks, from the worker or from faulthandler.
+
+Each live worker is asked (its inbox thread answers with `slurmrun.stacks.capture`, and the
+relay forwards the answer); one that has not answered within the request's ``answer_wait``
+(C code holding the GIL, a thread that cannot be scheduled) gets the stacks signal, and its
+faulthandler writes every thread's stack into its side socket, read here. A worker that
+exited, or that neither answers nor dumps, gets an answer without stacks saying why, so that
+the launcher never waits for a rank in vain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Sequence
+
+from slurmrun import protocol
+from slurmrun.node.inbox import stacks_signal
+from slurmrun.node.relay import WorkerLink
+from slurmrun.stacks import MAX_CAPTURE_BYTES, StackSource
+from slurmrun.transport import Connection
+from slurmrun.waiting import wait_readable
+
+__all__ = ["answer_stacks"]
+
+_POLL = 0.005
+# faulthandler's dump: how long it may take to start, and the pause that ends it.
+DUMP_WAIT = 2.0
+DUMP_QUIET = 0.2
+
+
+def answer_stacks(
+    workers: Sequence[WorkerLink], launcher: Connection, ask: protocol.AskStacks
+) -> None:
+    """Answers `ask` for every one of `workers` (on a thread of its own: this waits)."""
+    header = ask.header()
+    asked: list[WorkerLink] = []
+    for worker in workers:
+        why = _gone(worker)
+        if why is None:
+            try:
+                worker.conn.send(header)
+            except OSError:
+                why = "its connection to the agent is closed"
+            else:
+                asked.append(worker)
+                continue
+        _send(launcher, ask, worker, StackSource.NONE, why)
+    deadline = time.monotonic() + max(0.0, ask.answer_wait)
+    while time.monotonic() < deadline and any(w.stacks_answered < ask.request for w in asked):
+        time.sleep(_POLL)
+    for worker in asked:
+        if worker.stacks_answered >= ask.request:
+            continue
+        text = _dump(worker)
+        if worker.stacks_answered >= ask.request:
+            continue  # it answered after all (the dump, if any, is dropped)
+        if text:
+            _send(launcher, ask, worker, StackSource.FAULTHANDLER, "", text.encode())
+        else:
+            why = _gone(worker) or f"no answer within {ask.answer_wait + DUMP_WAIT:g} s"
+            _send(launcher, ask, worker, StackSource.NONE, why)
+
+
+def _gone(worker: WorkerLink) -> str | None:
+    """Why `worker` cannot show its stacks, or None if it can."""
+    if worker.delivered:
+        return "it returned (or raised) already"
+    code = worker.process.poll()
+    if code is not None:
+        return "it exited" if code >= 0 else f"it was killed by signal {-code}"
+    return None
+
+
+def _send(  # noqa: PLR0917 - one answer's parts
+    launcher: Connection,
+    ask: protocol.AskStacks,
+    worker: WorkerLink,
+    source: StackSource,
+    note: str,
+    body: bytes = b"",
+) -> None:
+    answer = protocol.Stacks(
+        request=ask.request,
+        source=source.value,
+        note=note,
+        local_rank=worker.local_rank,
+        run=ask.run,
+    )
+    with contextlib.suppress(OSError):  # cut: the launcher sees the connection end
+        launcher.send(answer.header(), body)
+
+
+def _dump(worker: WorkerLink) -> str:
+    """Makes `worker`'s faulthandler dump its stacks into its side socket; returns the text."""
+    side = worker.streams
+    with contextlib.suppress(OSError):
+        while wait_readable([side.fileno()], 0):  # anything stale of an earlier dump
+            if not side.recv(1 << 16, socket.MSG_DONTWAIT):
+                break
+    try:
+        os.kill(worker.process.pid, stacks_signal())
+    except OSError:
+        return ""
+    chunks: list[bytes] = []
+    size = 0
+    deadline = time.monotonic() + DUMP_WAIT
+    while size < MAX_CAPTURE_BYTES:
+        left = deadline - time.monotonic()
+        wait = DUMP_QUIET if chunks else left  # a pause once it began: the dump is whole
+        if left <= 0:
+            break
+        try:
+            if not wait_readable([side.fileno()], min(wait, left)):
+                break
+            data = side.recv(MAX_CAPTURE_BYTES - size)
+        except (OSError, ValueError):
+            break
+        if not data:
+            break
+        chunks.append(data)
+        size += len(data)
+    return b"".join(chunks).decode(errors="replace")

@@ -1,0 +1,79 @@
+"""What the agent asks of a running worker: stop, show its stacks, take a debugger's line.
+
+A worker's inbox thread (``slurmrun-inbox``) reads its control connection while the function
+runs: STOP (or the connection closing: the agent is gone) ends the worker at once, ASK_STACKS
+is answered with every thread's stack (`slurmrun.stacks.capture`), DEBUG_INPUT goes to the
+debugger (`slurmrun.node.debugger`).
+
+A worker whose threads cannot run (C code holding the GIL) cannot answer ASK_STACKS itself:
+faulthandler then dumps its stacks from a signal handler (`arm_stacks_signal`), into the
+worker's side socket, which the agent reads (`slurmrun.node.supervisor`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import os
+import signal
+import socket
+import threading
+
+from slurmrun import protocol, stacks
+from slurmrun.node import debugger
+from slurmrun.transport import Connection
+
+__all__ = ["INBOX_THREAD", "arm_stacks_signal", "stacks_signal", "watch_agent"]
+
+INBOX_THREAD = "slurmrun-inbox"  # `slurmrun.stacks.capture` leaves "slurmrun-" threads out
+# A real-time signal: SIGUSR1/2 are the user's (and SLURM's --signal).
+_STACKS_SIGNAL_OFFSET = 4
+
+
+def stacks_signal() -> int:
+    """The signal on which a worker's faulthandler dumps every thread's stack."""
+    return int(signal.SIGRTMIN) + _STACKS_SIGNAL_OFFSET
+
+
+def arm_stacks_signal(side: socket.socket) -> None:
+    """Makes `stacks_signal` dump every thread's stack into `side` (the agent reads it).
+
+    faulthandler writes from the signal handler itself, without the GIL: it answers where no
+    Python thread can run. The spawner ignores the signal, so it cannot kill a worker that
+    has not armed it yet.
+    """
+    faulthandler.register(stacks_signal(), file=side, all_threads=True, chain=False)
+
+
+def watch_agent(conn: Connection) -> None:
+    """Starts the inbox thread of this worker (see the module's docstring)."""
+    threading.Thread(target=_read, args=(conn,), name=INBOX_THREAD, daemon=True).start()
+
+
+def _read(conn: Connection) -> None:
+    try:
+        while True:
+            frame = conn.recv()
+            if frame is None or frame.kind == protocol.STOP:
+                break
+            message = protocol.parse(frame.header)
+            if isinstance(message, protocol.AskStacks):
+                _answer(conn, message)
+            elif isinstance(message, protocol.DebugInput):
+                line = None if message.eof else bytes(frame.body).decode(errors="replace")
+                debugger.give_input(line)
+    except (OSError, EOFError, protocol.ProtocolError):
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
+    try:
+        body = stacks.capture(skip={threading.get_ident()})
+    except Exception as e:  # a dump must never end the worker: say why there is none
+        answer = protocol.Stacks(request=ask.request, source="none", note=f"capture failed: {e}")
+        body = b""
+    else:
+        answer = protocol.Stacks(request=ask.request, source=stacks.StackSource.PYTHON.value)
+    with contextlib.suppress(OSError):  # the agent is gone: STOP or the close ends us
+        conn.send(answer.header(), body)
