@@ -392,7 +392,9 @@ class ControlServer:
                 conn.settimeout(READ_TIMEOUT)
                 try:
                     op, args = _read_request(conn)
-                except (OSError, ValueError, TypeError) as e:  # silent, too long, garbled
+                except TimeoutError:
+                    reply, unread = _reply(ok=False, text=f"no request in {READ_TIMEOUT:g} s"), True
+                except (OSError, ValueError, TypeError) as e:  # too long, garbled
                     reply, unread = _reply(ok=False, text=str(e)), True
                 else:
                     reply, unread = self._call(op, args), False
@@ -437,8 +439,6 @@ def _read_request(conn: socket.socket) -> tuple[str, dict[str, Any]]:
         if len(buf.split(b"\n", 1)[0]) > MAX_REQUEST:
             raise ValueError(f"request longer than {MAX_REQUEST} bytes")
     line = buf.split(b"\n", 1)[0]
-    if len(line) > MAX_REQUEST:
-        raise ValueError(f"request longer than {MAX_REQUEST} bytes")
     try:
         request = json.loads(line)
     except ValueError as e:

@@ -315,6 +315,21 @@ def test_a_silent_client_does_not_keep_others_from_an_answer(xdg):
         assert ask(_entry(os.getpid()), "stacks", timeout=2) == "answer"
 
 
+def test_a_silent_client_gets_an_error_after_the_read_timeout(xdg, monkeypatch):
+    monkeypatch.setattr(control, "READ_TIMEOUT", 0.3)
+    with (
+        ControlServer(lambda op, args: "answer", what="f") as server,
+        socket.socket(socket.AF_UNIX) as silent,
+    ):
+        assert server.socket is not None
+        silent.connect(str(server.socket))
+        silent.settimeout(5)
+        started = time.monotonic()
+        reply = json.loads(silent.recv(1000))
+        assert 0.2 < time.monotonic() - started < 2
+        assert reply == {"ok": False, "error": "no request in 0.3 s"}
+
+
 def test_a_launcher_slower_than_the_timeout_gives_a_clear_error(xdg):
     with ControlServer(lambda op, args: time.sleep(2) or "late", what="f"):
         started = time.monotonic()
