@@ -294,6 +294,8 @@ class ControlServer:
         Where that fails (no private writable directory), it logs one warning per process and
         returns: the launch goes on without a control channel (`socket` stays None).
         """
+        if self._listener is not None:  # started already
+            return
         try:
             self._bind()
         except (OSError, ControlError) as e:
