@@ -29,6 +29,7 @@ VERBS = [
     ("logs JOB_ID [-f]", "print a worker's output"),
     ("cancel JOB_ID", "cancel a submitted job"),
     ("jobs", "list the jobs submitted"),
+    ("stacks [JOB_ID]", "print the Python stacks of a running launch"),
 ]
 DESCRIPTION = [
     "Runs SCRIPT (or -m MODULE) as __main__ on every worker of the SLURM allocation (one per "

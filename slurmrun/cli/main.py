@@ -45,6 +45,7 @@ __all__ = [
 VERB_MODULES = {
     "info": "slurmrun.cli.info",
     "submit": "slurmrun.cli.submit",
+    "stacks": "slurmrun.cli.stacks",
     **dict.fromkeys(("status", "logs", "cancel", "jobs"), "slurmrun.cli.jobs"),
 }
 SIGTERM_STATUS = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
