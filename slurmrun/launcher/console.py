@@ -13,7 +13,9 @@ the launcher says where it was, and the rank goes on (pdb sees end of input).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import contextvars
 import logging
 import sys
 import threading
@@ -37,12 +39,17 @@ LINE_LIMIT = 64 * 1024  # what one typed line may hold
 def has_terminal(stdin: TextIO | None = None) -> bool:
     """Whether a person can answer here: stdin is a terminal, or a Jupyter kernel's input."""
     stdin = sys.stdin if stdin is None else stdin
-    if "ipykernel" in sys.modules:
+    if _kernel_input():
         return True
     try:
         return stdin is not None and stdin.isatty()
     except (ValueError, OSError):
         return False
+
+
+def _kernel_input() -> bool:
+    """Whether input() asks a Jupyter frontend (ipykernel replaces it while a cell runs)."""
+    return "ipykernel" in sys.modules and getattr(builtins.input, "__module__", "") != "builtins"
 
 
 @dataclass(frozen=True)
@@ -64,8 +71,10 @@ class TerminalReader:
         """Starts reading the line for `key` (the prompt is shown already)."""
         self._stop.clear()
         stop = self._stop
+        # A Jupyter kernel's input() finds the cell it answers for in the caller's context.
+        context = contextvars.copy_context()
         threading.Thread(
-            target=self._read, args=(key, stop), name="slurmrun-console", daemon=True
+            target=context.run, args=(self._read, key, stop), name="slurmrun-console", daemon=True
         ).start()
 
     def cancel(self) -> None:
@@ -74,25 +83,37 @@ class TerminalReader:
         self._stop = threading.Event()
 
     def _read(self, key: Key, stop: threading.Event) -> None:
-        try:
-            fd = sys.stdin.fileno()
-        except (AttributeError, ValueError, OSError):  # a Jupyter kernel: its input()
-            line: str | None = _input()
+        if _kernel_input():
+            line = _input()  # cannot be cancelled: the frontend's input box stays until used
         else:
-            while not stop.is_set():
-                if wait_readable([fd], _POLL):
-                    break
+            line = _read_line(stop)
             if stop.is_set():
                 return
-            line = sys.stdin.readline(LINE_LIMIT) or None
         if not stop.is_set():
             self._events.put(LineTyped(key, line))
 
 
-def _input() -> str | None:
+def _read_line(stop: threading.Event) -> str | None:
+    """A line from stdin (None: end of input), waiting until `stop` is set."""
     try:
-        return input() + "\n"
-    except EOFError:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, OSError):
+        return None
+    while not stop.is_set():
+        if wait_readable([fd], _POLL):
+            return sys.stdin.readline(LINE_LIMIT) or None
+    return None
+
+
+def _input() -> str | None:
+    """A line from a Jupyter frontend (None: end of input, or a frontend without input)."""
+    try:
+        return input()[:LINE_LIMIT] + "\n"
+    except (EOFError, NotImplementedError):  # IPython's StdinNotImplementedError: no input box
+        log.warning(
+            "slurmrun: this notebook's frontend takes no input (allow_stdin is off): the "
+            "rank goes on"
+        )
         return None
 
 
