@@ -1,0 +1,188 @@
+"""``breakpoint()`` in a rank opens pdb in the launcher's terminal: driven through a real pty.
+
+Each test starts a launcher (the ``slurmrun`` command, or a script calling `slurmrun.launch`)
+in a pseudo-terminal with pexpect and types into it as a person would.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pexpect
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+LIMIT = 120
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env["PYTHONPATH"] = str(REPO)
+    env["SLURMRUN_LOG_DIR"] = str(tmp_path / "logs")
+    env.pop("PYTHONBREAKPOINT", None)
+    return env
+
+
+def _spawn(tmp_path: Path, *args: str) -> pexpect.spawn:
+    child = pexpect.spawn(
+        sys.executable,
+        list(args),
+        cwd=str(tmp_path),
+        env=_env(tmp_path),
+        encoding="utf-8",
+        timeout=LIMIT,
+        dimensions=(40, 200),
+    )
+    child.logfile_read = open(tmp_path / "terminal.txt", "w")  # noqa: SIM115 - closed by pexpect
+    return child
+
+
+def _finish(child: pexpect.spawn) -> int:
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus is not None, child.signalstatus
+    return child.exitstatus
+
+
+def _no_descendants_of(pid: int) -> None:
+    leftovers = [
+        p
+        for p in psutil.process_iter(["ppid", "status", "cmdline"])
+        if p.info["status"] != psutil.STATUS_ZOMBIE and "slurmrun" in " ".join(p.info["cmdline"] or [])
+        and _descends_from(p, pid)
+    ]
+    assert not leftovers, leftovers
+
+
+def _descends_from(process: psutil.Process, pid: int) -> bool:
+    try:
+        return any(parent.pid == pid for parent in process.parents())
+    except psutil.NoSuchProcess:
+        return False
+
+
+SCRIPT = """
+import os
+rank = int(os.environ["RANK"])
+some_local = {"rank": rank, "value": rank * 10 + 7}
+if rank == 1:
+    breakpoint()
+    some_local["after"] = "continued"
+print(f"rank {rank} finished with {some_local}", flush=True)
+"""
+
+
+def test_breakpoint_in_rank_1_of_a_script_opens_pdb_in_the_terminal(tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(SCRIPT)
+    child = _spawn(tmp_path, "-m", "slurmrun", "--workers-per-host", "2", "script.py")
+    child.expect(r"-> some_local\[\"after\"\] = \"continued\"")
+    child.expect_exact("(Pdb) [localhost rank 1] ")
+    child.sendline("p some_local['value']")
+    child.expect(r"\r\n17\r\n")
+    child.expect_exact("(Pdb) [localhost rank 1] ")
+    child.sendline("p rank, __name__")
+    child.expect_exact("(1, '__main__')")
+    child.sendline("c")
+    assert _finish(child) == 0
+    # Rank 0 (shown in the terminal) ran on; rank 1 went on after `c` (its log file).
+    text = (tmp_path / "terminal.txt").read_text()
+    assert "rank 0 finished with {'rank': 0, 'value': 7}" in text
+    logs = list((tmp_path / "logs").glob("*/*1.log")) + list((tmp_path / "logs").glob("*/*/*1*"))
+    assert any("'after': 'continued'" in p.read_text() for p in logs if p.is_file()), logs
+    _no_descendants_of(child.pid)
+
+
+DRIVER = """
+import slurmrun
+
+def work(tag):
+    import os
+    rank = int(os.environ["RANK"])
+    mine = f"{tag}-{rank}"
+    breakpoint()
+    return mine
+
+with slurmrun.Launcher(workers_per_host=2, backend="gloo") as launcher:
+    print("first", launcher.run(work, ("a",)).return_values, flush=True)
+    print("second", launcher.run(work, ("b",)).return_values, flush=True)
+"""
+
+
+def test_two_ranks_at_breakpoints_take_turns_in_a_warm_launcher(tmp_path: Path) -> None:
+    # Function mode and a warm launcher: both ranks stop; the second waits for the first
+    # session to end (the launcher says so), then gets the terminal; again in the next run.
+    (tmp_path / "driver.py").write_text(DRIVER)
+    child = _spawn(tmp_path, "driver.py")
+    for tag in ("a", "b"):
+        child.expect(r"\(Pdb\) \[localhost rank (\d)\] ")
+        first = int(child.match.group(1))
+        child.expect_exact(f"localhost rank {1 - first} stopped at a breakpoint too")
+        child.sendline("p mine")
+        child.expect_exact(f"'{tag}-{first}'")
+        child.sendline("c")
+        child.expect_exact(f"(Pdb) [localhost rank {1 - first}] ")
+        child.sendline("p mine")
+        child.expect_exact(f"'{tag}-{1 - first}'")
+        child.sendline("c")
+        expected = "first" if tag == "a" else "second"
+        child.expect_exact(f"{expected} [['{tag}-0', '{tag}-1']]")
+    assert _finish(child) == 0
+    _no_descendants_of(child.pid)
+
+
+def test_ctrl_c_during_a_session_ends_the_run(tmp_path: Path) -> None:
+    (tmp_path / "script.py").write_text(SCRIPT)
+    child = _spawn(tmp_path, "-m", "slurmrun", "--workers-per-host", "2", "script.py")
+    child.expect_exact("(Pdb) [localhost rank 1] ")
+    child.sendintr()
+    assert _finish(child) == 130
+    _no_descendants_of(child.pid)
+
+
+def test_without_a_terminal_a_breakpoint_is_reported_and_the_rank_goes_on(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "script.py").write_text(SCRIPT)
+    cp = subprocess.run(
+        [sys.executable, "-m", "slurmrun", "--workers-per-host", "2", "script.py"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+    assert cp.returncode == 0, cp.stderr
+    assert "localhost rank 1 stopped at a breakpoint (" in cp.stderr
+    assert "script.py(7)<module>()" in cp.stderr
+    assert "this launch has no terminal to debug in" in cp.stderr
+
+
+def test_a_process_that_a_worker_started_is_told_it_cannot_debug(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import os, subprocess, sys
+        if os.environ["RANK"] == "0":
+            code = "breakpoint(); print('child went on')"
+            subprocess.run([sys.executable, "-c", code], check=True)
+        """
+    )
+    (tmp_path / "script.py").write_text(script)
+    cp = subprocess.run(
+        [sys.executable, "-m", "slurmrun", "--workers-per-host", "1", "script.py"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+    assert cp.returncode == 0, cp.stderr
+    assert "only a worker process itself can open the debugger" in cp.stderr
+    assert "child went on" in cp.stdout
