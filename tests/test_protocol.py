@@ -63,6 +63,10 @@ def test_every_kind_round_trips_through_its_header() -> None:
         protocol.StreamRequest(),
         protocol.Func(),
         protocol.Stop(),
+        protocol.AskStacks(run=3, request=7, answer_wait=0.5),
+        protocol.Stacks(request=7, source="faulthandler", note="n", local_rank=1, run=3),
+        protocol.Debugger(state=protocol.DebugState.PROMPT.value, where="node2 rank 5", run=3),
+        protocol.DebugInput(run=3, local_rank=1, eof=True),
     ]
     assert {type(m) for m in messages} | {protocol.Start, protocol.Hello} == set(
         protocol.KINDS.values()
@@ -86,6 +90,8 @@ def test_texts_that_ride_in_a_header_are_clipped_to_the_limit() -> None:
     error = protocol.Error(exc_type=huge, message=huge, traceback=huge, unpicklable=huge)
     for text in (died.stderr_tail, error.exc_type, error.message, error.traceback):
         assert len(text) <= protocol.TEXT_LIMIT and "characters cut" in text
+    note = protocol.Stacks(request=1, note=huge).note
+    assert len(note) <= 1000 and "characters cut" in note
     assert error.unpicklable is not None and len(error.unpicklable) <= protocol.TEXT_LIMIT
     from slurmrun.transport import MAX_HEADER_BYTES, encode_frame
 

@@ -116,7 +116,7 @@ REDUCE_LINE = 15  # dist.all_reduce
 
 
 def _groups(text: str) -> None:
-    assert f"ranks 0-2, 4-5: all_reduce (distributed_c10d.py:" in text, text
+    assert "ranks 0-2, 4-5: all_reduce (distributed_c10d.py:" in text, text
     assert f"(hang.py:{REDUCE_LINE})" in text, text
     assert f"rank 3 (node2): sleepy (hang.py:{SLEEPY_LINE}) <- <module> (hang.py:14)" in text, text
 
