@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -45,13 +45,13 @@ _FORMAT_VERSION = 1
 _MAX_TEXT = 300  # characters kept of a filename, function name, source line or thread name
 _MAX_COUNT = 10**9  # bound on the counts of frames and threads left out that parse_capture accepts
 _MAX_HOSTS_SHOWN = 8
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# As frames name our files: absolute, or relative when imported through a relative sys.path entry
+_OURS = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(__file__) + os.sep)
 _STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
+_NOT_STDLIB = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _BARE_ID = re.compile(r"(?:Current thread|Thread) 0x[0-9a-fA-F]+")
 _LEFT_OUT = re.compile(r"\(\d+ more threads? left out\)")
-_FH_HEADER = re.compile(
-    r"(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[.*\])? \(most recent call first\):"
-)
+_FH_HEADER = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
 _FH_FRAME = re.compile(r'\s+File "(.*)", line (\d+|\?\?\?) in (.*?)\s*')
 
 
@@ -103,7 +103,7 @@ def _left_out_thread(count: int) -> ThreadStack:
 
 
 def _is_ours(filename: str) -> bool:
-    return filename.startswith(_PACKAGE_DIR)
+    return filename.startswith(_OURS)
 
 
 def _is_plumbing(filename: str) -> bool:
@@ -112,7 +112,9 @@ def _is_plumbing(filename: str) -> bool:
 
 
 def _is_ours_or_stdlib(filename: str) -> bool:
-    return _is_ours(filename) or filename.startswith((_STDLIB_DIR, "<frozen "))
+    if _is_ours(filename) or filename.startswith("<frozen "):
+        return True
+    return filename.startswith(_STDLIB_DIR) and not any(d in filename for d in _NOT_STDLIB)
 
 
 def _thread_stack(name: str, top: FrameType | None) -> ThreadStack | None:
@@ -255,27 +257,14 @@ def parse_capture(data: bytes | bytearray | memoryview) -> tuple[ThreadStack, ..
         for j, entry in enumerate(_list(frames, None, MAX_FRAMES, f"thread {i}'s frames")):
             where = f"thread {i}, frame {j}"
             filename, lineno, function, line = _list(entry, 4, 4, where)
-            parsed.append(
-                Frame(
-                    _text(filename, f"{where}: filename"),
-                    _count(lineno, f"{where}: line number"),
-                    _text(function, f"{where}: function"),
-                    _text(line, f"{where}: source line"),
-                )
-            )
+            filename, function = _text(filename, where), _text(function, where)
+            parsed.append(Frame(filename, _count(lineno, where), function, _text(line, where)))
         threads.append(
             ThreadStack(_text(name, f"thread {i}: name"), tuple(parsed), _count(cut, "cut"))
         )
     if left_out:
         threads.append(_left_out_thread(left_out))
     return tuple(threads)
-
-
-def _bounded(thread: ThreadStack) -> ThreadStack:
-    extra = len(thread.frames) - MAX_FRAMES
-    if extra <= 0:
-        return thread
-    return replace(thread, frames=thread.frames[extra:], cut=thread.cut + extra)
 
 
 def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
@@ -292,7 +281,8 @@ def parse_faulthandler(text: str) -> tuple[ThreadStack, ...]:
 
     def close() -> None:
         if name is not None:
-            threads.append(_bounded(ThreadStack(name, tuple(reversed(frames)), cut)))
+            extra = max(0, len(frames) - MAX_FRAMES)  # the innermost are kept
+            threads.append(ThreadStack(name, tuple(reversed(frames[:MAX_FRAMES])), cut + extra))
 
     for line in text.splitlines():
         header = _FH_HEADER.fullmatch(line.strip())

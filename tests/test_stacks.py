@@ -383,6 +383,12 @@ def test_parse_faulthandler_takes_what_parses_of_cut_or_garbled_text() -> None:
     junk = '\x00\udcff garbage\n  File "x\nThread 0xZZ (most recent\n' + REAL_DUMP[40:200]
     assert [t.name for t in parse_faulthandler(junk)] == ["Thread (unknown)"]
     assert parse_faulthandler("") == ()
+    deep = "Thread 0x1 (most recent call first):\n" + "".join(
+        f'  File "a.py", line {n} in f{n}\n' for n in range(60)
+    )
+    (thread,) = parse_faulthandler(deep + "  ...\n")
+    assert [f.lineno for f in thread.frames] == list(range(MAX_FRAMES - 1, -1, -1))
+    assert thread.cut == 60 - MAX_FRAMES + 1
     many = "".join(f"Thread 0x{i:x} (most recent call first):\n" for i in range(100))
     threads = parse_faulthandler(many)
     assert len(threads) == MAX_THREADS + 1
