@@ -151,20 +151,24 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def _encode_thread(thread: ThreadStack, budget: int) -> tuple[str, bool] | None:
-    """The thread as JSON in at most `budget` characters, and whether whole.
+def _encode_thread(thread: ThreadStack, budget: int) -> str | None:
+    """The thread as JSON in at most `budget` characters, its outermost frames cut to fit.
 
-    Outermost frames are cut to fit; None if not even the innermost frame fits.
+    None if not even its innermost frame fits.
     """
     encoded = [_dumps([f.filename, f.lineno, f.function, f.line]) for f in thread.frames]
-    for keep in range(len(encoded), -1, -1):
-        cut = thread.cut + len(encoded) - keep
-        text = f"[{_dumps(thread.name)},{cut},[{','.join(encoded[len(encoded) - keep :])}]]"
-        if len(text) <= budget:
-            return text, keep == len(encoded)
-        if keep == 1:
-            return None
-    return None
+    name = _dumps(thread.name)
+    room = budget - len(f"[{name},{thread.cut + len(encoded)},[]]")  # the longest cut count
+    keep = 0
+    for item in reversed(encoded):
+        room -= len(item) + (keep > 0)  # and a comma
+        if room < 0:
+            break
+        keep += 1
+    if room < 0 and keep == 0:
+        return None
+    cut = thread.cut + len(encoded) - keep
+    return f"[{name},{cut},[{','.join(encoded[len(encoded) - keep :])}]]"
 
 
 def capture(skip: Collection[int] = ()) -> bytes:
@@ -200,13 +204,10 @@ def capture(skip: Collection[int] = ()) -> bytes:
     budget = MAX_CAPTURE_BYTES - len(envelope)
     parts: list[str] = []
     for thread in threads[:MAX_THREADS]:
-        encoded = _encode_thread(thread, budget - len(parts))  # a comma for each part before
-        if encoded is None:
-            break
-        parts.append(encoded[0])
-        budget -= len(encoded[0])
-        if not encoded[1]:  # the bytes ran out: the rest are counted
-            break
+        part = _encode_thread(thread, budget - len(parts))  # a comma for each part before
+        if part is not None:  # else counted in left_out; a smaller one after it may still fit
+            parts.append(part)
+            budget -= len(part)
     text = (
         f'{{"v":{_FORMAT_VERSION},"left_out":{len(threads) - len(parts)},'
         f'"threads":[{",".join(parts)}]}}'

@@ -58,6 +58,7 @@ def _wait_until_in(ident: int | None, function: str) -> None:
 # `python -c` bootstrap, as the ssh starter's agents do. It prints capture() from its main thread.
 USER_SCRIPT = """\
 import os, sys, threading, time
+from slurmrun.cli.script import run_script
 from slurmrun.stacks import capture
 from slurmrun.waiting import wait_readable
 
@@ -71,7 +72,7 @@ def until_in(thread, function):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         top = sys._current_frames().get(thread.ident)
-        if top is not None and top.f_code.co_name == function:
+        if top is not None and function in (top.f_code.co_name, top.f_code.co_filename):
             return
         time.sleep(0.005)
     raise SystemExit(f"{thread.name} never reached {function}")
@@ -80,7 +81,11 @@ def main():
     user = threading.Thread(target=waiting_here, name="user-thread", daemon=True)
     ours = threading.Thread(target=wait_readable, args=([r], 20), name="slurmrun-poll", daemon=True)
     named = threading.Thread(target=waiting_here, name="slurmrun-but-user-code", daemon=True)
-    for thread, function in ((user, "wait"), (ours, "wait_readable"), (named, "wait")):
+    calls = threading.Thread(
+        target=run_script, args=(sys.argv[1], []), name="slurmrun-calls-user", daemon=True
+    )
+    waits = ((user, "wait"), (ours, "wait_readable"), (named, "wait"), (calls, sys.argv[1]))
+    for thread, function in waits:
         thread.start()
         until_in(thread, function)
     sys.stdout.buffer.write(capture())  # capturing here
@@ -92,14 +97,24 @@ main()  # run main
 def test_capture_in_script_mode_shows_each_thread_from_the_users_code(tmp_path: Path) -> None:
     script = tmp_path / "user.py"
     script.write_text(USER_SCRIPT)
-    bootstrap = f"from slurmrun.cli.script import run_script; run_script({str(script)!r}, [])"
+    other = tmp_path / "other.py"
+    other.write_text("import time\ntime.sleep(20)\n")
+    bootstrap = (
+        "from slurmrun.cli.script import run_script; run_script(*sys.argv[1:2], sys.argv[2:])"
+    )
     result = subprocess.run(
-        [sys.executable, "-c", bootstrap], env=ENV, capture_output=True, timeout=30, check=True
+        [sys.executable, "-c", "import sys; " + bootstrap, str(script), str(other)],
+        env=ENV,
+        capture_output=True,
+        timeout=30,
+        check=True,
     )
     threads = parse_capture(result.stdout)
     # The main thread first; slurmrun's helper (all our code, named slurmrun-) left out.
-    assert [t.name for t in threads] == ["MainThread", "user-thread", "slurmrun-but-user-code"]
-    main, user, named = threads
+    names = ["MainThread", "user-thread", "slurmrun-but-user-code", "slurmrun-calls-user"]
+    assert [t.name for t in threads] == names
+    main, user, named, calls = threads
+    assert (calls.frames[-1].filename, calls.frames[-1].lineno) == (str(other), 2)
     # The main thread starts at the script (run_script, runpy and the -c bootstrap dropped).
     assert [(f.filename, f.lineno, f.function) for f in main.frames[:2]] == [
         (str(script), _line_of(script, "# run main"), "<module>"),
@@ -269,6 +284,7 @@ def waiting_here():
     event.wait(20)
 
 def sleeping_here():
+    print("ready", flush=True)
     time.sleep(20)
 
 def dumping_here():
@@ -284,9 +300,24 @@ if sys.argv[1] == "dump":
     dumping_here()
 else:
     faulthandler.register(signal.SIGUSR1, file=open(sys.argv[2], "w"), all_threads=True)
-    print("ready", flush=True)
     sleeping_here()
 """
+
+
+def _script_line(start: str) -> int:
+    """The number of the one line of FAULTHANDLER_SCRIPT that starts with `start`."""
+    lines = FAULTHANDLER_SCRIPT.splitlines()
+    (number,) = [n for n, line in enumerate(lines, 1) if line.startswith(start)]
+    return number
+
+
+def _wait_until_sleeping(pid: int) -> None:
+    """Waits (up to 5 s) until the main thread of process `pid` sleeps (state S)."""
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "S":
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+
 
 WAITING = ["_bootstrap", "_bootstrap_inner", "run", "waiting_here", "wait", "wait"]
 
@@ -304,10 +335,13 @@ def test_parse_faulthandler_reads_a_real_dump_current_thread_first() -> None:
     current, other = threads
     assert current.name.startswith("Current thread 0x")
     assert [f.function for f in current.frames] == ["<module>", "dumping_here"]
-    assert [(f.filename, f.lineno) for f in current.frames] == [("<string>", 21), ("<string>", 12)]
+    assert [(f.filename, f.lineno) for f in current.frames] == [
+        ("<string>", _script_line("    dumping_here()")),
+        ("<string>", _script_line("    faulthandler.dump_traceback(")),
+    ]
     assert other.name.startswith("Thread 0x")
     assert [f.function for f in other.frames] == WAITING
-    assert other.frames[3].lineno == 6
+    assert other.frames[3].lineno == _script_line("    event.wait(20)")
     assert all(f.line == "" for t in threads for f in t.frames)
 
 
@@ -321,6 +355,7 @@ def test_parse_faulthandler_reads_a_dump_from_a_signal_during_sleep(tmp_path: Pa
     try:
         assert child.stdout is not None
         assert child.stdout.readline() == "ready\n"
+        _wait_until_sleeping(child.pid)  # in time.sleep, not between the print and it
         child.send_signal(signal.SIGUSR1)
         deadline = time.monotonic() + 5
         while not ("in <module>\n" in out.read_text() and "in _bootstrap\n" in out.read_text()):
@@ -332,7 +367,11 @@ def test_parse_faulthandler_reads_a_dump_from_a_signal_during_sleep(tmp_path: Pa
     threads = parse_faulthandler(out.read_text())
     by_end = {t.frames[-1].function: t for t in threads}
     assert set(by_end) == {"sleeping_here", "wait"}
-    assert [f.function for f in by_end["sleeping_here"].frames] == ["<module>", "sleeping_here"]
+    main = by_end["sleeping_here"]
+    assert [(f.function, f.lineno) for f in main.frames] == [
+        ("<module>", _script_line("    sleeping_here()")),
+        ("sleeping_here", _script_line("    time.sleep(20)")),
+    ]
     assert [f.function for f in by_end["wait"].frames] == WAITING
     assert threads[0].name.startswith("Current thread 0x")
 
