@@ -174,11 +174,12 @@ def _encode_thread(thread: ThreadStack, budget: int) -> str | None:
 def capture(skip: Collection[int] = ()) -> bytes:
     """Every Python thread's stack in this process, as compact JSON for `parse_capture()`.
 
-    The main thread comes first. Frames of slurmrun's own package (and runpy's) at the outer end
-    of a stack are dropped, so that it starts at the user's code; a stack that is wholly ours keeps
-    its frames. Threads named "slurmrun-..." that run only our code (and the standard library's)
-    are left out: our helpers. At most MAX_THREADS threads of at most MAX_FRAMES innermost frames
-    each, in at most MAX_CAPTURE_BYTES; what is left out is counted.
+    The main thread comes first. Frames of slurmrun's own package (and runpy's, and a ``python -c``
+    bootstrap's that calls ours) at the outer end of a stack are dropped, so that it starts at the
+    user's code; a stack that is wholly ours keeps its frames. Threads named "slurmrun-..." that
+    run only our code (and the standard library's) are left out: our helpers. At most MAX_THREADS
+    threads of at most MAX_FRAMES innermost frames each, in at most MAX_CAPTURE_BYTES; what is
+    left out is counted (a thread's `cut`, a final "(N more threads left out)").
 
     Args:
         skip: Thread idents to leave out (the capturing thread, say).
