@@ -27,10 +27,11 @@ from slurmrun.launcher.failures import note_preemption
 from slurmrun.launcher.plan import Plan, make_plan, plan_dry_run
 from slurmrun.launcher.warm import WARM_ATTR, Warm, run_attempt, sigterm_as_exit, warm_of
 from slurmrun.result import LaunchResult
-from slurmrun.stacks import StackReport
 
 if TYPE_CHECKING:
     import tyro
+
+    from slurmrun.stacks import StackReport
 else:
 
     class _Tyro:

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError, add_note
@@ -28,9 +28,11 @@ from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.launcher.watch import RunWatch
 from slurmrun.logs import RunOutput, default_handlers, host_labels
 from slurmrun.result import LaunchResult
-from slurmrun.stacks import StackReport
 from slurmrun.transport import Connection, Frame, loads
 from slurmrun.worker_env import compress_counts
+
+if TYPE_CHECKING:
+    from slurmrun.stacks import StackReport
 
 __all__ = ["Run"]
 

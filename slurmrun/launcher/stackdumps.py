@@ -1,10 +1,11 @@
 """Every rank's stacks, gathered during a run: asked for, answered, reported.
 
-A request comes from another thread (`StacksWanted`: ``Launcher.stacks()``, ``slurmrun
-stacks`` through the control socket) or from the run itself (a stall, Ctrl-C, a failure).
-The run's loop sends ASK_STACKS to every agent, takes one STACKS answer per worker
-(`Gather.take`), and once every rank answered or the request's time is up, the report is
-made: ranks without an answer are in it too, saying so.
+A request comes from another thread (`slurmrun.launcher.watch.StacksWanted`:
+``Launcher.stacks()``, ``slurmrun stacks`` through the control socket) or from the run
+itself (a stall, Ctrl-C, a failure); this module is imported when first asked. The run's
+loop sends ASK_STACKS to every agent, takes one STACKS answer per worker (`Gather.take`),
+and once every rank answered or the request's time is up, the report is made: ranks without
+an answer are in it too, saying so.
 """
 
 from __future__ import annotations
@@ -12,12 +13,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from slurmrun import protocol
-from slurmrun.launcher.pump import Local
 from slurmrun.launcher.share import Share
 from slurmrun.stacks import (
     RankStacks,
@@ -28,28 +26,11 @@ from slurmrun.stacks import (
     parse_faulthandler,
 )
 
-__all__ = ["ANSWER_WAIT", "Gather", "StacksWanted"]
+__all__ = ["ANSWER_WAIT", "Gather"]
 
 # How long a worker has to answer itself before its agent dumps it with faulthandler.
 ANSWER_WAIT = 1.0
 _requests = itertools.count(1)
-
-
-@dataclass(frozen=True)
-class StacksWanted(Local):
-    """Another thread wants every rank's stacks.
-
-    `answer` gets the report and where it was written, or None when no run took the request.
-    """
-
-    why: str
-    timeout: float
-    answer: Future[tuple[StackReport, Path | None] | None] = field(default_factory=Future)
-
-    def unowned(self) -> None:
-        """No run is in progress: there are no stacks to show."""
-        if not self.answer.done():
-            self.answer.set_result(None)
 
 
 Done = Callable[[StackReport], None]

@@ -34,18 +34,18 @@ from slurmrun.launcher.plan import (
 )
 from slurmrun.launcher.pool import AgentPool, PoolBroken
 from slurmrun.launcher.run import Run
-from slurmrun.launcher.stackdumps import StacksWanted
 from slurmrun.launcher.starters import LocalAgents, SrunAgents
+from slurmrun.launcher.watch import StacksWanted
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.logs import log_level
 from slurmrun.protocol import RESTART_VAR
 from slurmrun.result import LaunchResult
-from slurmrun.stacks import StackReport
 from slurmrun.transport import new_secret
 from slurmrun.worker_env import flight_recorder_vars, restart_vars
 
 if TYPE_CHECKING:
     from slurmrun.launcher import Launcher
+    from slurmrun.stacks import StackReport
 
 __all__ = ["WARM_ATTR", "Warm", "run_attempt", "sigterm_as_exit", "warm_of"]
 

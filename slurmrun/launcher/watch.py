@@ -17,7 +17,9 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slurmrun import protocol
 from slurmrun.events import Stalled, Trace
@@ -25,14 +27,33 @@ from slurmrun.launcher.console import LineTyped, Sessions, TerminalReader, has_t
 from slurmrun.launcher.pool import AgentPool
 from slurmrun.launcher.pump import Local
 from slurmrun.launcher.share import Share
-from slurmrun.launcher.stackdumps import Gather, StacksWanted
-from slurmrun.stacks import StackReport
 
-__all__ = ["RunWatch"]
+if TYPE_CHECKING:
+    from slurmrun.launcher.stackdumps import Gather
+    from slurmrun.stacks import StackReport
+
+__all__ = ["RunWatch", "StacksWanted"]
 
 log = logging.getLogger("slurmrun")
 # How long the stacks asked for by the run itself (a stall) may take to come in.
 STALL_DUMP_WAIT = 10.0
+
+
+@dataclass(frozen=True)
+class StacksWanted(Local):
+    """Another thread wants every rank's stacks.
+
+    `answer` gets the report and where it was written, or None when no run took the request.
+    """
+
+    why: str
+    timeout: float
+    answer: Future[tuple[StackReport, Path | None] | None] = field(default_factory=Future)
+
+    def unowned(self) -> None:
+        """No run is in progress: there are no stacks to show."""
+        if not self.answer.done():
+            self.answer.set_result(None)
 
 
 class RunWatch:
@@ -86,6 +107,9 @@ class RunWatch:
         if self.gather is not None:
             self.gather.done.append(done)
             return
+        # (imported when first used: a launch that never looks pays nothing for it)
+        from slurmrun.launcher.stackdumps import Gather  # noqa: PLC0415
+
         now = _now()
         gather = Gather(self.run, self.shares, self.labels, why, now, now + timeout, done=[done])
         self.gather = gather

@@ -24,10 +24,12 @@ import queue
 import sys
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmrun import protocol
-from slurmrun.transport import Connection
+
+if TYPE_CHECKING:
+    from slurmrun.transport import Connection
 
 __all__ = ["attach", "give_input", "set_trace"]
 

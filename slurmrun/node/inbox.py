@@ -18,21 +18,18 @@ import os
 import signal
 import socket
 import threading
+from typing import TYPE_CHECKING
 
-from slurmrun import protocol, stacks
+from slurmrun import protocol
 from slurmrun.node import debugger
-from slurmrun.transport import Connection
+from slurmrun.node.stack_signal import stacks_signal
 
-__all__ = ["INBOX_THREAD", "arm_stacks_signal", "stacks_signal", "watch_agent"]
+if TYPE_CHECKING:
+    from slurmrun.transport import Connection
+
+__all__ = ["INBOX_THREAD", "arm_stacks_signal", "watch_agent"]
 
 INBOX_THREAD = "slurmrun-inbox"  # `slurmrun.stacks.capture` leaves "slurmrun-" threads out
-# A real-time signal: SIGUSR1/2 are the user's (and SLURM's --signal).
-_STACKS_SIGNAL_OFFSET = 4
-
-
-def stacks_signal() -> int:
-    """The signal on which a worker's faulthandler dumps every thread's stack."""
-    return int(signal.SIGRTMIN) + _STACKS_SIGNAL_OFFSET
 
 
 def arm_stacks_signal(side: socket.socket) -> None:
@@ -68,6 +65,8 @@ def _read(conn: Connection) -> None:
 
 
 def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
+    from slurmrun import stacks  # noqa: PLC0415 - when first asked: a run that never is pays nothing
+
     try:
         body = stacks.capture(skip={threading.get_ident()})
     except Exception as e:  # a dump must never end the worker: say why there is none

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from slurmrun.node.inbox import stacks_signal
 from slurmrun.node.proctitle import SPAWNER_COMM, node_name, set_title
+from slurmrun.node.stack_signal import stacks_signal
 from slurmrun.torch_import import import_module
 from slurmrun.waiting import wait_readable
 

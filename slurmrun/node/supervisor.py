@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from slurmrun import protocol
 from slurmrun.errors import signal_name
 from slurmrun.logs import WorkerLog
-from slurmrun.node.dumps import answer_stacks
 from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
 from slurmrun.node.spawner import Spawner, SpawnError, WorkerProcess, wait_any
@@ -222,6 +221,8 @@ class RunWorkers:
             with contextlib.suppress(OSError):
                 self.launcher.send(answer.header())
             return
+        from slurmrun.node.dumps import answer_stacks  # noqa: PLC0415 - only when asked
+
         answer_stacks(self.workers, self.launcher, ask)
 
     def debug_input(self, message: protocol.DebugInput, line: bytes) -> None:
