@@ -122,9 +122,8 @@ class Launcher:
     stall_timeout: float | None = None
     """Seconds without output, a result or a failure from any rank after which every rank's
     stacks are dumped once (printed, written to the log directory, a `slurmrun.events.Stalled`
-    event); the run goes on. None: never. Off by default: many runs are silent for long
-    stretches on purpose (a long evaluation, a data pass), and a dump would read as an
-    error there; set it a little above your longest quiet stretch."""
+    event); the run goes on. None (the default): never, as runs are often silent for long on
+    purpose; set it a little above your longest quiet stretch."""
 
     flight_recorder: bool = False
     """Turns on torch's NCCL flight recorder: each rank's last collectives are dumped, on a
@@ -167,16 +166,7 @@ class Launcher:
 
         Returns:
             The report (`print(report.format())`, `report.summary()`), or None when no run
-            is in progress.
-
-        Example:
-            >>> import threading, time, slurmrun
-            >>> launcher = slurmrun.Launcher(workers_per_host=2, backend="gloo")
-            >>> t = threading.Thread(target=launcher.run, args=(time.sleep, (3,)))
-            >>> t.start(); time.sleep(2)
-            >>> print(launcher.stacks().summary())  # doctest: +SKIP
-            ranks 0-1: <module> ...
-            >>> t.join()
+            is in progress. docs/debugging.md shows one.
         """
         warm = warm_of(self)
         return None if warm is None else warm.stacks(timeout)

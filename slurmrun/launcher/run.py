@@ -10,16 +10,14 @@ launcher's business.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from slurmrun import protocol
-from slurmrun.errors import AgentFailedError, add_note
+from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace, WorkersStarted
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool, PoolAgent
 from slurmrun.launcher.pump import Local, all_of, pump
@@ -31,16 +29,10 @@ from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame, loads
 from slurmrun.worker_env import compress_counts
 
-if TYPE_CHECKING:
-    from slurmrun.stacks import StackReport
-
 __all__ = ["Run"]
 
 # After the last result, how long to wait for agents to forward their workers' last output.
 DONE_WAIT = 2.0
-# Ctrl-C or a failure: how long the stacks of the ranks still running may take to come in.
-DUMP_WAIT = 3.0
-log = logging.getLogger("slurmrun")
 
 
 @dataclass
@@ -63,7 +55,6 @@ class Run:
     log_level: int = logging.INFO
     trace: Trace | None = None  # the launch's events and milestones
     stall_timeout: float | None = None  # see `slurmrun.launcher.watch`
-    stacks_dir: str | None = None  # where stacks reports are written (the launch's log dir)
     id: int = 0  # given by the pool (`AgentPool.begin`)
 
     def __post_init__(self) -> None:
@@ -79,14 +70,7 @@ class Run:
         self.labels = host_labels(self.pool.hostnames)
         self.ending = False  # END was sent: only output still counts, nothing is judged
         self.verdicts = Verdicts(self.pool, self._shares, self.trace, self.labels)
-        self.watch = RunWatch(
-            self.pool,
-            self._shares,
-            self.labels,
-            stall_timeout=self.stall_timeout,
-            log_dir=self.stacks_dir,
-            trace=self.trace,
-        )
+        self.watch = RunWatch(self.pool, self._shares, self.labels, self.trace, self)
 
     # ------------------------------------------------------------------ main
     def run(self) -> LaunchResult[Any]:
@@ -101,11 +85,9 @@ class Run:
                 self.watch.begin(self.id, time.monotonic())
                 pump(self.pool.events, self.pool.router, self._finished)
                 return self._collect()
-            except KeyboardInterrupt:
-                self._dump("Ctrl-C")
-                raise
-            except Exception as e:
-                self._dump("the run failed", e)
+            except (KeyboardInterrupt, Exception) as e:
+                self.ending = True  # the outcome stands: the dump only looks
+                self.watch.before_stop(e)
                 raise
             finally:
                 self.watch.close()
@@ -115,31 +97,6 @@ class Run:
             if self._own_handlers:
                 for handler in self._handlers:
                     handler.close()
-
-    def stacks(self, why: str, timeout: float) -> StackReport | None:
-        """Every rank's stacks, gathered by this thread's loop (the run's outcome stands)."""
-        self.ending = True
-        reports: list[StackReport] = []
-        self.watch.want(why, timeout, reports.append)
-        deadline = time.monotonic() + timeout + 1.0
-        with contextlib.suppress(Exception):  # the outcome stands: this only looks
-            pump(self.pool.events, self.pool.router, lambda: bool(reports), deadline)
-        return reports[0] if reports else None
-
-    def _dump(self, why: str, error: BaseException | None = None) -> None:
-        """Before the workers stop (Ctrl-C, a failure): where every rank still running is."""
-        if self.pool.broken or not self._shares:
-            return
-        report = self.stacks(why, DUMP_WAIT)
-        if report is None or not any(r.threads for r in report.ranks):
-            return  # every rank had ended: nothing to show
-        path = self.watch.write(report)
-        shown = _running(report)
-        text = f"{shown.summary()}" + (f"\n(every thread's stacks: {path})" if path else "")
-        if error is None:
-            log.warning("slurmrun: %s: where each rank was:\n%s", why, text)
-        else:
-            add_note(error, f"slurmrun: where the ranks still running were:\n{text}")
 
     def _end(self) -> None:
         """Tells every agent to stop the run's workers, and waits until each is idle.
@@ -336,11 +293,6 @@ class Run:
 
     def _collect(self) -> LaunchResult[Any]:
         return _values([self._shares[i] for i in range(len(self.pool.hostnames))])
-
-
-def _running(report: StackReport) -> StackReport:
-    """`report` without the ranks that had ended (no stacks)."""
-    return dataclasses.replace(report, ranks=tuple(r for r in report.ranks if r.threads))
 
 
 def _values(order: list[Share]) -> LaunchResult[Any]:

@@ -310,6 +310,5 @@ def _run(  # noqa: PLR0917 - private, called once
         log_level=log_level(),
         trace=trace,
         stall_timeout=cfg.stall_timeout,
-        stacks_dir=kept,
     )
     return run.run()

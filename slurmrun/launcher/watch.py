@@ -12,6 +12,8 @@ A `RunWatch` belongs to one `slurmrun.launcher.run.Run` and sees its messages an
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -19,13 +21,14 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from slurmrun import protocol
+from slurmrun.errors import add_note
 from slurmrun.events import Stalled, Trace
 from slurmrun.launcher.console import LineTyped, Sessions, TerminalReader, has_terminal
 from slurmrun.launcher.pool import AgentPool
-from slurmrun.launcher.pump import Local
+from slurmrun.launcher.pump import Local, pump
 from slurmrun.launcher.share import Share
 
 if TYPE_CHECKING:
@@ -37,6 +40,8 @@ __all__ = ["RunWatch", "StacksWanted"]
 log = logging.getLogger("slurmrun")
 # How long the stacks asked for by the run itself (a stall) may take to come in.
 STALL_DUMP_WAIT = 10.0
+# Ctrl-C or a failure: how long the stacks of the ranks still running may take.
+DUMP_WAIT = 3.0
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,13 @@ class StacksWanted(Local):
             self.answer.set_result(None)
 
 
+class WatchOptions(Protocol):
+    """What `RunWatch` reads of its run's options."""
+
+    stall_timeout: float | None
+    log_dir: str | None
+
+
 class RunWatch:
     """Stacks, stalls and debugger sessions of one run (see the module's docstring).
 
@@ -63,9 +75,9 @@ class RunWatch:
         pool: the run's agents.
         shares: the run's shares by node rank.
         labels: each node's label, by node rank.
-        stall_timeout: seconds without a word from any rank that make a stall (None: off).
-        log_dir: where reports are written (None: nowhere).
         trace: the launch's events.
+        options: the run's ``stall_timeout`` (seconds without a word from any rank that make
+            a stall; None: off) and ``log_dir`` (where reports are written; None: nowhere).
     """
 
     def __init__(
@@ -73,16 +85,14 @@ class RunWatch:
         pool: AgentPool,
         shares: Mapping[int, Share],
         labels: list[str],
-        *,
-        stall_timeout: float | None,
-        log_dir: str | None,
         trace: Trace | None,
+        options: WatchOptions,
     ) -> None:
         self.pool = pool
         self.shares = shares
         self.labels = labels
-        self.stall_timeout = stall_timeout
-        self.log_dir = log_dir
+        self.stall_timeout = options.stall_timeout
+        self.log_dir = options.log_dir
         self.trace = trace
         self.run = 0
         self.gather: Gather | None = None
@@ -181,6 +191,36 @@ class RunWatch:
                 summary=report.summary(),
                 stacks_file=str(path or ""),
             )
+
+    def before_stop(self, error: BaseException) -> None:
+        """Ctrl-C or a failure, before the workers stop: where every rank still running is.
+
+        Shown as a warning (Ctrl-C) or as a note on the run's `error`, and written to the
+        log directory. The run's outcome stands: whatever the wait raises is dropped, except
+        a second Ctrl-C.
+        """
+        if self.pool.broken or not self.shares:
+            return
+        interrupted = isinstance(error, KeyboardInterrupt)
+        why = "Ctrl-C" if interrupted else "the run failed"
+        reports: list[StackReport] = []
+        self.want(why, DUMP_WAIT, reports.append)
+        with contextlib.suppress(Exception):
+            deadline = _now() + DUMP_WAIT + 1.0
+            pump(self.pool.events, self.pool.router, lambda: bool(reports), deadline)
+        if not reports:
+            return
+        running = dataclasses.replace(
+            reports[0], ranks=tuple(r for r in reports[0].ranks if r.threads)
+        )
+        if not running.ranks:
+            return  # every rank had ended: nothing to show
+        path = self.write(reports[0])
+        text = running.summary() + (f"\n(every thread's stacks: {path})" if path else "")
+        if interrupted:
+            log.warning("slurmrun: %s: where each rank was:\n%s", why, text)
+        else:
+            add_note(error, f"slurmrun: where the ranks still running were:\n{text}")
 
     def write(self, report: StackReport) -> Path | None:
         """Writes `report` into the launch's log directory, if it has one."""
