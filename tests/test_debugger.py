@@ -7,17 +7,20 @@ in a pseudo-terminal with pexpect and types into it as a person would.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pexpect
 import psutil
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LIMIT = 120
+LIMIT = 60
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -26,6 +29,9 @@ def _env(tmp_path: Path) -> dict[str, str]:
     env["SLURMRUN_LOG_DIR"] = str(tmp_path / "logs")
     env.pop("PYTHONBREAKPOINT", None)
     return env
+
+
+_spawned: list[pexpect.spawn] = []
 
 
 def _spawn(tmp_path: Path, *args: str) -> pexpect.spawn:
@@ -39,6 +45,7 @@ def _spawn(tmp_path: Path, *args: str) -> pexpect.spawn:
         dimensions=(40, 200),
     )
     child.logfile_read = open(tmp_path / "terminal.txt", "w")  # noqa: SIM115 - closed by pexpect
+    _spawned.append(child)
     return child
 
 
@@ -47,6 +54,17 @@ def _finish(child: pexpect.spawn) -> int:
     child.close()
     assert child.exitstatus is not None, child.signalstatus
     return child.exitstatus
+
+
+@pytest.fixture(autouse=True)
+def _children() -> Iterator[list[pexpect.spawn]]:
+    """What a failed test left running is ended (the launcher stops its workers)."""
+    yield _spawned
+    while _spawned:
+        child = _spawned.pop()
+        if child.isalive():
+            child.kill(signal.SIGTERM)
+            child.close(force=True)
 
 
 def _none_left_in(tmp_path: Path) -> None:
@@ -63,6 +81,7 @@ def _none_left_in(tmp_path: Path) -> None:
 
 SCRIPT = """
 import os
+import signal
 rank = int(os.environ["RANK"])
 some_local = {"rank": rank, "value": rank * 10 + 7}
 if rank == 1:
@@ -97,6 +116,7 @@ import slurmrun
 
 def work(tag):
     import os
+import signal
     rank = int(os.environ["RANK"])
     mine = f"{tag}-{rank}"
     breakpoint()
@@ -159,13 +179,21 @@ def test_without_a_terminal_a_breakpoint_is_reported_and_the_rank_goes_on(
     assert "this launch has no terminal to debug in" in cp.stderr
 
 
-def test_a_process_that_a_worker_started_is_told_it_cannot_debug(tmp_path: Path) -> None:
+def test_processes_that_a_worker_started_are_told_they_cannot_debug(tmp_path: Path) -> None:
+    # A fork (a DataLoader worker) holds the worker's connection, a new program does not:
+    # neither may open a session.
     script = textwrap.dedent(
         """
         import os, subprocess, sys
         if os.environ["RANK"] == "0":
             code = "breakpoint(); print('child went on')"
             subprocess.run([sys.executable, "-c", code], check=True)
+            pid = os.fork()
+            if pid == 0:
+                breakpoint()
+                print("fork went on", flush=True)
+                os._exit(0)
+            assert os.waitpid(pid, 0)[1] == 0
         """
     )
     (tmp_path / "script.py").write_text(script)
@@ -180,5 +208,6 @@ def test_a_process_that_a_worker_started_is_told_it_cannot_debug(tmp_path: Path)
         check=False,
     )
     assert cp.returncode == 0, cp.stderr
-    assert "only a worker process itself can open the debugger" in cp.stderr
+    assert cp.stderr.count("only a worker process itself can open the debugger") == 2
     assert "child went on" in cp.stdout
+    assert "fork went on" in cp.stdout

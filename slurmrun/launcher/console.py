@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import contextvars
 import logging
 import sys
 import threading
@@ -71,10 +70,8 @@ class TerminalReader:
         """Starts reading the line for `key` (the prompt is shown already)."""
         self._stop.clear()
         stop = self._stop
-        # A Jupyter kernel's input() finds the cell it answers for in the caller's context.
-        context = contextvars.copy_context()
         threading.Thread(
-            target=context.run, args=(self._read, key, stop), name="slurmrun-console", daemon=True
+            target=self._read, args=(key, stop), name="slurmrun-console", daemon=True
         ).start()
 
     def cancel(self) -> None:
