@@ -49,6 +49,13 @@ _MAX_HOSTS_SHOWN = 8
 _OURS = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(__file__) + os.sep)
 _STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
 _NOT_STDLIB = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# A thread in slurmrun's pdb: these files hold its frames from the user's stop inwards.
+_DEBUGGER = tuple(os.path.join(d, "node", "debugger.py") for d in _OURS)
+_DEBUGGER_FILES = (
+    *_DEBUGGER,
+    *(os.path.join(d, "node", "pdb_session.py") for d in _OURS),
+    *(_STDLIB_DIR + f for f in ("bdb.py", "pdb.py", "cmd.py")),
+)
 _BARE_ID = re.compile(r"(?:Current thread|Thread) 0x[0-9a-fA-F]+")
 _LEFT_OUT = re.compile(r"\(\d+ more threads? left out\)")
 _FH_HEADER = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
@@ -132,6 +139,7 @@ def _thread_stack(name: str, top: FrameType | None) -> ThreadStack | None:
         and all(_is_ours_or_stdlib(c[0]) for c in codes)
     ):
         return None
+    name, codes = _out_of_the_debugger(name, codes)
     outer = len(codes)
     if outer > 1 and codes[-1][0] == "<string>" and _is_ours(codes[-2][0]):
         outer -= 1  # a `python -c` bootstrap that calls us (the ssh starter's agent)
@@ -145,6 +153,19 @@ def _thread_stack(name: str, top: FrameType | None) -> ThreadStack | None:
         for f, n, fn in reversed(kept)
     )
     return ThreadStack(_short(name), frames, outer - len(kept))
+
+
+def _out_of_the_debugger(
+    name: str, codes: list[tuple[str, int, str]]
+) -> tuple[str, list[tuple[str, int, str]]]:
+    """A thread stopped in slurmrun's pdb (`slurmrun.node.debugger`): from where it stopped.
+
+    Its inner frames are the debugger's (bdb, pdb, cmd, ours) waiting for the user's line.
+    """
+    if not any(c[0].startswith(_DEBUGGER) for c in codes):
+        return name, codes
+    inner = max(i for i, c in enumerate(codes) if c[0].startswith(_DEBUGGER_FILES))
+    return f"{name} (in pdb)", codes[inner + 1 :]
 
 
 def _dumps(value: Any) -> str:

@@ -101,6 +101,19 @@ def test_breakpoint_in_rank_1_of_a_script_opens_pdb_in_the_terminal(tmp_path: Pa
     child.expect_exact("(Pdb) [localhost rank 1] ")
     child.sendline("p rank, __name__")
     child.expect_exact("(1, '__main__')")
+    # Meanwhile, from another terminal: rank 1 is where it stopped, not inside pdb.
+    other = subprocess.run(
+        [sys.executable, "-m", "slurmrun", "stacks"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+    assert other.returncode == 0, other.stderr
+    assert "rank 1 (localhost): <module> (script.py:7)\n" in other.stdout, other.stdout
+    assert "Thread MainThread (in pdb) (most recent call last):" in other.stdout, other.stdout
     child.sendline("c")
     assert _finish(child) == 0
     # Rank 0 (shown in the terminal) ran on; rank 1 went on after `c` (its log file).
