@@ -81,7 +81,6 @@ def _none_left_in(tmp_path: Path) -> None:
 
 SCRIPT = """
 import os
-import signal
 rank = int(os.environ["RANK"])
 some_local = {"rank": rank, "value": rank * 10 + 7}
 if rank == 1:
@@ -129,7 +128,6 @@ import slurmrun
 
 def work(tag):
     import os
-import signal
     rank = int(os.environ["RANK"])
     mine = f"{tag}-{rank}"
     breakpoint()
