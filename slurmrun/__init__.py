@@ -12,7 +12,11 @@ package, do not pay for the launcher's modules (and ``import slurmrun`` stays li
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 if TYPE_CHECKING:
     from slurmrun.allocation import SlurmAllocation, slurm_allocation
@@ -58,6 +62,7 @@ __all__ = [
     "WorkerFailedError",
     "add_filter_to_handler",
     "attach",
+    "breakpoint",
     "file_handler",
     "jobs",
     "launch",
@@ -67,6 +72,21 @@ __all__ = [
     "submit",
     "submit_array",
 ]
+
+
+def breakpoint(*, frame: FrameType | None = None) -> None:
+    """Stops the calling worker in pdb, in the launcher's terminal (see docs/debugging.md).
+
+    What ``breakpoint()`` does in a worker, for code that wants it whatever
+    ``PYTHONBREAKPOINT`` says. The prompt names the host and rank (``(Pdb) [node2 rank 5]``);
+    other ranks run on. Outside a worker: plain pdb where stdin is a terminal.
+
+    Args:
+        frame: where to stop; None: the caller.
+    """
+    from slurmrun.node.debugger import set_trace  # noqa: PLC0415 - light: no pdb until used
+
+    set_trace(frame=frame if frame is not None else sys._getframe(1))
 
 
 def __getattr__(name: str) -> Any:
