@@ -222,3 +222,37 @@ def test_processes_that_a_worker_started_are_told_they_cannot_debug(tmp_path: Pa
     assert cp.stderr.count("only a worker process itself can open the debugger") == 2
     assert "child went on" in cp.stdout
     assert "fork went on" in cp.stdout
+
+
+def test_pythonbreakpoint_0_is_kept_and_slurmrun_breakpoint_still_stops(tmp_path: Path) -> None:
+    # The user's PYTHONBREAKPOINT=0 reaches the workers (PYTHON* is passed on): breakpoint()
+    # does nothing there, while slurmrun.breakpoint() asks for a session all the same.
+    (tmp_path / "script.py").write_text(
+        textwrap.dedent(
+            """
+            import os, slurmrun
+            breakpoint()
+            if os.environ["RANK"] == "0":
+                seen = os.environ["PYTHONBREAKPOINT"]
+                slurmrun.breakpoint()
+                print("after the session", flush=True)
+            """
+        )
+    )
+    env = _env(tmp_path) | {"PYTHONBREAKPOINT": "0"}
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "slurmrun", "--workers-per-host", "2", "script.py"],
+        cwd=str(tmp_path),
+        env=env,
+        encoding="utf-8",
+        timeout=LIMIT,
+    )
+    _spawned.append(child)
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline("p seen")
+    child.expect_exact("'0'")
+    child.sendline("c")
+    child.expect_exact("after the session")
+    assert _finish(child) == 0
+    assert "rank 1" not in child.before
