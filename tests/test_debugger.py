@@ -101,6 +101,8 @@ some_local = {"rank": rank, "value": rank * 10 + 7}
 if rank == 1:
     breakpoint()
     some_local["after"] = "continued"
+    for _ in range(3):
+        breakpoint()  # (told once)
 print(f"rank {rank} finished with {some_local}", flush=True)
 """
 
@@ -121,6 +123,9 @@ def test_breakpoint_in_rank_1_of_a_script_opens_pdb_in_the_terminal(tmp_path: Pa
     assert "rank 1 (localhost): <module> (script.py:7)\n" in other.stdout, other.stdout
     assert "Thread MainThread (in pdb) (most recent call last):" in other.stdout, other.stdout
     child.sendline("c")
+    for _ in range(3):
+        child.expect_exact("(Pdb) [localhost rank 1] ")
+        child.sendline("c")
     assert _finish(child) == 0
     # Rank 0 (shown in the terminal) ran on; rank 1 went on after `c` (its log file).
     text = (tmp_path / "terminal.txt").read_text()
@@ -183,7 +188,7 @@ def test_without_a_terminal_a_breakpoint_is_reported_and_the_rank_goes_on(
     (tmp_path / "script.py").write_text(SCRIPT)
     cp = _slurmrun(tmp_path, "--workers-per-host", "2", "script.py")
     assert cp.returncode == 0, cp.stderr
-    assert "localhost rank 1 stopped at a breakpoint (" in cp.stderr
+    assert cp.stderr.count("localhost rank 1 stopped at a breakpoint (") == 1, cp.stderr
     assert "script.py(7)<module>()" in cp.stderr
     assert "this launch has no terminal to debug in" in cp.stderr
 

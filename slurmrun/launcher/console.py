@@ -135,6 +135,7 @@ class Sessions:
         self.active: Key | None = None
         self._waiting: deque[tuple[Key, str, bytes]] = deque()
         self._run = 0
+        self._told: set[Key] = set()  # ranks told once that there is no terminal
 
     @property
     def open(self) -> bool:
@@ -199,6 +200,10 @@ class Sessions:
 
     def _no_terminal(self, key: Key, where: str, text: str) -> None:
         stop = next((line for line in text.splitlines() if line.startswith("> ")), "")
+        self._send(key[0], protocol.DebugInput(run=self._run, local_rank=key[1], eof=True), b"")
+        if key in self._told:
+            return  # once per rank: a breakpoint in a loop must not flood the output
+        self._told.add(key)
         log.warning(
             "slurmrun: %s stopped at a breakpoint%s, but this launch has no terminal to debug "
             "in (its stdin is not one): the rank goes on. Run the launch from a terminal "
@@ -206,7 +211,6 @@ class Sessions:
             where,
             f" ({stop[2:]})" if stop else "",
         )
-        self._send(key[0], protocol.DebugInput(run=self._run, local_rank=key[1], eof=True), b"")
 
     def _write(self, text: str) -> None:
         out = self._out if self._out is not None else sys.stdout
