@@ -136,6 +136,7 @@ class Sessions:
         self._waiting: deque[tuple[Key, str, bytes]] = deque()
         self._run = 0
         self._told: set[Key] = set()  # ranks told once that there is no terminal
+        self._closed = False  # the run is over: no more sessions
 
     @property
     def open(self) -> bool:
@@ -144,6 +145,8 @@ class Sessions:
 
     def on_message(self, run: int, key: Key, message: protocol.Debugger, body: bytes) -> None:
         """A worker's debugger spoke: a prompt (show it, or queue it), or its session ended."""
+        if self._closed:
+            return  # the run is over: its workers are being stopped
         self._run = run
         text = body.decode(errors="replace")
         if message.state == protocol.DebugState.ENDED:
@@ -179,6 +182,7 @@ class Sessions:
 
     def close(self) -> None:
         """The run is over: no line is wanted any more."""
+        self._closed = True
         if self._reader is not None:
             self._reader.cancel()
         self.active = None
