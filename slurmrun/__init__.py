@@ -12,11 +12,7 @@ package, do not pay for the launcher's modules (and ``import slurmrun`` stays li
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from types import FrameType
 
 if TYPE_CHECKING:
     from slurmrun.allocation import SlurmAllocation, slurm_allocation
@@ -28,6 +24,7 @@ if TYPE_CHECKING:
     from slurmrun.errors import AgentFailedError, WorkerFailedError
     from slurmrun.launcher import Launcher, launch
     from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
+    from slurmrun.node.debugger import breakpoint
     from slurmrun.result import LaunchResult
 
     __version__: str
@@ -50,6 +47,7 @@ _EXPORTS = {
     "submit_array": "slurmrun.batch",
     "Requeue": "slurmrun.batch",
     "requeue_requested": "slurmrun.batch.requeue",
+    "breakpoint": "slurmrun.node.debugger",
 }
 
 __all__ = [
@@ -72,21 +70,6 @@ __all__ = [
     "submit",
     "submit_array",
 ]
-
-
-def breakpoint(*, frame: FrameType | None = None) -> None:
-    """Stops the calling worker in pdb, in the launcher's terminal (see docs/debugging.md).
-
-    What ``breakpoint()`` does in a worker, for code that wants it whatever
-    ``PYTHONBREAKPOINT`` says. The prompt names the host and rank (``(Pdb) [node2 rank 5]``);
-    other ranks run on. Outside a worker: plain pdb where stdin is a terminal.
-
-    Args:
-        frame: where to stop; None: the caller.
-    """
-    from slurmrun.node.debugger import set_trace  # noqa: PLC0415 - light: no pdb until used
-
-    set_trace(frame=frame if frame is not None else sys._getframe(1))
 
 
 def __getattr__(name: str) -> Any:

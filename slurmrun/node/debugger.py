@@ -31,7 +31,7 @@ from slurmrun import protocol
 if TYPE_CHECKING:
     from slurmrun.transport import Connection
 
-__all__ = ["attach", "give_input", "set_trace"]
+__all__ = ["attach", "breakpoint", "give_input", "set_trace"]
 
 # What pdb may write between two prompts that travels (the rest is cut, saying so).
 OUTPUT_LIMIT = 1 << 20
@@ -137,3 +137,17 @@ def set_trace(*_args: Any, frame: FrameType | None = None, **_kwargs: Any) -> No
     from slurmrun.node.pdb_session import LinkedPdb  # noqa: PLC0415 - pdb: only when used
 
     LinkedPdb(_Channel(link), link.where).set_trace(caller)
+
+
+def breakpoint(*, frame: FrameType | None = None) -> None:
+    """Stops the calling worker in pdb, in the launcher's terminal (see docs/debugging.md).
+
+    What ``breakpoint()`` does in a worker, for code that wants it whatever
+    ``PYTHONBREAKPOINT`` says (``slurmrun.breakpoint()``). The prompt names the host and rank
+    (``(Pdb) [node2 rank 5]``); the other ranks run on. Outside a worker: plain pdb where stdin
+    is a terminal.
+
+    Args:
+        frame: where to stop; None: the caller.
+    """
+    set_trace(frame=frame if frame is not None else sys._getframe(1))

@@ -61,3 +61,10 @@ handlers = [
 ]
 assert_type(handlers, list[logging.Handler])
 slurmrun.launch(double, (21,), log_handlers=handlers)
+
+
+def debug_here(launcher: slurmrun.Launcher) -> None:
+    slurmrun.breakpoint()
+    report = launcher.stacks(timeout=5.0)
+    if report is not None:
+        assert_type(report.summary(), str)
