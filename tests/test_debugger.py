@@ -252,3 +252,14 @@ def test_pythonbreakpoint_0_is_kept_and_slurmrun_breakpoint_still_stops(tmp_path
     child.expect_exact("after the session")
     assert _finish(child) == 0
     assert "rank 1" not in child.before
+
+
+def test_slurmrun_breakpoint_outside_a_launch_is_plain_pdb(tmp_path: Path) -> None:
+    code = "import slurmrun\nx = 41 + 1\nslurmrun.breakpoint()\nprint('went on', x)\n"
+    child = _spawn(tmp_path, "-c", code)
+    child.expect_exact("(Pdb) ")
+    child.sendline("p x")
+    child.expect_exact("42")
+    child.sendline("c")
+    child.expect_exact("went on 42")
+    assert _finish(child) == 0

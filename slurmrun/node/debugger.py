@@ -116,6 +116,13 @@ class _Channel:
         self._link.conn.send(message.header(), self.take().encode(errors="surrogateescape"))
 
 
+def _stdin_is_a_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):
+        return False
+
+
 def set_trace(*_args: Any, frame: FrameType | None = None, **_kwargs: Any) -> None:
     """Stops here in pdb, in the launcher's terminal (``PYTHONBREAKPOINT``'s target).
 
@@ -124,6 +131,11 @@ def set_trace(*_args: Any, frame: FrameType | None = None, **_kwargs: Any) -> No
     """
     caller = frame if frame is not None else sys._getframe(1)
     link = _link
+    if link is None and _stdin_is_a_terminal():
+        import pdb  # noqa: PLC0415 - no launch in this process: plain pdb, here
+
+        pdb.Pdb().set_trace(caller)
+        return
     if link is None or link.pid != os.getpid():
         print(
             f"slurmrun: breakpoint() at {caller.f_code.co_filename}:{caller.f_lineno} in "
