@@ -133,7 +133,7 @@ class Sessions:
         self._reader = reader
         self._out = out
         self.active: Key | None = None
-        self._waiting: deque[tuple[Key, str, bytes]] = deque()
+        self._waiting: deque[tuple[Key, bytes]] = deque()  # prompts in turn
         self._run = 0
         self._told: set[Key] = set()  # ranks told once that there is no terminal
         self._closed = False  # the run is over: no more sessions
@@ -159,8 +159,8 @@ class Sessions:
             return
         if self.active in (None, key):
             self._show(key, text)
-        elif all(k != key for k, _, _ in self._waiting):
-            self._waiting.append((key, message.where, body))
+        elif all(k != key for k, _ in self._waiting):
+            self._waiting.append((key, body))
             self._write(
                 f"\nslurmrun: {message.where} stopped at a breakpoint too; its session follows "
                 f"this one ({len(self._waiting)} waiting).\n"
@@ -176,7 +176,8 @@ class Sessions:
 
     def rank_ended(self, key: Key) -> None:
         """Rank `key` returned, failed or died: its session (or place in the queue) is over."""
-        self._waiting = deque(w for w in self._waiting if w[0] != key)
+        if self._waiting:  # (called for every result: nothing to do, nothing made)
+            self._waiting = deque(w for w in self._waiting if w[0] != key)
         if self.active == key:
             self._next()
 
@@ -199,7 +200,7 @@ class Sessions:
         if self._reader is not None:
             self._reader.cancel()
         if self._waiting:
-            key, _, body = self._waiting.popleft()
+            key, body = self._waiting.popleft()
             self._show(key, body.decode(errors="replace"))
 
     def _no_terminal(self, key: Key, where: str, text: str) -> None:

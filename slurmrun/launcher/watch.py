@@ -120,7 +120,7 @@ class RunWatch:
         # (imported when first used: a launch that never looks pays nothing for it)
         from slurmrun.launcher.stackdumps import Gather  # noqa: PLC0415
 
-        now = _now()
+        now = time.monotonic()
         gather = Gather(self.run, self.shares, self.labels, why, now, now + timeout, done=[done])
         self.gather = gather
         header = gather.message().header()
@@ -134,7 +134,7 @@ class RunWatch:
         """A STACKS answer."""
         if self.gather is not None:
             self.gather.take(node_rank, message, body)
-            self._finish_gather(_now())
+            self._finish_gather(time.monotonic())
 
     def _finish_gather(self, now: float) -> None:
         gather = self.gather
@@ -158,7 +158,7 @@ class RunWatch:
 
     def on_debugger(self, node_rank: int, message: protocol.Debugger, body: bytes) -> None:
         """A worker's debugger spoke."""
-        self.last_word = _now()
+        self.last_word = time.monotonic()
         self.sessions.on_message(self.run, (node_rank, message.local_rank), message, body)
 
     def on_tick(self, now: float) -> None:
@@ -206,7 +206,7 @@ class RunWatch:
         reports: list[StackReport] = []
         self.want(why, DUMP_WAIT, reports.append)
         with contextlib.suppress(Exception):
-            deadline = _now() + DUMP_WAIT + 1.0
+            deadline = time.monotonic() + DUMP_WAIT + 1.0
             pump(self.pool.events, self.pool.router, lambda: bool(reports), deadline)
         if not reports:
             return
@@ -236,7 +236,7 @@ class RunWatch:
         """The run is over: answer what still waits, end the debugger sessions."""
         gather, self.gather = self.gather, None
         if gather is not None:
-            report = gather.report(_now() - gather.started)
+            report = gather.report(time.monotonic() - gather.started)
             for done in gather.done:
                 done(report)
         self.sessions.close()
@@ -252,7 +252,3 @@ def _answer(
 ) -> None:
     if not answer.done():
         answer.set_result((report, watch.write(report)))
-
-
-def _now() -> float:
-    return time.monotonic()

@@ -37,7 +37,7 @@ from slurmrun.node.proctitle import node_name
 from slurmrun.node.relay import Relay
 from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
-from slurmrun.node.supervisor import RunWorkers
+from slurmrun.node.supervisor import RunWorkers, no_stacks
 from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
 from slurmrun.transport import (
     AuthenticationError,
@@ -164,11 +164,7 @@ class Agent:
         if current is not None and current.start.run == ask.run:
             threading.Thread(target=current.stacks, args=(ask,), daemon=True).start()
             return
-        none = protocol.Stacks(
-            request=ask.request, source="none", note="no workers of that run here", run=ask.run
-        )  # local_rank -1: every worker of this agent
-        with contextlib.suppress(OSError):  # cut: the launcher sees the end
-            self.launcher.send(none.header())
+        no_stacks(self.launcher, ask, "no workers of that run here")
 
     def _heartbeat(self, interval: float) -> None:
         beat = protocol.Heartbeat().header()

@@ -29,7 +29,7 @@ from slurmrun.node.store_port import StorePort
 from slurmrun.node.worker import WorkerSpec
 from slurmrun.transport import Connection
 
-__all__ = ["RunWorkers", "exit_description"]
+__all__ = ["RunWorkers", "exit_description", "no_stacks"]
 
 # Once a worker exited: how long its result and last output may take to be forwarded.
 DRAIN_TIMEOUT = 2.0
@@ -46,6 +46,13 @@ def exit_description(exitcode: int | None) -> tuple[str, str | None]:
         name = signal_name(-exitcode)
         return f"was killed by {name}", name
     return f"exited with code {exitcode}", None
+
+
+def no_stacks(launcher: Connection, ask: protocol.AskStacks, why: str) -> None:
+    """Answers `ask` for every worker of this agent at once (local rank -1): none, and why."""
+    answer = protocol.Stacks(request=ask.request, source="none", note=why, run=ask.run)
+    with contextlib.suppress(OSError):  # cut: the launcher sees the end
+        launcher.send(answer.header())
 
 
 def _signal_group(process: WorkerProcess, signum: int) -> None:
@@ -215,11 +222,7 @@ class RunWorkers:
     def stacks(self, ask: protocol.AskStacks) -> None:
         """Answers the launcher's ASK_STACKS for every worker (`slurmrun.node.dumps`; waits)."""
         if not self.spawned.wait(timeout=ask.answer_wait):
-            answer = protocol.Stacks(
-                request=ask.request, source="none", note="its workers are starting", run=ask.run
-            )  # local_rank -1: every worker of this agent
-            with contextlib.suppress(OSError):
-                self.launcher.send(answer.header())
+            no_stacks(self.launcher, ask, "its workers are starting")
             return
         from slurmrun.node.dumps import answer_stacks  # noqa: PLC0415 - only when asked
 
