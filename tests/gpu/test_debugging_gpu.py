@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gpu_helpers import need_gpus
@@ -73,9 +75,11 @@ def test_stacks_of_ranks_waiting_for_their_gpu(tmp_path: Path) -> None:
     assert results and results[0].values() == ["done"] * n  # type: ignore[attr-defined]
 
 
-def collective_times_out(started: str) -> None:
+def collective_behind_a_long_kernel(started: str, seconds: float) -> str:
     """A few all_reduces, then one queued behind a kernel longer than NCCL's timeout: the
-    watchdog times it out, dumps the flight recorder and ends the process."""
+    watchdog times it out and dumps the flight recorder. (With one GPU no peer can be missing:
+    the kernel stands in for one. The watchdog's teardown then waits for the GPU, so the run
+    ends when the kernel does.)"""
     import pathlib
 
     import torch
@@ -85,10 +89,18 @@ def collective_times_out(started: str) -> None:
     for _ in range(3):
         dist.all_reduce(t)
     torch.cuda.synchronize()
-    torch.cuda._sleep(cycles_for(90.0))  # ends the test if nothing else does
+    torch.cuda._sleep(cycles_for(seconds))
     dist.all_reduce(t)
     pathlib.Path(started).touch()
     torch.cuda.synchronize()
+    return "ended"
+
+
+def _load_trace(data: bytes) -> dict[str, Any]:
+    try:
+        return pickle.loads(data)  # type: ignore[no-any-return]
+    except pickle.UnpicklingError:
+        return json.loads(data)  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(LIMIT + 60)
@@ -96,21 +108,28 @@ def test_the_flight_recorder_dumps_when_a_collective_times_out(tmp_path: Path, r
     need_gpus(1)
     started = tmp_path / "started"
     begin = time.monotonic()
-    with pytest.raises(Exception) as failed:  # the watchdog's way of ending it
-        slurmrun.launch(collective_times_out, (str(started),), timeout=15, flight_recorder=True)
+    try:
+        outcome = slurmrun.launch(
+            collective_behind_a_long_kernel,
+            (str(started), 45.0),
+            timeout=15,
+            flight_recorder=True,
+        ).rank(0)
+    except Exception as exc:  # the watchdog may end the process: either is fine
+        outcome = f"{type(exc).__name__}: {str(exc)[:200]}"
     took = time.monotonic() - begin
     assert started.exists(), "the worker never reached the collective"
     dumps = sorted((tmp_path / "logs").glob("2*/flight_recorder/nccl_trace_rank_*"))
     listing = sorted(str(p.relative_to(tmp_path)) for p in (tmp_path / "logs").rglob("*"))
-    assert dumps, f"no flight recorder dump ({type(failed.value).__name__}); files: {listing}"
-    trace = pickle.loads(dumps[0].read_bytes())
+    assert dumps, f"no flight recorder dump (the run: {outcome}); files: {listing}"
+    trace = _load_trace(dumps[0].read_bytes())
     entries = trace["entries"]
     names = [e.get("profiling_name", "") for e in entries]
     assert sum("all_reduce" in name for name in names) >= 4, names
     states = [e.get("state") for e in entries]
     assert states[-1] != "completed", states  # the one that timed out
     report(
-        f"NCCL timeout 15 s: launch failed after {took:.1f} s "
-        f"({type(failed.value).__name__}); dump {dumps[0].name}: {len(entries)} entries, "
-        f"last {names[-1]} {states[-1]}"
+        f"NCCL timeout 15 s, collective behind a 45 s kernel: the run {outcome!r} after "
+        f"{took:.1f} s; dump {dumps[0].name}: {len(entries)} entries, last {names[-1]} "
+        f"{states[-1]}"
     )
