@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from slurmrun.launcher import Launcher, launch
     from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
     from slurmrun.node.debugger import breakpoint
+    from slurmrun.node.worker_state import worker_state
     from slurmrun.result import LaunchResult
 
     __version__: str
@@ -48,6 +49,7 @@ _EXPORTS = {
     "Requeue": "slurmrun.batch",
     "requeue_requested": "slurmrun.batch.requeue",
     "breakpoint": "slurmrun.node.debugger",
+    "worker_state": "slurmrun.node.worker_state",
 }
 
 __all__ = [
@@ -69,6 +71,7 @@ __all__ = [
     "stream_handler",
     "submit",
     "submit_array",
+    "worker_state",
 ]
 
 

@@ -190,6 +190,9 @@ class Start(Message):
     # Every node's worker count in SLURM's compressed form ("2(x2),1"): the run's layout, as
     # workers see it in SLURM_TASKS_PER_NODE (`slurmrun.worker_env`). Empty: `workers` per node.
     tasks_per_node: str = ""
+    # Keep the workers for the next run if this one succeeds (`Launcher.keep_workers`): the
+    # agent then hands the next run to them (`slurmrun.node.kept`) instead of forking new ones.
+    keep: bool = False
 
 
 def start_header(
@@ -221,6 +224,7 @@ class End(Message):
 
     KIND: ClassVar[str] = END
     run: int
+    keep: bool = False  # the run succeeded and its workers serve the next one (Start.keep)
 
 
 @dataclass(frozen=True)
@@ -263,6 +267,10 @@ class Started(Message):
     KIND: ClassVar[str] = STARTED
     run: int
     pids: list[int]  # by local rank
+    reused: bool = False  # the last run's workers took this run (Start.keep)
+    # Why this run has new workers although the last run's were to be kept ("" otherwise):
+    # what those kept in `slurmrun.worker_state()` is gone.
+    fresh_why: str = ""
 
 
 @dataclass(frozen=True)
@@ -380,6 +388,7 @@ class Func(Message):
     """The call to run (the body), agent -> worker."""
 
     KIND: ClassVar[str] = FUNC
+    run: int = 0  # the run it belongs to (a kept worker serves several)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ from slurmrun.worker_env import compress_counts
 
 __all__ = ["Run"]
 
+log = logging.getLogger("slurmrun")
+
 # After the last result, how long to wait for agents to forward their workers' last output.
 DONE_WAIT = 2.0
 
@@ -55,6 +57,7 @@ class Run:
     log_level: int = logging.INFO
     trace: Trace | None = None  # the launch's events and milestones
     stall_timeout: float | None = None  # see `slurmrun.launcher.watch`
+    keep_workers: bool = False  # see `Launcher.keep_workers` and `slurmrun.node.kept`
     id: int = 0  # given by the pool (`AgentPool.begin`)
 
     def __post_init__(self) -> None:
@@ -69,6 +72,7 @@ class Run:
         # A host named twice has a label per node (records, prefixes, file names).
         self.labels = host_labels(self.pool.hostnames)
         self.ending = False  # END was sent: only output still counts, nothing is judged
+        self._succeeded = False  # every result is in: kept workers serve the next run
         self.verdicts = Verdicts(self.pool, self._shares, self.trace, self.labels)
         self.watch = RunWatch(self.pool, self._shares, self.labels, self.trace, self)
 
@@ -84,11 +88,14 @@ class Run:
                 self._hand_out()
                 self.watch.begin(self.id, time.monotonic())
                 pump(self.pool.events, self.pool.router, self._finished)
-                return self._collect()
+                result = self._collect()
             except (KeyboardInterrupt, Exception) as e:
                 self.ending = True  # the outcome stands: the dump only looks
                 self.watch.before_stop(e)
                 raise
+            else:
+                self._succeeded = True
+                return result
             finally:
                 self.watch.close()
                 self._end()
@@ -107,7 +114,7 @@ class Run:
         """
         self.ending = True
         busy = [s.agent for s in self._shares.values() if s.agent.run == self.id]
-        end = protocol.End(run=self.id).header()
+        end = protocol.End(run=self.id, keep=self.keep_workers and self._succeeded).header()
         for agent in busy:
             if agent.closed or self.pool.broken:
                 return  # the launcher closes the pool, which stops every worker
@@ -158,6 +165,7 @@ class Run:
             unset=list(self.start_header.get("unset", [])),
             log_dir=self.log_dir if agent_files else None,
             tasks_per_node=compress_counts(counts),
+            keep=self.keep_workers,
         ).header()
         offset = 0
         for agent, count in zip(order, counts, strict=True):
@@ -239,6 +247,14 @@ class Run:
 
     def _on_started(self, share: Share, started: protocol.Started) -> None:
         share.started = True
+        if started.fresh_why:
+            log.warning(
+                "run %d has new workers on %s: %s. What the last run's workers kept in "
+                "slurmrun.worker_state() is gone.",
+                self.id,
+                share.hostname,
+                started.fresh_why,
+            )
         if self.trace is None:
             return
         self.trace.emit(

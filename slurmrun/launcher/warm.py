@@ -310,5 +310,6 @@ def _run(  # noqa: PLR0917 - private, called once
         log_level=log_level(),
         trace=trace,
         stall_timeout=cfg.stall_timeout,
+        keep_workers=cfg.keep_workers,
     )
     return run.run()

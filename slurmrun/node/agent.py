@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 
 from slurmrun import allocation, protocol
 from slurmrun.environment import FORWARDED_SIGNALS
+from slurmrun.node.kept import KeptWorkers, lost_after
 from slurmrun.node.link import LauncherConnection, say
 from slurmrun.node.proctitle import node_name
-from slurmrun.node.relay import Relay
+from slurmrun.node.relay import Relay, WorkerLink
 from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
 from slurmrun.node.supervisor import RunWorkers, no_stacks
@@ -71,12 +72,19 @@ class RunEnds:
         self._cond = threading.Condition()
         self._through = 0  # every run up to this one is ended
         self._all = False
+        self._keep = 0  # the last run whose END said to keep its workers
 
-    def end(self, run: int) -> None:
-        """The launcher ended `run` (and so every run before it)."""
+    def end(self, run: int, keep: bool = False) -> None:
+        """The launcher ended `run` (and so every run before it); `keep`: keep its workers."""
         with self._cond:
             self._through = max(self._through, run)
+            if keep:
+                self._keep = run
             self._cond.notify_all()
+
+    def keeps(self, run: int) -> bool:
+        """Whether the launcher ended `run` keeping its workers (and is still here)."""
+        return not self._all and self._keep == run
 
     def end_all(self) -> None:
         """The launcher is gone: every run is over."""
@@ -117,6 +125,8 @@ class Agent:
     inbox: queue.Queue[Frame | None] = field(default_factory=queue.Queue)
     runs: RunEnds = field(default_factory=RunEnds)
     current: RunWorkers | None = None  # the run in progress
+    kept: KeptWorkers | None = None  # the last run's workers, waiting for the next run
+    lost: str = ""  # why the last run's workers, to be kept, were not
     relay: Relay = field(init=False)  # carries the workers' output and frames to the launcher
     # SLURM is ending our step: the workers got its SIGTERM and have until its SIGKILL.
     slurm_ending: threading.Event = field(default_factory=threading.Event)
@@ -139,7 +149,7 @@ class Agent:
                 if isinstance(message, protocol.Start):
                     self.inbox.put(frame)
                 elif isinstance(message, protocol.End):
-                    self.runs.end(message.run)
+                    self.runs.end(message.run, message.keep)
                 elif isinstance(message, protocol.AskStacks):
                     self._stacks(message)
                 elif isinstance(message, protocol.DebugInput):
@@ -181,31 +191,56 @@ class Agent:
             if self.spawner is None:
                 continue  # the launcher fails the run on our hello's error, and closes
             start = protocol.Start.from_header(frame.header)
-            run = RunWorkers(
-                start=start,
-                spawner=self.spawner,
-                hostname=self.hostname,
-                launcher=self.launcher,
-                relay=self.relay,
-                store_port=self.store_port,
-                slurm_ending=self.slurm_ending,
-                say_terminating=self._say_terminating,
-            )
+            kept, fresh_why = self._take_kept(start)
+            run = self._workers(start)
             self.current = run
+            keep = False
             try:
-                run.spawn(bytes(frame.body))
+                run.spawn(bytes(frame.body), kept, fresh_why)
                 run.supervise(functools.partial(self.runs.ended, start.run))
                 self.runs.wait(start.run)
+                keep = start.keep and self.runs.keeps(start.run)
             except SpawnError as e:
                 self.launcher.cut(f"cannot start workers: {e}")
                 raise
             finally:
-                run.finish()
+                links = run.finish(keep)
                 self.current = None
+                if links is not None:
+                    self.kept = KeptWorkers(start, links)
+                elif start.keep:
+                    self.lost = lost_after(start.run)
             if not self.runs.gone():
                 idle = protocol.Idle(run=start.run, master_port=self.store_port.renew())
                 with contextlib.suppress(OSError):  # cut: the launcher sees the end
                     self.launcher.send(idle.header())
+
+    def _workers(self, start: protocol.Start, links: list[WorkerLink] | None = None) -> RunWorkers:
+        if self.spawner is None:
+            raise SpawnError("workers cannot start here (the agent's hello said why)")
+        return RunWorkers(
+            start=start,
+            spawner=self.spawner,
+            hostname=self.hostname,
+            launcher=self.launcher,
+            relay=self.relay,
+            store_port=self.store_port,
+            slurm_ending=self.slurm_ending,
+            say_terminating=self._say_terminating,
+            workers=list(links or []),
+        )
+
+    def _take_kept(self, start: protocol.Start) -> tuple[list[WorkerLink] | None, str]:
+        """The kept workers if they can take `start`, else None (they are stopped) and why."""
+        kept, self.kept = self.kept, None
+        lost, self.lost = self.lost, ""
+        why = lost
+        if kept is not None:
+            why = kept.why_not(start) if start.keep else ""
+            if start.keep and not why:
+                return kept.links, ""
+            self._workers(kept.start, kept.links).finish()
+        return None, why if start.keep else ""
 
     def forward_signal(self, signum: int) -> None:
         """Passes a signal from SLURM (e.g. ``--signal=USR1@60``) on to every live worker."""
@@ -243,10 +278,13 @@ class Agent:
                 self.launcher.send(protocol.Terminating().header())
 
     def stop_workers(self) -> None:
-        """Stops the run in progress, if any (on the agent's way out)."""
+        """Stops the run in progress, if any, and kept workers (on the agent's way out)."""
         current = self.current
         if current is not None:
             current.stop()
+        kept, self.kept = self.kept, None
+        if kept is not None and self.spawner is not None:
+            self._workers(kept.start, kept.links).finish()
 
 
 def _say(message: str) -> None:

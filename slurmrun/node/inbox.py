@@ -3,7 +3,8 @@
 A worker's inbox thread (``slurmrun-inbox``) reads its control connection while the function
 runs: STOP (or the connection closing: the agent is gone) ends the worker at once, ASK_STACKS
 is answered with every thread's stack (`slurmrun.stacks.capture`), DEBUG_INPUT goes to the
-debugger (`slurmrun.node.debugger`).
+debugger (`slurmrun.node.debugger`), and FUNC (the next run, for a kept worker) waits in a
+queue for the main thread (`next_call`).
 
 A worker whose threads cannot run (C code holding the GIL) cannot answer ASK_STACKS itself:
 faulthandler then dumps its stacks from a signal handler (`arm_stacks_signal`), into the
@@ -15,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import faulthandler
 import os
+import queue
 import signal
 import socket
 import threading
@@ -25,9 +27,9 @@ from slurmrun.node import debugger
 from slurmrun.node.stack_signal import stacks_signal
 
 if TYPE_CHECKING:
-    from slurmrun.transport import Connection
+    from slurmrun.transport import Connection, Frame
 
-__all__ = ["INBOX_THREAD", "arm_stacks_signal", "watch_agent"]
+__all__ = ["INBOX_THREAD", "arm_stacks_signal", "next_call", "watch_agent"]
 
 INBOX_THREAD = "slurmrun-inbox"  # `slurmrun.stacks.capture` leaves "slurmrun-" threads out
 
@@ -42,6 +44,20 @@ def arm_stacks_signal(side: socket.socket) -> None:
     faulthandler.register(stacks_signal(), file=side, all_threads=True, chain=False)
 
 
+# The agent sends a kept worker the next run's FUNC only once this run's result is in: at
+# most one waits here.
+_calls: queue.Queue[Frame] = queue.Queue(maxsize=1)
+
+
+def next_call() -> Frame:
+    """The next run's FUNC frame, for a kept worker.
+
+    No timeout: the agent's connection ending (or its STOP) ends this process from the inbox
+    thread.
+    """
+    return _calls.get()
+
+
 def watch_agent(conn: Connection) -> None:
     """Starts the inbox thread of this worker (see the module's docstring)."""
     threading.Thread(target=_read, args=(conn,), name=INBOX_THREAD, daemon=True).start()
@@ -53,13 +69,16 @@ def _read(conn: Connection) -> None:
             frame = conn.recv()
             if frame is None or frame.kind == protocol.STOP:
                 break
+            if frame.kind == protocol.FUNC:
+                _calls.put_nowait(frame)  # a second one would be the agent's bug: Full ends us
+                continue
             message = protocol.parse(frame.header)
             if isinstance(message, protocol.AskStacks):
                 _answer(conn, message)
             elif isinstance(message, protocol.DebugInput):
                 line = None if message.eof else bytes(frame.body).decode(errors="replace")
                 debugger.give_input(line)
-    except (OSError, EOFError, protocol.ProtocolError):
+    except (OSError, EOFError, protocol.ProtocolError, queue.Full):
         pass
     os.kill(os.getpid(), signal.SIGKILL)
 

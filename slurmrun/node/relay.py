@@ -55,6 +55,8 @@ class WorkerLink:
     forward: bool = True  # whether its output and logging records go to the launcher
     run: int = 0  # the run it belongs to: every frame it sends is marked with it
     stacks_answered: int = 0  # the last ASK_STACKS request it answered itself
+    outcome: str = ""  # the kind of its last final frame of this run (RESULT or ERROR)
+    wake: Callable[[], None] | None = None  # called once its final frame was forwarded
 
 
 @dataclass
@@ -104,7 +106,10 @@ class Relay:
                         worker.stacks_answered = int(head.header.get("request", 0))
                     self.launcher.take(head, worker.conn)
                 if final:
+                    worker.outcome = head.kind
                     worker.delivered = True
+                    if worker.wake is not None:
+                        worker.wake()
         except (OSError, EOFError, ValueError):
             pass
 

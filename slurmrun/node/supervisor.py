@@ -24,10 +24,11 @@ from slurmrun.errors import signal_name
 from slurmrun.logs import WorkerLog
 from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
-from slurmrun.node.spawner import Spawner, SpawnError, WorkerProcess, wait_any
+from slurmrun.node.spawner import Spawner, SpawnError, WorkerProcess
 from slurmrun.node.store_port import StorePort
 from slurmrun.node.worker import WorkerSpec
 from slurmrun.transport import Connection
+from slurmrun.waiting import wait_readable
 
 __all__ = ["RunWorkers", "exit_description", "no_stacks"]
 
@@ -89,13 +90,56 @@ class RunWorkers:
     workers: list[WorkerLink] = field(default_factory=list)
     spawned: threading.Event = field(default_factory=threading.Event)  # every worker was forked
 
+    def __post_init__(self) -> None:
+        # A worker's final frame wakes `supervise` (a kept worker does not exit after it).
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
+        self._wake_r.setblocking(False)
+
     # ------------------------------------------------------------------ start
-    def spawn(self, func_payload: bytes) -> None:
+    def spawn(
+        self, func_payload: bytes, kept: list[WorkerLink] | None = None, fresh_why: str = ""
+    ) -> None:
         """Forks one worker per local rank and hands each the pickled function.
+
+        Args:
+            func_payload: the pickled call.
+            kept: the last run's workers, which take this run instead (`slurmrun.node.kept`).
+            fresh_why: why the last run's workers could not, for the launcher's warning.
 
         Raises:
             SpawnError: the spawner is gone (what was forked is stopped by `finish`).
         """
+        start = self.start
+        if kept is not None:
+            self.workers = kept
+            for worker in kept:
+                self._adopt(worker)
+        else:
+            self._fork_all()
+        func = protocol.Func(run=start.run).header()
+        for worker in self.workers:
+            with contextlib.suppress(OSError):  # a worker that died already: judged as such
+                worker.conn.send(func, func_payload)
+        pids = [w.process.pid for w in self.workers]
+        self.spawned.set()
+        started = protocol.Started(
+            run=start.run, pids=pids, reused=kept is not None, fresh_why=fresh_why
+        )
+        with contextlib.suppress(OSError):  # the launcher is gone: the agent's reader ends it
+            self.launcher.send(started.header())
+
+    def _adopt(self, worker: WorkerLink) -> None:
+        """Makes a kept worker one of this run's."""
+        worker.run = self.start.run
+        worker.delivered = worker.judged = False
+        worker.outcome = ""
+        worker.last_lines.clear()
+        forward = self.start.forward_ranks
+        worker.forward = forward is None or worker.local_rank in forward
+        worker.wake = self._wake_up
+
+    def _fork_all(self) -> None:
         start = self.start
         store_listener = self._store_listener()
         for local_rank in range(start.workers):
@@ -117,17 +161,10 @@ class RunWorkers:
                 log_level=start.log_level,
                 run=start.run,
                 tasks_per_node=start.tasks_per_node,
+                keep=start.keep,
             )
             listener = store_listener if local_rank == 0 else None
             self.workers.append(self._fork(spec, listener))
-        func = protocol.Func().header()
-        for worker in self.workers:
-            with contextlib.suppress(OSError):  # a worker that died already: judged as such
-                worker.conn.send(func, func_payload)
-        pids = [w.process.pid for w in self.workers]
-        self.spawned.set()
-        with contextlib.suppress(OSError):  # the launcher is gone: the agent's reader ends it
-            self.launcher.send(protocol.Started(run=start.run, pids=pids).header())
 
     def _fork(self, spec: WorkerSpec, store_listener: socket.socket | None) -> WorkerLink:
         pairs: list[tuple[socket.socket, socket.socket]] = []
@@ -155,6 +192,7 @@ class RunWorkers:
             worker.log = WorkerLog(self.start.log_dir, name, spec.local_rank, self.start.log_level)
         forward = self.start.forward_ranks
         worker.forward = forward is None or spec.local_rank in forward
+        worker.wake = self._wake_up
         self.relay.start(worker)
         return worker
 
@@ -178,21 +216,35 @@ class RunWorkers:
     def supervise(self, ended: Callable[[], bool]) -> None:
         """Waits until every worker exited, one died without a result, or `ended()`.
 
-        Sends DONE when every worker exited with its result forwarded; DIED (by `_judge`)
-        for one that did not. Then stops whatever is left.
+        Sends DONE when every worker exited with its result forwarded (or, for workers to be
+        kept, forwarded its result); DIED (by `_judge`) for one that did not. Then stops
+        whatever is left, unless DONE was sent: kept workers wait for END.
         """
-        failed = False
+        failed = done = False
+        keep = self.start.keep
         while not ended() and not failed:
             live = [w for w in self.workers if not w.judged]
-            if not live:
+            if all(keep and w.outcome == protocol.RESULT for w in live):
                 with contextlib.suppress(OSError):  # the launcher is gone: nobody waits
                     self.launcher.send(protocol.Done(run=self.start.run).header())
+                done = True
                 break
-            exited = wait_any([w.process for w in live], _POLL)
-            for worker in live:
-                if worker.process in exited and self._judge(worker):
+            for worker in self._exited(live):
+                if self._judge(worker):
                     failed = True
-        self.stop()
+        if not done:
+            self.stop()
+
+    def _exited(self, live: list[WorkerLink]) -> list[WorkerLink]:
+        """Those of `live` that exited, waiting up to `_POLL` for one to, or for a final frame."""
+        wait_readable([*(w.process.sentinel for w in live), self._wake_r.fileno()], _POLL)
+        with contextlib.suppress(OSError):
+            self._wake_r.recv(4096)
+        return [w for w in live if w.process.poll() is not None]
+
+    def _wake_up(self) -> None:
+        with contextlib.suppress(OSError):  # full: a wake is pending anyway; closed: run over
+            self._wake_w.send(b"w")
 
     def _judge(self, worker: WorkerLink) -> bool:
         """Called once a worker exited; reports it if it died without a result. True if it did."""
@@ -269,11 +321,24 @@ class RunWorkers:
                 _signal_group(process, signal.SIGKILL)
                 process.join(timeout=5.0)
 
-    def finish(self) -> None:
-        """Ends what the workers left behind, then their output threads and log files."""
+    def finish(self, keep: bool = False) -> list[WorkerLink] | None:
+        """Ends what the workers left behind, then their output threads and log files.
+
+        Args:
+            keep: the launcher keeps this run's workers for the next (END said so); they are
+                kept if each is alive and forwarded its result.
+
+        Returns:
+            The workers kept (their threads and files go on), or None: every one was stopped.
+        """
+        kept = None
+        if keep and self.workers and all(_servable(w) for w in self.workers):
+            kept, self.workers = self.workers, []
+            for worker in kept:
+                worker.wake = None
         self.stop()
         strays = 0
-        if self.workers:  # (a spawner still importing torch would answer only once done)
+        if self.workers or kept:  # (a spawner still importing torch would answer only once done)
             with contextlib.suppress(SpawnError):  # a dead spawner took its strays with it
                 strays = self.spawner.end_strays()
         if strays:
@@ -293,3 +358,11 @@ class RunWorkers:
             if worker.log is not None:
                 worker.log.close()
         self.workers = []
+        self._wake_r.close()
+        self._wake_w.close()
+        return kept
+
+
+def _servable(worker: WorkerLink) -> bool:
+    """Whether a worker can take the next run: alive, and its last frame was a result."""
+    return worker.outcome == protocol.RESULT and worker.process.is_alive()

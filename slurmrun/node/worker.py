@@ -16,14 +16,14 @@ import signal
 import socket
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from slurmrun import protocol, worker_env
 from slurmrun.node import debugger, inbox
 from slurmrun.node.proctitle import set_title, what_runs, worker_comm, worker_title
 from slurmrun.output import MAX_LINE, log_frame
-from slurmrun.transport import Connection, OutOfBand, dumps, loads, nbytes
+from slurmrun.transport import Connection, Frame, OutOfBand, dumps, loads, nbytes
 
 __all__ = ["STREAM_GRANTED", "STREAM_MIN_BYTES", "STREAM_REFUSED", "WorkerSpec", "run_worker"]
 
@@ -56,6 +56,7 @@ class WorkerSpec:
     unset: tuple[str, ...] = ()  # removed from its environment (a warm run's unset variables)
     run: int = 0  # the run's id (a streamed result carries it: the agent marks the rest)
     tasks_per_node: str = ""  # every node's worker count, compressed ("2(x2),1"); "": uniform
+    keep: bool = False  # serve the next run's FUNC after this run's result (a kept worker)
 
 
 def _redirect_output(stdout: socket.socket, stderr: socket.socket) -> None:
@@ -388,33 +389,59 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
         if frame is None:
             os._exit(71)
         inbox.watch_agent(conn)
-        try:
-            func, args, kwargs = loads(frame.body, frame.buffers)
-            what = what_runs(func, args, kwargs)
-            set_title(worker_title(spec.rank, spec.hostname, spec.local_rank, what))
-            initialised = _init_process_group(spec, store_listener)
-            result = func(*args, **kwargs)
-        except BaseException as exc:
-            code = 1 if _send_error(conn, exc) else 70
-        else:
-            try:
-                body, buffers = dumps(result)
-            except Exception as exc:
-                error = TypeError(
-                    f"the return value of rank {spec.rank} ({type(result).__qualname__}) could "
-                    f"not be pickled to send back to the launcher: {_safe_str(exc)}. Return "
-                    "plain data, tensors or numpy arrays (convert other objects first)."
-                )
-                error.__cause__ = exc  # its traceback shows where pickling failed
-                code = 1 if _send_error(conn, error) else 70
-            else:
-                _flush_stdio()
-                _send_result(conn, streams, spec, body, buffers)
-                del body, buffers, result
-                if initialised:
-                    _end_process_group()
+        code = _serve(spec, conn, streams, frame, store_listener)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
     # Skip interpreter teardown: after an error the process group may be wedged in a collective.
     os._exit(code)
+
+
+def _serve(
+    spec: WorkerSpec,
+    conn: Connection,
+    streams: socket.socket,
+    frame: Frame,
+    store_listener: socket.socket | None,
+) -> int:
+    """Runs the call in `frame`, and a kept worker's later calls; returns the exit code.
+
+    A kept worker (`WorkerSpec.keep`) keeps its process group, its imports and
+    `slurmrun.worker_state()` from one run to the next; it exits after an error, or once its
+    process group is gone (the function destroyed it: the next run needs a new one).
+    """
+    initialised = False
+    while True:
+        try:
+            func, args, kwargs = loads(frame.body, frame.buffers)
+            what = what_runs(func, args, kwargs)
+            set_title(worker_title(spec.rank, spec.hostname, spec.local_rank, what))
+            if not initialised:
+                initialised = _init_process_group(spec, store_listener)
+            result = func(*args, **kwargs)
+        except BaseException as exc:
+            return 1 if _send_error(conn, exc) else 70
+        try:
+            body, buffers = dumps(result)
+        except Exception as exc:
+            error = TypeError(
+                f"the return value of rank {spec.rank} ({type(result).__qualname__}) could "
+                f"not be pickled to send back to the launcher: {_safe_str(exc)}. Return "
+                "plain data, tensors or numpy arrays (convert other objects first)."
+            )
+            error.__cause__ = exc  # its traceback shows where pickling failed
+            return 1 if _send_error(conn, error) else 70
+        _flush_stdio()
+        _send_result(conn, streams, spec, body, buffers)
+        del body, buffers, result, func, args, kwargs
+        if not spec.keep or (initialised and not _group_alive()):
+            if initialised:
+                _end_process_group()
+            return 0
+        frame = inbox.next_call()
+        spec = replace(spec, run=protocol.Func.from_header(frame.header).run)
+
+
+def _group_alive() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and bool(dist.is_initialized())

@@ -1,0 +1,67 @@
+"""Workers kept from one run to the next (`Launcher.keep_workers`).
+
+A run that asks for it (`protocol.Start.keep`) leaves its workers waiting for the next FUNC
+once each sent its result; if the run succeeds, the launcher's END says to keep them, and the
+agent hands the next run to them instead of forking new ones: no fork, no imports, no new
+process group, and `slurmrun.worker_state()` as the last run left it.
+
+A worker takes a later run only if that run starts it as the first did (`FIXED`: its rank,
+world, process group, environment, paths); otherwise, or if one of them exited, or the last
+run failed or was stopped, the run gets new workers and the launcher is told why
+(`protocol.Started.fresh_why`), so that no run mistakes an empty state for a kept one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from slurmrun import protocol
+from slurmrun.node.relay import WorkerLink
+
+__all__ = ["FIXED", "KeptWorkers", "lost_after"]
+
+# What a worker took from its first run's START and keeps: a run that differs needs new ones.
+FIXED = (
+    "workers",
+    "rank_offset",
+    "world_size",
+    "node_rank",
+    "master_addr",
+    "backend",
+    "timeout",
+    "log_level",
+    "sys_path",
+    "cwd",
+    "env",
+    "unset",
+    "log_dir",
+    "log_name",
+    "tasks_per_node",
+)
+
+
+@dataclass
+class KeptWorkers:
+    """The workers a run left for the next, and the START they were made for."""
+
+    start: protocol.Start
+    links: list[WorkerLink]
+
+    def why_not(self, start: protocol.Start) -> str:
+        """Why these workers cannot take `start` ("" if they can)."""
+        changed = [name for name in FIXED if getattr(start, name) != getattr(self.start, name)]
+        if changed:
+            names = ", ".join(changed)
+            return f"the run's {names} differ from the kept workers' (run {self.start.run})"
+        gone = [w.local_rank for w in self.links if not w.process.is_alive()]
+        if gone:
+            return f"kept worker(s) of local rank {gone} exited after run {self.start.run}"
+        return ""
+
+
+def lost_after(run: int) -> str:
+    """Why a run has new workers after `run`, whose workers were not kept."""
+    return (
+        f"run {run} did not end with every worker's result (it failed or was stopped, or a "
+        "worker ended its process group), so its workers were ended"
+    )
