@@ -343,6 +343,7 @@ class Result(Message):
     node_rank: int = -1  # set on a streamed result's own connection
     local_rank: int = -1
     run: int = 0
+    stays: bool = False  # the worker waits for the next run's FUNC (`slurmrun.node.kept`)
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ class Launcher:
     collective's timeout, into ``flight_recorder/`` in the log directory, for ``python -m
     torch.distributed.flight_recorder.fr_trace``. NCCL only (gloo ignores it)."""
 
-    keep_workers: bool = False
+    keep_workers: Annotated[bool, tyro.conf.Suppress] = False
     """A warm launcher's runs share worker processes: each run after the first is handed to
     the last run's workers (their imports, process group and `slurmrun.worker_state()` kept),
     a message's round trip instead of new processes. After a run that fails or is stopped, or

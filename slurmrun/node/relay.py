@@ -56,6 +56,7 @@ class WorkerLink:
     run: int = 0  # the run it belongs to: every frame it sends is marked with it
     stacks_answered: int = 0  # the last ASK_STACKS request it answered itself
     outcome: str = ""  # the kind of its last final frame of this run (RESULT or ERROR)
+    stays: bool = False  # its result said it waits for the next run (a kept worker)
     wake: Callable[[], None] | None = None  # called once its final frame was forwarded
 
 
@@ -107,6 +108,7 @@ class Relay:
                     self.launcher.take(head, worker.conn)
                 if final:
                     worker.outcome = head.kind
+                    worker.stays = bool(head.header.get("stays"))
                     worker.delivered = True
                     if worker.wake is not None:
                         worker.wake()

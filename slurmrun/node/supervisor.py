@@ -134,6 +134,7 @@ class RunWorkers:
         worker.run = self.start.run
         worker.delivered = worker.judged = False
         worker.outcome = ""
+        worker.stays = False
         worker.last_lines.clear()
         forward = self.start.forward_ranks
         worker.forward = forward is None or worker.local_rank in forward
@@ -224,7 +225,7 @@ class RunWorkers:
         keep = self.start.keep
         while not ended() and not failed:
             live = [w for w in self.workers if not w.judged]
-            if all(keep and w.outcome == protocol.RESULT for w in live):
+            if all(keep and w.stays for w in live):
                 with contextlib.suppress(OSError):  # the launcher is gone: nobody waits
                     self.launcher.send(protocol.Done(run=self.start.run).header())
                 done = True
@@ -365,4 +366,4 @@ class RunWorkers:
 
 def _servable(worker: WorkerLink) -> bool:
     """Whether a worker can take the next run: alive, and its last frame was a result."""
-    return worker.outcome == protocol.RESULT and worker.process.is_alive()
+    return worker.outcome == protocol.RESULT and worker.stays and worker.process.is_alive()

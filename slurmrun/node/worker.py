@@ -244,6 +244,8 @@ def _send_result(
     spec: WorkerSpec,
     body: bytes,
     buffers: list[OutOfBand],
+    *,
+    stays: bool = False,
 ) -> None:
     """Sends the pickled result: large ones over a connection of their own, others via `conn`.
 
@@ -266,9 +268,9 @@ def _send_result(
                     run=spec.run,
                 )
                 Connection(sock).send(own.header(), body, buffers)
-            conn.send(protocol.Result(streamed=True).header())
+            conn.send(protocol.Result(streamed=True, stays=stays).header())
             return
-    conn.send(protocol.Result().header(), body, buffers)
+    conn.send(protocol.Result(stays=stays).header(), body, buffers)
 
 
 def _safe_str(obj: object) -> str:
@@ -431,10 +433,13 @@ def _serve(
             )
             error.__cause__ = exc  # its traceback shows where pickling failed
             return 1 if _send_error(conn, error) else 70
+        # Said with the result, so that the agent never hands the next run to a worker that
+        # is on its way out (one whose function ended its process group).
+        stays = spec.keep and (not initialised or _group_alive())
         _flush_stdio()
-        _send_result(conn, streams, spec, body, buffers)
+        _send_result(conn, streams, spec, body, buffers, stays=stays)
         del body, buffers, result, func, args, kwargs
-        if not spec.keep or (initialised and not _group_alive()):
+        if not stays:
             if initialised:
                 _end_process_group()
             return 0

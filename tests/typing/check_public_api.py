@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 if sys.version_info >= (3, 11):
     from typing import assert_type
@@ -65,6 +66,9 @@ slurmrun.launch(double, (21,), log_handlers=handlers)
 
 def debug_here(launcher: slurmrun.Launcher) -> None:
     slurmrun.breakpoint()
+    assert_type(slurmrun.worker_state(), dict[str, Any])
+    kept = slurmrun.Launcher(keep_workers=True)
+    assert_type(kept.keep_workers, bool)
     report = launcher.stacks(timeout=5.0)
     if report is not None:
         assert_type(report.summary(), str)
