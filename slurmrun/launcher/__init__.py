@@ -291,7 +291,7 @@ class Launcher:
         )
         error: BaseException | None = None
         try:
-            result = self._attempts(warm, plan, payload, trace)
+            result = _attempts(self, warm, plan, payload, trace)
         except BaseException as e:
             error = e
             if isinstance(e, AgentFailedError):
@@ -303,28 +303,6 @@ class Launcher:
                 with contextlib.suppress(AttributeError, TypeError):
                     error.timings = timings  # type: ignore[attr-defined]
         return replace(result, timings=timings)
-
-    def _attempts(self, warm: Warm, plan: Plan, payload: bytes, trace: Trace) -> LaunchResult[Any]:
-        with sigterm_as_exit():
-            for attempt in range(self.max_restarts + 1):
-                try:
-                    return run_attempt(self, warm, plan, payload, attempt, trace)
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except Exception as e:
-                    if note_preemption(e, plan.alloc) or attempt == self.max_restarts:
-                        raise
-                    if isinstance(e, AgentFailedError):
-                        trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
-                    trace.emit(Restarting, attempt=attempt + 1, error=type(e).__name__)
-                    log.warning(
-                        "slurmrun: attempt %d of %d failed (%s: %s); restarting the workers",
-                        attempt + 1,
-                        self.max_restarts + 1,
-                        type(e).__name__,
-                        e,
-                    )
-        raise AssertionError("unreachable")  # pragma: no cover
 
 
 def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept positional
@@ -369,3 +347,29 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
         stall_timeout=stall_timeout,
         flight_recorder=flight_recorder,
     ).run(func, func_args, func_kwargs)
+
+
+def _attempts(
+    cfg: Launcher, warm: Warm, plan: Plan, payload: bytes, trace: Trace
+) -> LaunchResult[Any]:
+    """Runs the call, and again after a failure, up to `Launcher.max_restarts` times."""
+    with sigterm_as_exit():
+        for attempt in range(cfg.max_restarts + 1):
+            try:
+                return run_attempt(cfg, warm, plan, payload, attempt, trace)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:
+                if note_preemption(e, plan.alloc) or attempt == cfg.max_restarts:
+                    raise
+                if isinstance(e, AgentFailedError):
+                    trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
+                trace.emit(Restarting, attempt=attempt + 1, error=type(e).__name__)
+                log.warning(
+                    "slurmrun: attempt %d of %d failed (%s: %s); restarting the workers",
+                    attempt + 1,
+                    cfg.max_restarts + 1,
+                    type(e).__name__,
+                    e,
+                )
+    raise AssertionError("unreachable")  # pragma: no cover

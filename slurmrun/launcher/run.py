@@ -211,7 +211,7 @@ class Run:
             self._done_left -= not share.done
             share.done = True
         elif isinstance(message, protocol.Started):
-            self._on_started(share, message)
+            _on_started(self.id, self.trace, self._shares, share, message)
         elif isinstance(message, protocol.Error | protocol.Died):
             self.watch.sessions.rank_ended((agent.node_rank, message.local_rank))
             self.verdicts.worker_failed(share, message, frame, now)
@@ -244,28 +244,6 @@ class Run:
             self._got_result(share, local_rank, share.streamed.pop(local_rank), now)
         else:
             share.announced.add(local_rank)
-
-    def _on_started(self, share: Share, started: protocol.Started) -> None:
-        share.started = True
-        if started.fresh_why:
-            log.warning(
-                "run %d has new workers on %s: %s. What the last run's workers kept in "
-                "slurmrun.worker_state() is gone.",
-                self.id,
-                share.hostname,
-                started.fresh_why,
-            )
-        if self.trace is None:
-            return
-        self.trace.emit(
-            WorkersStarted,
-            host=share.hostname,
-            node_rank=share.agent.node_rank,
-            pids=tuple(started.pids),
-            seconds=self.trace.seconds(),
-        )
-        if all(s.started for s in self._shares.values()):
-            self.trace.mark("workers_started")
 
     def _got_result(self, share: Share, local_rank: int, frame: Frame, now: float) -> None:
         self.watch.heard(now)
@@ -331,3 +309,33 @@ def _values(order: list[Share]) -> LaunchResult[Any]:
             rank += 1
         values.append(host_values)
     return LaunchResult(hostnames=[s.hostname for s in order], return_values=values)
+
+
+def _on_started(
+    run_id: int,
+    trace: Trace | None,
+    shares: dict[int, Share],
+    share: Share,
+    started: protocol.Started,
+) -> None:
+    """An agent forked the run's workers (or handed the run to kept ones)."""
+    share.started = True
+    if started.fresh_why:
+        log.warning(
+            "run %d has new workers on %s: %s. What the last run's workers kept in "
+            "slurmrun.worker_state() is gone.",
+            run_id,
+            share.hostname,
+            started.fresh_why,
+        )
+    if trace is None:
+        return
+    trace.emit(
+        WorkersStarted,
+        host=share.hostname,
+        node_rank=share.agent.node_rank,
+        pids=tuple(started.pids),
+        seconds=trace.seconds(),
+    )
+    if all(s.started for s in shares.values()):
+        trace.mark("workers_started")

@@ -13,12 +13,13 @@ run failed or was stopped, the run gets new workers and the launcher is told why
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from slurmrun import protocol
 from slurmrun.node.relay import WorkerLink
 
-__all__ = ["FIXED", "KeptWorkers", "lost_after"]
+__all__ = ["FIXED", "KeptWorkers", "adopt", "lost_after", "servable"]
 
 # What a worker took from its first run's START and keeps: a run that differs needs new ones.
 FIXED = (
@@ -65,3 +66,19 @@ def lost_after(run: int) -> str:
         f"run {run} did not end with every worker's result (it failed or was stopped, or a "
         "worker ended its process group), so its workers were ended"
     )
+
+
+def servable(worker: WorkerLink) -> bool:
+    """Whether a worker can take the next run: alive, and its result said it stays."""
+    return worker.outcome == protocol.RESULT and worker.stays and worker.process.is_alive()
+
+
+def adopt(worker: WorkerLink, start: protocol.Start, wake: Callable[[], None]) -> None:
+    """Makes a kept worker one of the run `start` (its frames then carry that run's id)."""
+    worker.run = start.run
+    worker.delivered = worker.judged = worker.stays = False
+    worker.outcome = ""
+    worker.last_lines.clear()
+    forward = start.forward_ranks
+    worker.forward = forward is None or worker.local_rank in forward
+    worker.wake = wake

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from slurmrun import protocol
 from slurmrun.errors import signal_name
 from slurmrun.logs import WorkerLog
+from slurmrun.node.kept import adopt, servable
 from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
 from slurmrun.node.spawner import Spawner, SpawnError, WorkerProcess
@@ -30,7 +31,7 @@ from slurmrun.node.worker import WorkerSpec
 from slurmrun.transport import Connection
 from slurmrun.waiting import wait_readable
 
-__all__ = ["RunWorkers", "exit_description", "no_stacks"]
+__all__ = ["RunWorkers", "exit_description", "no_stacks", "stop_workers"]
 
 # Once a worker exited: how long its result and last output may take to be forwarded.
 DRAIN_TIMEOUT = 2.0
@@ -114,7 +115,7 @@ class RunWorkers:
         if kept is not None:
             self.workers = kept
             for worker in kept:
-                self._adopt(worker)
+                adopt(worker, start, self._wake_up)
         else:
             self._fork_all()
         func = protocol.Func(run=start.run).header()
@@ -129,20 +130,9 @@ class RunWorkers:
         with contextlib.suppress(OSError):  # the launcher is gone: the agent's reader ends it
             self.launcher.send(started.header())
 
-    def _adopt(self, worker: WorkerLink) -> None:
-        """Makes a kept worker one of this run's."""
-        worker.run = self.start.run
-        worker.delivered = worker.judged = False
-        worker.outcome = ""
-        worker.stays = False
-        worker.last_lines.clear()
-        forward = self.start.forward_ranks
-        worker.forward = forward is None or worker.local_rank in forward
-        worker.wake = self._wake_up
-
     def _fork_all(self) -> None:
         start = self.start
-        store_listener = self._store_listener()
+        store_listener = _store_listener(start, self.store_port)
         for local_rank in range(start.workers):
             spec = WorkerSpec(
                 hostname=self.hostname,
@@ -196,22 +186,6 @@ class RunWorkers:
         worker.wake = self._wake_up
         self.relay.start(worker)
         return worker
-
-    def _store_listener(self) -> socket.socket | None:
-        """The listening socket of the run's store, if rank 0 runs here on our port.
-
-        With no process group of slurmrun's (``backend=None``, a torchrun-style script), the
-        function binds ``MASTER_PORT`` itself: the port is released for it instead.
-        """
-        start = self.start
-        if start.rank_offset != 0 or start.workers == 0 or not self.store_port.held():
-            return None
-        if start.master_port != self.store_port.port:
-            return None
-        if start.backend is None:
-            self.store_port.release()
-            return None
-        return self.store_port.take()
 
     # ------------------------------------------------------------------ watch
     def supervise(self, ended: Callable[[], bool]) -> None:
@@ -294,33 +268,8 @@ class RunWorkers:
 
     # ------------------------------------------------------------------ stop
     def stop(self) -> None:
-        """SIGTERM every live worker's group, then SIGKILL what is alive after the grace.
-
-        When SLURM is ending the step, the workers got its SIGTERM already: a second one could
-        cut a checkpoint short (a Python handler runs again), so they are only waited for, up
-        to `protocol.SLURM_TERM_WAIT`; also when SLURM's SIGTERM comes during the grace period
-        (the launcher's END can arrive first, when SLURM signals it too).
-        """
-        alive = [w.process for w in self.workers if w.process.is_alive()]
-        ending = self.slurm_ending.is_set()
-        if not ending:
-            for process in alive:
-                _signal_group(process, signal.SIGTERM)
-        start = time.monotonic()
-        for process in alive:
-            while process.is_alive():
-                ending = ending or self.slurm_ending.is_set()
-                grace = self.start.grace
-                if ending:
-                    grace = max(grace, protocol.SLURM_TERM_WAIT)
-                left = start + grace - time.monotonic()
-                if left <= 0:
-                    break
-                process.join(timeout=min(left, _POLL))
-        for process in alive:
-            if process.is_alive():
-                _signal_group(process, signal.SIGKILL)
-                process.join(timeout=5.0)
+        """Stops every live worker of the run (`stop_workers`)."""
+        stop_workers(self.workers, self.start.grace, self.slurm_ending)
 
     def finish(self, keep: bool = False) -> list[WorkerLink] | None:
         """Ends what the workers left behind, then their output threads and log files.
@@ -333,7 +282,7 @@ class RunWorkers:
             The workers kept (their threads and files go on), or None: every one was stopped.
         """
         kept = None
-        if keep and self.workers and all(_servable(w) for w in self.workers):
+        if keep and self.workers and all(servable(w) for w in self.workers):
             kept, self.workers = self.workers, []
             for worker in kept:
                 worker.wake = None
@@ -364,6 +313,45 @@ class RunWorkers:
         return kept
 
 
-def _servable(worker: WorkerLink) -> bool:
-    """Whether a worker can take the next run: alive, and its last frame was a result."""
-    return worker.outcome == protocol.RESULT and worker.stays and worker.process.is_alive()
+def stop_workers(workers: list[WorkerLink], grace: float, slurm_ending: threading.Event) -> None:
+    """SIGTERM every live worker's group, then SIGKILL what is alive after `grace` seconds.
+
+    When SLURM is ending the step, the workers got its SIGTERM already: a second one could
+    cut a checkpoint short (a Python handler runs again), so they are only waited for, up
+    to `protocol.SLURM_TERM_WAIT`; also when SLURM's SIGTERM comes during the grace period
+    (the launcher's END can arrive first, when SLURM signals it too).
+    """
+    alive = [w.process for w in workers if w.process.is_alive()]
+    ending = slurm_ending.is_set()
+    if not ending:
+        for process in alive:
+            _signal_group(process, signal.SIGTERM)
+    start = time.monotonic()
+    for process in alive:
+        while process.is_alive():
+            ending = ending or slurm_ending.is_set()
+            wait = max(grace, protocol.SLURM_TERM_WAIT) if ending else grace
+            left = start + wait - time.monotonic()
+            if left <= 0:
+                break
+            process.join(timeout=min(left, _POLL))
+    for process in alive:
+        if process.is_alive():
+            _signal_group(process, signal.SIGKILL)
+            process.join(timeout=5.0)
+
+
+def _store_listener(start: protocol.Start, store_port: StorePort) -> socket.socket | None:
+    """The listening socket of the run's store, if rank 0 runs here on our port.
+
+    With no process group of slurmrun's (``backend=None``, a torchrun-style script), the
+    function binds ``MASTER_PORT`` itself: the port is released for it instead.
+    """
+    if start.rank_offset != 0 or start.workers == 0 or not store_port.held():
+        return None
+    if start.master_port != store_port.port:
+        return None
+    if start.backend is None:
+        store_port.release()
+        return None
+    return store_port.take()
