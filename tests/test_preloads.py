@@ -136,14 +136,31 @@ def test_a_package_whose_import_hangs_is_skipped_once_the_probe_is_late(
     learned = preloads.Preloads(later=[], learn=True)
     learned.pending = {"hangs": str(site / "hangs.py"), "learnme": str(site / "learnme.py")}
     learned.between_runs(idle=True)  # forks the probe, which hangs in its first import
-    probe = learned.probe
-    assert probe is not None
-    deadline = time.monotonic() + 30
-    while learned.probe is not None and time.monotonic() < deadline:
-        select.select(learned.fds(), [], [], learned.timeout())
-        learned.between_runs(idle=False)  # a run in progress: nothing imported here
-    os.waitpid(probe.pid, 0)
+    probe_until_done(learned)
     assert learned.probe is None, "the probe outlived its deadline"
     assert learned.skipped == {"hangs"}
     assert learned.pending == {"learnme": str(site / "learnme.py")}, "the rest waits its turn"
     assert "hangs" not in sys.modules
+
+
+def probe_until_done(learned: preloads.Preloads) -> None:
+    """Runs `learned`'s probe to its end, as the spawner's loop would, with a run in progress."""
+    probe = learned.probe
+    assert probe is not None
+    deadline = time.monotonic() + 60
+    while learned.probe is not None and time.monotonic() < deadline:
+        select.select(learned.fds(), [], [], learned.timeout())
+        learned.between_runs(idle=False)
+    os.waitpid(probe.pid, 0)
+
+
+def test_a_package_that_initialises_cuda_at_import_is_never_preloaded(site: Path) -> None:
+    # No GPU needed: the package makes torch say what `torch.cuda.init()` would leave.
+    (site / "cudainit.py").write_text("import torch\ntorch.cuda.is_initialized = lambda: True\n")
+    importlib.import_module("torch")  # here already, as in the spawner: its thread is no news
+    learned = preloads.Preloads(later=[], learn=True)
+    learned.pending = {"cudainit": str(site / "cudainit.py")}
+    learned.between_runs(idle=True)
+    probe_until_done(learned)
+    assert learned.skipped == {"cudainit"}
+    assert learned.safe == []
