@@ -102,6 +102,10 @@ PORT_VAR = "SLURMRUN_LAUNCHER_PORT"  # also read from the user: the port to list
 # "1": the secret comes on stdin, which stays open for the agent's life (ssh agents)
 SECRET_STDIN_VAR = "SLURMRUN_SECRET_STDIN"  # noqa: S105 - a variable's name
 PRELOAD_VAR = "SLURMRUN_PRELOAD"  # modules the spawner imports (comma-separated)
+# ... and those it imports only after the first run (torch when no process group is asked for)
+PRELOAD_LATER_VAR = "SLURMRUN_PRELOAD_LATER"
+# "1": the spawner imports, between runs, what the last run's workers imported
+LEARN_PRELOADS_VAR = "SLURMRUN_LEARN_PRELOADS"
 HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"  # seconds between heartbeats, each way
 ENV_FILE_VAR = "SLURMRUN_ENV_FILE"  # a bash file the agent sources before forking its spawner
 # srun rewrites SLURM_TASKS_PER_NODE with the step's layout (1 per node for the agents' step),

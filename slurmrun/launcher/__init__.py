@@ -137,6 +137,12 @@ class Launcher:
     one whose settings or environment differ, the next run has new workers (with a warning:
     their state is empty)."""
 
+    learn_preloads: bool = True
+    """Between the runs of a warm launcher, each node imports the installed packages that the
+    last run's workers imported, so that the next run's workers start with them loaded
+    (packages that start threads or initialise CUDA when imported are left out; see
+    `slurmrun.node.preloads`). False: workers import them at every run."""
+
     def run(
         self,
         func: Callable[..., T],
@@ -323,6 +329,7 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
     ssh_config_file: str | None = None,
     stall_timeout: float | None = None,
     flight_recorder: bool = False,
+    learn_preloads: bool = True,
 ) -> LaunchResult[T]:
     """Runs ``func(*func_args, **func_kwargs)`` on every worker of every host; see `Launcher`.
 
@@ -346,6 +353,7 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
         ssh_config_file=ssh_config_file,
         stall_timeout=stall_timeout,
         flight_recorder=flight_recorder,
+        learn_preloads=learn_preloads,
     ).run(func, func_args, func_kwargs)
 
 

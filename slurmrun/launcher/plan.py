@@ -37,7 +37,9 @@ from slurmrun.protocol import (
     JOB_ENV_VAR,
     JOB_TASKS_VAR,
     LAUNCHER_ADDR_VAR,
+    LEARN_PRELOADS_VAR,
     PORT_VAR,
+    PRELOAD_LATER_VAR,
     PRELOAD_VAR,
     SECRET_VAR,
 )
@@ -375,13 +377,18 @@ def silence(cfg: Launcher) -> float:
 
 def control_env(cfg: Launcher, secret: str, advertise: str, port: str) -> dict[str, str]:
     """The variables the launcher sets for its agents (`agent_starter` adds the job's tasks)."""
+    # Modules the spawner imports before forking workers (the command's script mode asks for
+    # torch although it initialises no process group). Without a process group torch is
+    # imported after the first run instead: a one-shot launch never waits for it, and later
+    # runs of a warm launcher find it loaded. A value the user set is taken as it is.
+    preload = os.environ.get(PRELOAD_VAR)
     control = {
         SECRET_VAR: secret,
         LAUNCHER_ADDR_VAR: advertise,
         PORT_VAR: port,
-        # Modules the spawner imports before forking workers; the command's script mode asks
-        # for torch although it initialises no process group.
-        PRELOAD_VAR: os.environ.get(PRELOAD_VAR) or ("" if cfg.backend is None else "torch"),
+        PRELOAD_VAR: preload or ("" if cfg.backend is None else "torch"),
+        PRELOAD_LATER_VAR: "torch" if not preload and cfg.backend is None else "",
+        LEARN_PRELOADS_VAR: "1" if cfg.learn_preloads else "0",
         "PYTHONPATH": package_pythonpath(os.environ),
         HEARTBEAT_VAR: str(max(0.05, silence(cfg) / HEARTBEATS_PER_TIMEOUT)),
     }

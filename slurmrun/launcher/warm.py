@@ -82,6 +82,7 @@ _AGENT_OPTIONS = (
     "heartbeat_timeout",
     "timeout",
     "ssh_config_file",
+    "learn_preloads",
 )
 
 

@@ -18,7 +18,14 @@ import threading
 from slurmrun.environment import FORWARDED_SIGNALS, EnvFileError, source_env_file
 from slurmrun.node.proctitle import AGENT_COMM, node_name, set_title
 from slurmrun.node.spawner import Spawner, forget_variable
-from slurmrun.protocol import ENV_FILE_VAR, PRELOAD_VAR, SECRET_STDIN_VAR, SECRET_VAR
+from slurmrun.protocol import (
+    ENV_FILE_VAR,
+    LEARN_PRELOADS_VAR,
+    PRELOAD_LATER_VAR,
+    PRELOAD_VAR,
+    SECRET_STDIN_VAR,
+    SECRET_VAR,
+)
 
 __all__ = ["main", "read_variables", "run"]
 
@@ -108,7 +115,13 @@ def main() -> int:
     if problem is None:
         # The spawner never initialises CUDA: `import torch` alone does not.
         preload = [m for m in os.environ.get(PRELOAD_VAR, "torch").split(",") if m]
-        spawner: Spawner | str = Spawner.start(preload, forget=[SECRET_VAR])
+        later = [m for m in os.environ.get(PRELOAD_LATER_VAR, "").split(",") if m]
+        spawner: Spawner | str = Spawner.start(
+            preload,
+            forget=[SECRET_VAR],
+            later=later,
+            learn=os.environ.get(LEARN_PRELOADS_VAR) == "1",
+        )
     else:
         spawner = problem
     # Before any thread starts: threads inherit the comm (top's name) of their creator.

@@ -16,12 +16,16 @@ subreaper of everything below it: a process that a worker started and left behin
 server, a DataLoader worker, a daemon that called setsid) becomes the spawner's child when its
 parent exits. Once a run's workers are gone, the agent asks the spawner to end those strays
 (`Spawner.end_strays`): SIGTERM, a short grace, then SIGKILL, until none is left.
+
+Between runs, the spawner imports what the last run's workers imported
+(`slurmrun.node.preloads`: learned preloads, each tried in a throwaway probe first).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import pickle
 import select
@@ -31,10 +35,11 @@ import struct
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slurmrun.node.preloads import Preloads
 from slurmrun.node.proctitle import SPAWNER_COMM, node_name, set_title
 from slurmrun.node.stack_signal import stacks_signal
 from slurmrun.torch_import import import_module
@@ -173,13 +178,23 @@ class Spawner:
     sock: socket.socket
 
     @classmethod
-    def start(cls, preload: Sequence[str], forget: Sequence[str] = ()) -> Spawner:
+    def start(
+        cls,
+        preload: Sequence[str],
+        forget: Sequence[str] = (),
+        *,
+        later: Sequence[str] = (),
+        learn: bool = False,
+    ) -> Spawner:
         """Forks the spawner, which then imports `preload`; call before starting any thread.
 
         Args:
             preload: modules the spawner imports, so that workers start with them loaded.
             forget: environment variables the spawner removes and wipes first thing (see
                 `forget_variable`), so that no worker can find their values anywhere.
+            later: modules the spawner imports after the first run (not before it).
+            learn: whether it imports, between runs, what the last run's workers imported
+                (`slurmrun.node.preloads`).
         """
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
@@ -192,7 +207,7 @@ class Spawner:
                 for name in forget:
                     forget_variable(name)
                 mine.close()
-                _serve(theirs, preload, agent_pid)
+                _serve(theirs, preload, agent_pid, Preloads(list(later), learn))
             except BaseException:
                 traceback.print_exc()
                 code = 1
@@ -263,7 +278,7 @@ class Spawner:
 # ------------------------------------------------------------------ the spawner process
 
 
-def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
+def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int, preloads: Preloads) -> None:
     # SLURM ends a step with SIGTERM to every process in it: had the spawner died of it, its
     # workers would have died with it (PDEATHSIG) with no time to checkpoint. Its life is the
     # agent's: PDEATHSIG, or the agent's socket closing, ends it.
@@ -290,13 +305,17 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
     signal.set_wakeup_fd(wake_w.fileno())
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD wakes select
     status: dict[int, int] = {}  # worker pid -> write end of its status pipe
-    own_pid = os.getpid()
     agent_gone = False
     while not agent_gone or status:
-        ready, _, _ = select.select([wake_r] if agent_gone else [sock, wake_r], [], [])
+        waits: list[socket.socket | int] = [wake_r]
+        if not agent_gone:
+            waits += [sock, *preloads.fds()]
+        ready, _, _ = select.select(waits, [], [], preloads.timeout())
         if wake_r in ready:
             wake_r.recv(4096)
-            _reap(status)
+            _reap(status, preloads)
+        if not agent_gone and (not ready or set(ready) & set(preloads.fds())):
+            preloads.between_runs(idle=not status)  # the probe answered, or is late
         if sock in ready:
             try:
                 msg, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, WORKER_FDS + 2)
@@ -308,31 +327,49 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int) -> None:
                     os.close(fd)
                 continue
             if msg == _END_STRAYS:
-                found = _end_strays(status)
-                try:
-                    sock.send(_PID.pack(found))
-                except OSError:
-                    agent_gone = True
+                agent_gone = not _answer(sock, _end_strays(status, preloads))
+                preloads.between_runs(idle=not status)  # the run is over: learn, unless asked
                 continue
             spec = pickle.loads(msg)  # noqa: S301 - from the agent, our parent, over a socketpair
-            pid = os.fork()
-            if pid == 0:
-                _die_with_parent(own_pid)
-                _worker_child(
+            pid = _fork_worker(
+                functools.partial(
+                    _worker_child,
                     run_worker,
                     spec,
                     fds,
                     own=[sock, wake_r, wake_w],
                     status=status,
                     restore=restore,
-                )
+                ),
+                preloads,
+            )
             for fd in fds[:-1]:
                 os.close(fd)
             status[pid] = fds[-1]  # the status pipe's write end comes last
-            try:
-                sock.send(_PID.pack(pid))
-            except OSError:
-                agent_gone = True
+            agent_gone = not _answer(sock, pid)
+
+
+def _answer(sock: socket.socket, value: int) -> bool:
+    """Sends the agent a pid or a count; False if it is gone."""
+    try:
+        sock.send(_PID.pack(value))
+    except OSError:
+        return False
+    return True
+
+
+def _fork_worker(child: Callable[..., None], preloads: Preloads) -> int:
+    """Forks a worker that runs `child(imports=...)` (its report's pipe); returns its pid."""
+    imports = preloads.worker_pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the worker
+        _die_with_parent(parent)
+        child(imports=imports)
+    if imports is not None:
+        os.close(imports[1])
+        preloads.started(pid, imports[0])
+    return pid
 
 
 def _worker_child(
@@ -343,6 +380,7 @@ def _worker_child(
     own: list[socket.socket],
     status: dict[int, int],
     restore: dict[signal.Signals, Any],
+    imports: tuple[int, int] | None,
 ) -> None:  # pragma: no cover - runs in the forked worker
     code = 1
     try:
@@ -354,7 +392,11 @@ def _worker_child(
             s.close()
         for fd in [*status.values(), fds[-1]]:
             os.close(fd)
-        run_worker(spec, *(socket.socket(fileno=fd) for fd in fds[:-1]))
+        report = None
+        if imports is not None:
+            os.close(imports[0])
+            report = imports[1]
+        run_worker(spec, *(socket.socket(fileno=fd) for fd in fds[:-1]), imports=report)
         code = 0
     except BaseException:
         traceback.print_exc()
@@ -381,13 +423,14 @@ def _signal_stray(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def _end_strays(status: dict[int, int]) -> int:
+def _end_strays(status: dict[int, int], preloads: Preloads) -> int:
     """Ends every child that is not a live worker (see the module's docstring); returns how many.
 
     Killing a stray makes its own children ours in turn: they are found on the next look.
+    The preloads' probe is no stray.
     """
-    _reap(status)
-    strays = _children() - set(status)
+    _reap(status, preloads)
+    strays = {pid for pid in _children() - set(status) if not preloads.own(pid)}
     if not strays:
         return 0
     seen = set(strays)
@@ -397,8 +440,8 @@ def _end_strays(status: dict[int, int]) -> int:
     kill_deadline = deadline + STRAY_KILL_WAIT
     while strays and time.monotonic() < kill_deadline:
         time.sleep(_STRAY_POLL)
-        _reap(status)
-        strays = _children() - set(status)
+        _reap(status, preloads)
+        strays = {pid for pid in _children() - set(status) if not preloads.own(pid)}
         seen |= strays
         if time.monotonic() >= deadline:
             for pid in strays:
@@ -406,7 +449,7 @@ def _end_strays(status: dict[int, int]) -> int:
     return len(seen)
 
 
-def _reap(status: dict[int, int]) -> None:
+def _reap(status: dict[int, int], preloads: Preloads) -> None:
     """Reaps every child that exited: workers (their code goes to their status pipe) and strays."""
     while True:
         try:
@@ -415,6 +458,7 @@ def _reap(status: dict[int, int]) -> None:
             return
         if pid == 0:
             return
+        preloads.reaped(pid)  # before the agent hears of it: the next run may come at once
         fd = status.pop(pid, None)
         if fd is not None:
             with contextlib.suppress(OSError):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from slurmrun import protocol, worker_env
-from slurmrun.node import debugger, inbox
+from slurmrun.node import debugger, inbox, preloads
 from slurmrun.node.proctitle import set_title, what_runs, worker_comm, worker_title
 from slurmrun.output import MAX_LINE, log_frame
 from slurmrun.transport import Connection, Frame, OutOfBand, dumps, loads, nbytes
@@ -149,6 +149,13 @@ def _set_environment(spec: WorkerSpec) -> None:
         os.environ.pop(name, None)
     os.environ.update(values)
     _match_thread_count(os.environ.get("OMP_NUM_THREADS"))
+
+
+def _enter_launchers_place(spec: WorkerSpec) -> None:
+    """The launcher's ``sys.path`` and working directory (kept where the latter is missing)."""
+    sys.path[:] = list(spec.sys_path)
+    with contextlib.suppress(OSError):
+        os.chdir(spec.cwd)
 
 
 def _match_thread_count(value: str | None) -> None:
@@ -352,6 +359,18 @@ def _end_process_group() -> None:
         dist.destroy_process_group()
 
 
+def _default_user_signals() -> None:
+    """SIGUSR1 and SIGUSR2 as a Python program starts with them, unless kept ignored.
+
+    The agent ignores them; the user's code decides, unless the launch says they stay
+    ignored (a submitted job: SLURM's --signal=USR2@90 must not kill its workers).
+    """
+    keep = os.environ.get(protocol.IGNORED_SIGNALS_VAR, "").split(",")
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        if signum.name not in keep:
+            signal.signal(signum, signal.SIG_DFL)
+
+
 def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in order
     spec: WorkerSpec,
     sock: socket.socket,
@@ -359,27 +378,24 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
     stderr: socket.socket,
     streams: socket.socket,
     store_listener: socket.socket | None = None,
+    *,
+    imports: int | None = None,
 ) -> None:
     """Entry point of a worker process (forked by the agent's spawner).
 
     `store_listener`: rank 0's, the listening socket of the run's store (see
-    `slurmrun.node.store_port`).
+    `slurmrun.node.store_port`). `imports`: the pipe for what the run imported, for the
+    spawner to preload (`slurmrun.node.preloads`); None: learning is off.
     """
+    known = set(sys.modules)  # the spawner's, as this is its fork
     # First, before any thread starts: threads inherit the comm (top's name) of their creator.
     set_title(worker_title(spec.rank, spec.hostname, spec.local_rank), worker_comm(spec.rank))
     _redirect_output(stdout, stderr)
-    # The agent ignores them; the user's code decides, unless the launch says they stay
-    # ignored (a submitted job: SLURM's --signal=USR2@90 must not kill its workers).
-    keep = os.environ.get(protocol.IGNORED_SIGNALS_VAR, "").split(",")
-    for signum in (signal.SIGUSR1, signal.SIGUSR2):
-        if signum.name not in keep:
-            signal.signal(signum, signal.SIG_DFL)
+    _default_user_signals()
     faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
     inbox.arm_stacks_signal(streams)
     _set_environment(spec)
-    sys.path[:] = list(spec.sys_path)
-    with contextlib.suppress(OSError):
-        os.chdir(spec.cwd)
+    _enter_launchers_place(spec)
     conn = Connection(sock)
     _capture_logging(conn, spec.log_level)
     debugger.attach(conn, f"{spec.hostname} rank {spec.rank}")
@@ -391,7 +407,7 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
         if frame is None:
             os._exit(71)
         inbox.watch_agent(conn)
-        code = _serve(spec, conn, streams, frame, store_listener)
+        code = _serve(spec, conn, streams, frame, store_listener, _Imports(imports, known))
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -399,12 +415,25 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
     os._exit(code)
 
 
-def _serve(
+@dataclass
+class _Imports:
+    """Where the worker reports what its first run imported (`slurmrun.node.preloads`)."""
+
+    pipe: int | None  # None: learning is off, or reported already
+    known: set[str]  # the spawner's modules
+
+    def report(self) -> None:
+        preloads.report(self.pipe, self.known)
+        self.pipe = None  # a kept worker's later runs fork nothing: once is enough
+
+
+def _serve(  # noqa: PLR0917 - private, called once
     spec: WorkerSpec,
     conn: Connection,
     streams: socket.socket,
     frame: Frame,
     store_listener: socket.socket | None,
+    imports: _Imports,
 ) -> int:
     """Runs the call in `frame`, and a kept worker's later calls; returns the exit code.
 
@@ -420,7 +449,10 @@ def _serve(
             set_title(worker_title(spec.rank, spec.hostname, spec.local_rank, what))
             if not initialised:
                 initialised = _init_process_group(spec, store_listener)
-            result = func(*args, **kwargs)
+            try:
+                result = func(*args, **kwargs)
+            finally:  # before the result: the run may be ended as soon as it arrives
+                imports.report()
         except BaseException as exc:
             return 1 if _send_error(conn, exc) else 70
         try:
