@@ -6,8 +6,10 @@ new workers, with a warning; nothing is left once the launcher closes."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -136,3 +138,26 @@ def test_without_keep_workers_every_run_has_new_workers() -> None:
         second = launcher.run(recall).values()
     assert first.isdisjoint(pid for pid, _, _ in second)
     assert [value for _, _, value in second] == [None, None]
+
+
+def sleep_long() -> None:
+    time.sleep(60)
+
+
+def test_ctrl_c_ends_the_kept_workers_and_the_next_run_has_new_ones(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with slurmrun.Launcher(**OPTIONS) as launcher:
+        before = {pid for pid, _, _ in launcher.run(remember, (7,)).values()}
+        timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                launcher.run(sleep_long)
+        finally:
+            timer.cancel()
+        assert gone(before), "Ctrl-C ends the run's kept workers"
+        after = launcher.run(recall).values()
+    assert before.isdisjoint(pid for pid, _, _ in after)
+    assert [value for _, _, value in after] == [None, None]
+    assert caplog.text.count(WARNING) == 1, caplog.text
