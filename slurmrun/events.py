@@ -187,11 +187,15 @@ class Restarting(Event):
     Attributes:
         attempt: the attempt that starts now (1 for the first restart).
         error: the failed attempt's exception type name.
+        hosts: the hosts the attempt runs on.
+        lost: the hosts lost so far in this launch (`Launcher.min_hosts`).
     """
 
     kind: ClassVar[str] = "restarting"
     attempt: int = 0
     error: str = ""
+    hosts: tuple[str, ...] = ()
+    lost: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

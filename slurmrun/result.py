@@ -23,11 +23,14 @@ class LaunchResult(Generic[T]):
             (``agents_connected``, ``workers_started``, ``first_result``, ``last_result``,
             ``total``, in that order). A failed launch's exception carries them as
             ``exc.timings`` (the milestones it reached).
+        lost_hosts: the hosts lost during the launch and why (`Launcher.min_hosts`); the run
+            that returned ran on `hostnames` without them.
     """
 
     hostnames: list[str]
     return_values: list[list[T]]
     timings: Mapping[str, float] = field(default_factory=dict)
+    lost_hosts: Mapping[str, str] = field(default_factory=dict)
 
     def rank(self, rank: int) -> T:
         """Returns the value of global rank `rank` (ranks run host by host).

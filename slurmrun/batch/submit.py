@@ -246,6 +246,9 @@ class JobSpec:
             params["additional_parameters"] = {"requeue": True, "signal": policy.sbatch_signal()}
         else:
             params["additional_parameters"] = {"no_requeue": True}
+        if launcher.min_hosts is not None or launcher.hosts is not None:
+            # A node that fails must not end the job: the launch restarts without it.
+            params["additional_parameters"]["no_kill"] = True
         extra = dict(slurm_parameters or {})
         params["additional_parameters"].update(extra.pop("additional_parameters", None) or {})
         params.update(extra)

@@ -23,6 +23,7 @@ from slurmrun.errors import AgentFailedError
 from slurmrun.events import AgentFailed, EventHandler, LaunchStarted, Restarting, Trace
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.dryrun import DryRun, describe_call
+from slurmrun.launcher.elastic import check_min_hosts, without_lost_host
 from slurmrun.launcher.failures import note_preemption
 from slurmrun.launcher.plan import Plan, make_plan, plan_dry_run
 from slurmrun.launcher.warm import WARM_ATTR, Warm, run_attempt, sigterm_as_exit, warm_of
@@ -105,6 +106,17 @@ class Launcher:
     max_restarts: int = 0
     """How often the whole worker group is started again after a failure (same world size;
     workers see ``SLURMRUN_RESTART_COUNT``). The error is raised after the last attempt."""
+
+    hosts: int | None = None
+    """Run on the first this many of the hosts found and keep the others as spares: a host
+    lost during a run is replaced by a spare at the restart (the world size stays); None:
+    every host runs. Needs ``max_restarts``, as `min_hosts` does."""
+
+    min_hosts: int | None = None
+    """When a host is lost during a run (its agent died or went silent), the restart runs on
+    the hosts that are left if at least this many are (workers see the new ``WORLD_SIZE``,
+    ranks renumbered); None: every host, as a lost host fails the launch. Needs
+    ``max_restarts``: each lost host uses a restart."""
 
     heartbeat_timeout: float = 15.0
     """Seconds without a heartbeat (five per period, each way) after which an agent counts as
@@ -288,6 +300,7 @@ class Launcher:
         warm = warm_of(self)
         assert warm is not None  # noqa: S101 - _run opened it
         warm.check_unchanged(self, plan)
+        check_min_hosts(self, plan)
         trace = Trace(self.on_event)
         counts = plan.workers_per_host
         trace.emit(
@@ -324,6 +337,8 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
     env_file: str | None = None,
     log_handlers: list[logging.Handler] | None = None,
     max_restarts: int = 0,
+    hosts: int | None = None,
+    min_hosts: int | None = None,
     heartbeat_timeout: float = 15.0,
     on_event: EventHandler | None = None,
     ssh_config_file: str | None = None,
@@ -348,6 +363,8 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
         env_file=env_file,
         log_handlers=log_handlers,
         max_restarts=max_restarts,
+        hosts=hosts,
+        min_hosts=min_hosts,
         heartbeat_timeout=heartbeat_timeout,
         on_event=on_event,
         ssh_config_file=ssh_config_file,
@@ -361,10 +378,12 @@ def _attempts(
     cfg: Launcher, warm: Warm, plan: Plan, payload: bytes, trace: Trace
 ) -> LaunchResult[Any]:
     """Runs the call, and again after a failure, up to `Launcher.max_restarts` times."""
+    lost: dict[str, str] = {}  # hosts lost (`Launcher.min_hosts`), and why
     with sigterm_as_exit():
         for attempt in range(cfg.max_restarts + 1):
             try:
-                return run_attempt(cfg, warm, plan, payload, attempt, trace)
+                result = run_attempt(cfg, warm, plan, payload, attempt, trace)
+                return replace(result, lost_hosts=dict(lost))
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as e:
@@ -372,12 +391,25 @@ def _attempts(
                     raise
                 if isinstance(e, AgentFailedError):
                     trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
-                trace.emit(Restarting, attempt=attempt + 1, error=type(e).__name__)
+                smaller = without_lost_host(cfg, plan, e)
+                where = ""
+                if smaller is not None and isinstance(e, AgentFailedError):
+                    lost[e.hostname] = str(e).split("\n", 1)[0][:500]
+                    plan = smaller
+                    where = f" on {', '.join(plan.hostnames)} (lost: {', '.join(lost)})"
+                trace.emit(
+                    Restarting,
+                    attempt=attempt + 1,
+                    error=type(e).__name__,
+                    hosts=tuple(plan.hostnames),
+                    lost=tuple(lost),
+                )
                 log.warning(
-                    "slurmrun: attempt %d of %d failed (%s: %s); restarting the workers",
+                    "slurmrun: attempt %d of %d failed (%s: %s); restarting the workers%s",
                     attempt + 1,
                     cfg.max_restarts + 1,
                     type(e).__name__,
                     e,
+                    where,
                 )
     raise AssertionError("unreachable")  # pragma: no cover

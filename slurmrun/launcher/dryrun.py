@@ -60,6 +60,9 @@ class DryRun:
         worker_unset: the names each worker removes from its agent's environment.
         workers_run: what every worker runs (``module.func(args)``, or the script and its
             arguments for the ``slurmrun`` command); empty: not shown.
+        spares: hosts kept out of the run to replace a lost one (``hosts``).
+        min_hosts: the fewest hosts a restart after a lost host runs on; None: every host.
+        max_restarts: the restarts after a failure (a lost host uses one).
     """
 
     job_id: str | None
@@ -82,6 +85,9 @@ class DryRun:
     worker_env: tuple[tuple[str, str], ...] = ()
     worker_unset: tuple[str, ...] = ()
     workers_run: str = ""
+    spares: tuple[str, ...] = ()
+    min_hosts: int | None = None
+    max_restarts: int = 0
 
     @property
     def world_size(self) -> int | None:
@@ -115,6 +121,7 @@ class DryRun:
             "slurmrun dry run (nothing was started)",
             _row("job", self.job_id or "none (not inside a SLURM job)"),
             _row("hosts", f"{', '.join(self.hosts)} ({n} host{'s' * (n != 1)})"),
+            _row("a lost host", self._elastic_text()),
             _row(
                 "agents",
                 "one srun step, one task per host"
@@ -170,6 +177,18 @@ class DryRun:
                     warning, _WIDTH, initial_indent="    - ", subsequent_indent="      "
                 )
         return out
+
+    def _elastic_text(self) -> str:
+        if self.max_restarts < 1:
+            return "fails the launch (max_restarts=0)"
+        if self.spares:
+            return (
+                f"is replaced by a spare ({', '.join(self.spares)}) at the restart: the world "
+                "size stays"
+            )
+        if self.min_hosts is not None and self.min_hosts < len(self.hosts):
+            return f"is left out at the restart, while {self.min_hosts} or more hosts remain"
+        return "restarts on every host (min_hosts: none)"
 
     def _workers_text(self) -> str:
         counts = ", ".join(map(str, self.expected_workers))

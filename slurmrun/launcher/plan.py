@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from slurmrun import allocation, allocations
@@ -80,6 +80,8 @@ class Plan:
         provider: the allocation provider that found the hosts (``hostnames="auto"``).
         ssh_config_file: the ssh config file for ssh agents.
         step: the agents' srun step, resolved; None unless the agents start with srun.
+        spares: hosts of the allocation kept out of the run, to replace a lost one
+            (`Launcher.hosts`; `slurmrun.launcher.elastic`).
     """
 
     hostnames: list[str]
@@ -90,6 +92,7 @@ class Plan:
     provider: str = ""
     ssh_config_file: str | None = None
     step: srun.AgentsStep | None = None
+    spares: list[str] = field(default_factory=list)
 
 
 def _is_local(host: str) -> bool:
@@ -121,7 +124,16 @@ def make_plan(cfg: Launcher, *, check_driver_step: bool = True) -> Plan:
     else:
         hosts = list(cfg.hostnames)
     if found is not None and found.agents != "srun":
-        return _provided_plan(cfg, found)
+        provided = _provided_plan(cfg, found)
+        active, spares = _spares(cfg, provided.hostnames)
+        counts = provided.workers_per_host
+        return replace(
+            provided,
+            hostnames=active,
+            workers_per_host=None if counts is None else counts[: len(active)],
+            spares=spares,
+        )
+    hosts, spares = _spares(cfg, hosts)
     # A job's nodes, one of them this machine included, get their agents from srun: the agents
     # then live in the job (its SLURM_* variables, its GPUs and CPUs, its accounting) just
     # as on several nodes. Local agents are for hosts that are not the job's ("localhost").
@@ -129,7 +141,15 @@ def make_plan(cfg: Launcher, *, check_driver_step: bool = True) -> Plan:
     if local and not all(_is_local(h) for h in hosts):
         if alloc is None:  # hosts outside any scheduler: their agents start over ssh
             counts = _counts(cfg.workers_per_host, hosts)
-            return Plan(hosts, counts, None, False, ssh=True, ssh_config_file=cfg.ssh_config_file)
+            return Plan(
+                hosts,
+                counts,
+                None,
+                False,
+                ssh=True,
+                ssh_config_file=cfg.ssh_config_file,
+                spares=spares,
+            )
         unknown = [h for h in hosts if h not in alloc.hostnames]
         raise ValueError(
             f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
@@ -141,8 +161,21 @@ def make_plan(cfg: Launcher, *, check_driver_step: bool = True) -> Plan:
         _check_driver_step(alloc)
     counts = _counts(cfg.workers_per_host, hosts)
     if local or alloc is None:
-        return Plan(hosts, counts, alloc, local)
-    return Plan(hosts, counts, alloc, local, step=agents_step(alloc, hosts))
+        return Plan(hosts, counts, alloc, local, spares=spares)
+    return Plan(hosts, counts, alloc, local, step=agents_step(alloc, hosts), spares=spares)
+
+
+def _spares(cfg: Launcher, hosts: list[str]) -> tuple[list[str], list[str]]:
+    """The hosts that run (the first `Launcher.hosts`) and the spares (the rest)."""
+    active = cfg.hosts
+    if active is None:
+        return hosts, []
+    if isinstance(active, bool) or not isinstance(active, int) or not 1 <= active <= len(hosts):
+        raise ValueError(
+            f"hosts must be an int from 1 to the {len(hosts)} host(s) found ({hosts}), "
+            f"got {active!r}"
+        )
+    return hosts[:active], hosts[active:]
 
 
 def agents_step(alloc: allocation.SlurmAllocation, hostnames: Sequence[str]) -> srun.AgentsStep:
@@ -270,6 +303,9 @@ def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> Dry
         warnings=tuple(warnings),
         worker_env=tuple((n, shown_value(n, v)) for n, v in worker_env),
         worker_unset=tuple(worker_unset),
+        spares=tuple(plan.spares),
+        min_hosts=cfg.min_hosts,
+        max_restarts=cfg.max_restarts,
     )
 
 

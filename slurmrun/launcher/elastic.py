@@ -1,0 +1,79 @@
+"""Restarts without a lost node: on a spare (`Launcher.hosts`) or on those left (`min_hosts`).
+
+A node counts as lost when its agent fails during an attempt (`AgentFailedError` naming its
+host: the agent died, went silent past ``heartbeat_timeout``, or its step ended on that node).
+The next attempt then runs on the other hosts of the plan, if at least ``min_hosts`` are
+left: a plan without the lost host (its srun step asks for the others only), so the workers
+see the smaller ``WORLD_SIZE`` with their ranks renumbered densely, and
+``SLURMRUN_RESTART_COUNT`` counts the attempt. A host lost once is not used again within the
+same launch. With spares (`Launcher.hosts` of the allocation's nodes run, the others wait),
+a spare takes the lost host's place (its node rank) and the world size stays. Any other
+failure (a worker raising, a segfault) restarts at the same size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from slurmrun.errors import AgentFailedError
+from slurmrun.launcher.plan import Plan, agents_step
+
+if TYPE_CHECKING:
+    from slurmrun.launcher import Launcher
+
+__all__ = ["check_min_hosts", "without_lost_host"]
+
+
+def check_min_hosts(cfg: Launcher, plan: Plan) -> None:
+    """Raises ValueError for a `min_hosts` or spares that this plan cannot honour (at once)."""
+    minimum = cfg.min_hosts
+    hosts = len(plan.hostnames)
+    if minimum is not None and (
+        isinstance(minimum, bool) or not isinstance(minimum, int) or not 1 <= minimum <= hosts
+    ):
+        raise ValueError(
+            f"min_hosts must be an int from 1 to the launch's {hosts} host(s), got {minimum!r}"
+        )
+    elastic = plan.spares or (minimum is not None and minimum < hosts)
+    if elastic and cfg.max_restarts < 1:
+        what = f"min_hosts={minimum}" if not plan.spares else f"hosts={hosts} (with spares)"
+        raise ValueError(
+            f"{what} restarts without a host that is lost, which takes a restart: set "
+            "max_restarts >= 1 (each lost host uses one)"
+        )
+
+
+def without_lost_host(cfg: Launcher, plan: Plan, error: BaseException) -> Plan | None:
+    """The plan for the next attempt, without the host that `error` lost.
+
+    Returns:
+        The plan with a spare in the lost host's place, or without it if `min_hosts` allows;
+        None if `error` lost no host or neither applies (the next attempt is the same plan).
+    """
+    if not isinstance(error, AgentFailedError) or error.hostname not in plan.hostnames:
+        return None
+    lost = error.hostname
+    if plan.spares:
+        spare, *spares = plan.spares
+        hosts = [spare if host == lost else host for host in plan.hostnames]
+        return _with_hosts(plan, hosts, plan.workers_per_host, spares)
+    if cfg.min_hosts is None or len(plan.hostnames) - 1 < cfg.min_hosts:
+        return None
+    keep = [i for i, host in enumerate(plan.hostnames) if host != lost]
+    counts = plan.workers_per_host
+    return _with_hosts(
+        plan,
+        [plan.hostnames[i] for i in keep],
+        None if counts is None else [counts[i] for i in keep],
+        [],
+    )
+
+
+def _with_hosts(plan: Plan, hosts: list[str], counts: list[int] | None, spares: list[str]) -> Plan:
+    step = None
+    if plan.step is not None and plan.alloc is not None:
+        step = agents_step(plan.alloc, hosts)
+    return dataclasses.replace(
+        plan, hostnames=hosts, workers_per_host=counts, step=step, spares=spares
+    )

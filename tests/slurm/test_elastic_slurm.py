@@ -1,0 +1,145 @@
+"""Node loss on the real 3-node cluster (`Launcher.min_hosts`): node2's slurmd and every
+process of the job on it are killed mid-run; the launch restarts on node1 and node3 with the
+new world size and the restart count, the job goes on RUNNING, and a second launch in the same
+job runs on the survivors. With `min_hosts=3` the same loss fails the launch, as before."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import slurmrun
+from tests.slurm.test_faults_slurm import (  # the fixture brings node2 back after each test
+    LOST_NODE,
+    lost_node_restorer,  # noqa: F401
+)
+
+REPO = str(Path(slurmrun.__file__).parents[1])
+
+SCRIPT = r"""
+import contextlib, json, os, signal, subprocess, sys, time
+import slurmrun
+
+WORK = @WORK@
+MIN_HOSTS = @MIN_HOSTS@
+HOSTS = @HOSTS@
+LOST = @LOST@
+
+
+def lose_a_node_then_report():
+    import torch.distributed as dist
+
+    dist.barrier()
+    if os.environ["SLURMRUN_RESTART_COUNT"] == "0":
+        if dist.get_rank() == 0:  # node1 kills node2's slurmd and every process of its netns
+            with open(os.path.join(WORK, "fault_at"), "w") as f:
+                f.write(repr(time.time()))
+            for _ in range(100):
+                pids = subprocess.run(
+                    ["ip", "netns", "pids", f"slurmc-{LOST}"],
+                    capture_output=True, text=True, check=False,
+                ).stdout.split()
+                if not pids:
+                    break
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+                time.sleep(0.05)
+        time.sleep(300)
+    if dist.get_rank() == 0:
+        print(f"RESTARTED {time.time()!r}", flush=True)
+    return [os.environ["SLURMD_NODENAME"], int(os.environ["RANK"]),
+            int(os.environ["WORLD_SIZE"]), os.environ["SLURMRUN_RESTART_COUNT"]]
+
+
+def where():
+    return [os.environ["SLURMD_NODENAME"], int(os.environ["WORLD_SIZE"])]
+
+
+options = dict(workers_per_host=2, backend="gloo", timeout=60, heartbeat_timeout=5,
+               max_restarts=1 if MIN_HOSTS != 3 else 0, min_hosts=MIN_HOSTS, hosts=HOSTS)
+out = {}
+try:
+    result = slurmrun.launch(lose_a_node_then_report, **options)
+    out["values"] = result.values()
+    out["hosts"] = result.hostnames
+    out["lost"] = dict(result.lost_hosts)
+    again = slurmrun.launch(where, **options)
+    out["again"] = again.values()
+    out["again_lost"] = sorted(again.lost_hosts)
+except Exception as e:
+    out["error"] = type(e).__name__
+    out["message"] = str(e)
+    out["hostname"] = getattr(e, "hostname", None)
+state = subprocess.run(["scontrol", "show", "job", os.environ["SLURM_JOB_ID"]],
+                       capture_output=True, text=True, check=False).stdout
+out["job_state"] = state.split("JobState=")[1].split()[0] if "JobState=" in state else state
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def _script(work: Path, min_hosts: int | None, hosts: int | None = None) -> str:
+    return (
+        SCRIPT.replace("@WORK@", repr(str(work)))
+        .replace("@MIN_HOSTS@", repr(min_hosts))
+        .replace("@HOSTS@", repr(hosts))
+        .replace("@LOST@", repr(LOST_NODE))
+    )
+
+
+def _result(stdout: str) -> dict[str, Any]:
+    lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+    assert lines, stdout
+    found: dict[str, Any] = json.loads(lines[-1][len("RESULT ") :])
+    return found
+
+
+@pytest.mark.usefixtures("lost_node_restorer")
+@pytest.mark.parametrize(
+    ("min_hosts", "hosts"), [(2, None), (None, 2)], ids=["min_hosts=2", "hosts=2 (a spare)"]
+)
+def test_a_lost_node_restarts_the_run_on_the_survivors(
+    run_in_allocation: Any, tmp_path: Path, min_hosts: int | None, hosts: int | None
+) -> None:
+    # min_hosts=2: node1 and node3 go on (world 6 -> 4); hosts=2: node3, the spare, takes the
+    # place of node2 (world 4 -> 4). Either way the restart runs on node1 and node3.
+    cp = run_in_allocation(
+        ["-N3", "--no-kill"],
+        _script(tmp_path, min_hosts, hosts),
+        timeout=240,
+        env={"PYTHONPATH": REPO},
+    )
+    out = _result(cp.stdout)
+    assert "error" not in out, out
+    assert out["hosts"] == ["node1", "node3"], out
+    assert out["lost"].keys() == {LOST_NODE}, out
+    assert out["values"] == [
+        ["node1", 0, 4, "1"],
+        ["node1", 1, 4, "1"],
+        ["node3", 2, 4, "1"],
+        ["node3", 3, 4, "1"],
+    ], out
+    assert out["job_state"] == "RUNNING", out
+    assert sorted(host for host, _ in out["again"]) == ["node1", "node1", "node3", "node3"], out
+    fault_at = float((tmp_path / "fault_at").read_text())
+    marks = [x.split("RESTARTED ", 1)[1] for x in cp.stdout.splitlines() if "RESTARTED " in x]
+    restarted = [float(x) for x in marks]
+    assert restarted, cp.stdout
+    took = restarted[0] - fault_at
+    print(f"from the node's loss to the restarted run's first output: {took:.1f} s")
+    assert took < 5 + 30, "within heartbeat_timeout + a restart"
+
+
+@pytest.mark.usefixtures("lost_node_restorer")
+def test_min_hosts_of_every_host_fails_on_a_lost_node_as_before(
+    run_in_allocation: Any, tmp_path: Path
+) -> None:
+    cp = run_in_allocation(
+        ["-N3", "--no-kill"], _script(tmp_path, 3), timeout=240, env={"PYTHONPATH": REPO}
+    )
+    out = _result(cp.stdout)
+    assert out.get("error") == "AgentFailedError", out
+    assert out["hostname"] == LOST_NODE, out
