@@ -206,21 +206,36 @@ def test_failing_to_start_agents_leaks_no_socket_and_no_temp_dir(
     assert list(temp.iterdir()) == []  # the temporary log directory is gone
 
 
-def test_log_open_failure_names_the_node_and_the_path(tmp_path):
+def test_agent_start_failure_names_the_node_and_the_path(tmp_path):
     log = tmp_path / "srun.log"
     log.write_text(
         "srun: error: task 1 launch failed: Slurmd could not connect IO\n"
         "srun: error: task 0 launch failed: Slurmd could not connect IO\n"
     )
-    failure = srun.log_open_failure(str(log), ["node2", "node3"], "/shared/logs")
+    failure = srun.agent_start_failure(str(log), ["node2", "node3"], "/shared/logs")
     assert failure is not None
     host, message = failure
     assert host == "node3"
     assert "/shared/logs/node3.agent.log" in message
     assert "SLURMRUN_LOG_DIR" in message
     log.write_text("srun: error: node2: task 0: Killed\n")
-    assert srun.log_open_failure(str(log), ["node2"], "/shared/logs") is None
-    assert srun.log_open_failure(str(tmp_path / "missing"), ["node2"], "/x") is None
+    assert srun.agent_start_failure(str(log), ["node2"], "/shared/logs") is None
+    assert srun.agent_start_failure(str(tmp_path / "missing"), ["node2"], "/x") is None
+
+
+def test_a_node_srun_cannot_reach_is_the_one_blamed(tmp_path):
+    # srun ends the whole step: the other agents' connections close too, and say nothing.
+    log = tmp_path / "srun.log"
+    log.write_text(
+        "srun: error: Task launch for StepId=2.3 failed on node node2: Communication "
+        "connection failure\nsrun: error: Application launch failed: Communication connection "
+        "failure\nsrun: error: node1: task 0: Killed\n"
+    )
+    failure = srun.agent_start_failure(str(log), ["node1", "node2", "node3"], "/shared/logs")
+    assert failure is not None
+    host, message = failure
+    assert host == "node2"
+    assert "Communication connection failure" in message and "slurmd does not answer" in message
 
 
 def test_address_toward_a_host_is_a_local_address():

@@ -15,8 +15,8 @@ from slurmrun.logs import agent_log_path
 __all__ = [
     "AgentsStep",
     "address_toward",
+    "agent_start_failure",
     "agents_step_command",
-    "log_open_failure",
     "srun_agents",
     "srun_environment",
 ]
@@ -157,6 +157,9 @@ STEP_TASK_VARS = frozenset(
 # srun's word for a task whose stdout could not be set up on its node (e.g. --output names a
 # directory the node cannot see or write).
 _LAUNCH_FAILED = re.compile(r"task (\d+) launch failed: (.+)")
+# srun's words for a node whose slurmd could not be reached to start the step's task there
+# (the node is down, its slurmd dead, its network cut).
+_NODE_UNREACHABLE = re.compile(r"Task launch for StepId=\S+ failed on node (\S+): (.+)")
 
 
 @dataclass(frozen=True)
@@ -295,14 +298,16 @@ def srun_agents(
     )
 
 
-def log_open_failure(
+def agent_start_failure(
     srun_log: str, step_hosts: Sequence[str], log_dir: str
 ) -> tuple[str, str] | None:
     """(host, message) if srun's output says a node could not start its agent's task.
 
-    The usual cause: the node cannot open its ``--output`` file (the log directory is not on
-    a filesystem the node shares, or it cannot write there), and srun says only
-    ``task N launch failed: Slurmd could not connect IO``.
+    Either srun could not reach the node's slurmd (``Task launch for StepId=... failed on
+    node N``: the node is lost, and srun ends the whole step, so the other agents' ends say
+    nothing about the cause), or the node cannot open its ``--output`` file (the log
+    directory is not on a filesystem the node shares, or it cannot write there), and srun says
+    only ``task N launch failed: Slurmd could not connect IO``.
 
     Args:
         srun_log: srun's own output file.
@@ -314,6 +319,14 @@ def log_open_failure(
             text = f.read()
     except OSError:
         return None
+    unreachable = _NODE_UNREACHABLE.search(text)
+    if unreachable is not None:
+        host = unreachable.group(1)
+        return host, (
+            f"the agent on {host} could not start: srun says the task launch failed on node "
+            f"{host}: {unreachable.group(2).strip()} (its slurmd does not answer: the node is "
+            "down, or cut off)"
+        )
     match = _LAUNCH_FAILED.search(text)
     if match is None:
         return None

@@ -245,7 +245,7 @@ def explained(e: AgentFailedError, pool: AgentPool, plan: Plan) -> AgentFailedEr
     starter, log_dir = pool.starter, pool.log_dir
     if not isinstance(starter, SrunAgents) or log_dir is None or not log_dir.keep:
         return e
-    failure = srun.log_open_failure(starter.log_path, step_order(plan), log_dir.path)
+    failure = srun.agent_start_failure(starter.log_path, step_order(plan), log_dir.path)
     if failure is None:
         return e
     host, message = failure

@@ -113,7 +113,7 @@ def test_a_lost_node_restarts_the_run_on_the_survivors(
         env={"PYTHONPATH": REPO},
     )
     out = _result(cp.stdout)
-    assert "error" not in out, out
+    assert "error" not in out, json.dumps(out, indent=1) + cp.stderr[-3000:]
     assert out["hosts"] == ["node1", "node3"], out
     assert out["lost"].keys() == {LOST_NODE}, out
     assert out["values"] == [
