@@ -188,6 +188,8 @@ class Warm:
 
     def ready_pool(self, cfg: Launcher, plan: Plan, trace: Trace | None = None) -> AgentPool:
         """The pool for the next run: the kept one, or new agents if it broke or died idle."""
+        if self.pool is not None and list(self.pool.hostnames) != list(plan.hostnames):
+            self.close_pool()  # it runs without a host lost in an earlier launch: plan again
         if self.pool is not None:
             try:
                 self.pool.ready()

@@ -1,7 +1,8 @@
 """Node loss on the real 3-node cluster (`Launcher.min_hosts`): node2's slurmd and every
 process of the job on it are killed mid-run; the launch restarts on node1 and node3 with the
 new world size and the restart count, the job goes on RUNNING, and a second launch in the same
-job runs on the survivors. With `min_hosts=3` the same loss fails the launch, as before."""
+job (the launcher's next run) runs on the survivors. With `min_hosts=3` the same loss fails the
+launch, as before."""
 
 from __future__ import annotations
 
@@ -63,13 +64,14 @@ options = dict(workers_per_host=2, backend="gloo", timeout=60, heartbeat_timeout
                max_restarts=1 if MIN_HOSTS != 3 else 0, min_hosts=MIN_HOSTS, hosts=HOSTS)
 out = {}
 try:
-    result = slurmrun.launch(lose_a_node_then_report, **options)
-    out["values"] = result.values()
-    out["hosts"] = result.hostnames
-    out["lost"] = dict(result.lost_hosts)
-    again = slurmrun.launch(where, **options)
-    out["again"] = again.values()
-    out["again_lost"] = sorted(again.lost_hosts)
+    with slurmrun.Launcher(**options) as launcher:  # a warm launcher: the second run plans again
+        result = launcher.run(lose_a_node_then_report)
+        out["values"] = result.values()
+        out["hosts"] = result.hostnames
+        out["lost"] = dict(result.lost_hosts)
+        again = launcher.run(where)
+        out["again"] = again.values()
+        out["again_lost"] = sorted(again.lost_hosts)
 except Exception as e:
     out["error"] = type(e).__name__
     out["message"] = str(e)
@@ -123,7 +125,9 @@ def test_a_lost_node_restarts_the_run_on_the_survivors(
         ["node3", 3, 4, "1"],
     ], out
     assert out["job_state"] == "RUNNING", out
+    # The next run plans from the allocation again: node2, still dead, is lost again.
     assert sorted(host for host, _ in out["again"]) == ["node1", "node1", "node3", "node3"], out
+    assert out["again_lost"] == [LOST_NODE], out
     fault_at = float((tmp_path / "fault_at").read_text())
     marks = [x.split("RESTARTED ", 1)[1] for x in cp.stdout.splitlines() if "RESTARTED " in x]
     restarted = [float(x) for x in marks]
