@@ -16,9 +16,9 @@ import psutil
 import pytest
 
 import slurmrun
+from tests.test_warm import gone
 
 OPTIONS = {"workers_per_host": 2, "backend": "gloo", "timeout": 120, "keep_workers": True}
-GONE_WITHIN = 30.0
 WARNING = "has new workers on localhost"
 
 
@@ -43,20 +43,6 @@ def recall() -> tuple[int, int, object]:
 def fail_on_rank_1() -> None:
     if os.environ["RANK"] == "1":
         raise KeyError("rank one")
-
-
-def gone(pids: set[int]) -> bool:
-    deadline = time.monotonic() + GONE_WITHIN
-    while time.monotonic() < deadline:
-        alive = [
-            p
-            for p in pids
-            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        ]
-        if not alive:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_later_runs_reuse_the_workers_their_group_and_state(
