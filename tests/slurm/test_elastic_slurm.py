@@ -1,12 +1,13 @@
-"""Node loss on the real 3-node cluster (`Launcher.min_hosts`): node2's slurmd and every
-process of the job on it are killed mid-run; the launch restarts on node1 and node3 with the
-new world size and the restart count, the job goes on RUNNING, and a second launch in the same
-job (the launcher's next run) runs on the survivors. With `min_hosts=3` the same loss fails the
-launch, as before."""
+"""Node loss on the real 3-node cluster (`Launcher.min_hosts`, spares): in an sbatch job of 3
+nodes (``--no-kill``), node2's slurmd and every process of the job on it are killed mid-run;
+the launch restarts on node1 and node3 with the new world size and the restart count, the
+job goes on RUNNING, and a second launch in the same job (the launcher's next run) runs on the
+survivors. With `min_hosts=3` the same loss fails the launch, as before."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +93,17 @@ def _script(work: Path, min_hosts: int | None, hosts: int | None = None) -> str:
     )
 
 
+def _batch_job(sbatch: Any, tmp_path: Path, script: str) -> str:
+    """Runs `script` as the launcher of an sbatch job of 3 nodes that a node failure does not
+    end (it runs on node1, the batch host); returns the job's output."""
+    path = tmp_path / "elastic.py"
+    path.write_text(script)
+    batch = f"export PYTHONPATH={REPO}\n{sys.executable} {path}\n"
+    job = sbatch(batch, ["-N3", "--no-kill"], timeout=240, check=False)
+    output: str = job.output
+    return output
+
+
 def _result(stdout: str) -> dict[str, Any]:
     lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
     assert lines, stdout
@@ -104,18 +116,13 @@ def _result(stdout: str) -> dict[str, Any]:
     ("min_hosts", "hosts"), [(2, None), (None, 2)], ids=["min_hosts=2", "hosts=2 (a spare)"]
 )
 def test_a_lost_node_restarts_the_run_on_the_survivors(
-    run_in_allocation: Any, tmp_path: Path, min_hosts: int | None, hosts: int | None
+    sbatch: Any, tmp_path: Path, min_hosts: int | None, hosts: int | None
 ) -> None:
     # min_hosts=2: node1 and node3 go on (world 6 -> 4); hosts=2: node3, the spare, takes the
     # place of node2 (world 4 -> 4). Either way the restart runs on node1 and node3.
-    cp = run_in_allocation(
-        ["-N3", "--no-kill"],
-        _script(tmp_path, min_hosts, hosts),
-        timeout=240,
-        env={"PYTHONPATH": REPO},
-    )
-    out = _result(cp.stdout)
-    assert "error" not in out, json.dumps(out, indent=1) + cp.stderr[-3000:]
+    output = _batch_job(sbatch, tmp_path, _script(tmp_path, min_hosts, hosts))
+    out = _result(output)
+    assert "error" not in out, json.dumps(out, indent=1) + output[-3000:]
     assert out["hosts"] == ["node1", "node3"], out
     assert out["lost"].keys() == {LOST_NODE}, out
     assert out["values"] == [
@@ -129,9 +136,9 @@ def test_a_lost_node_restarts_the_run_on_the_survivors(
     assert sorted(host for host, _ in out["again"]) == ["node1", "node1", "node3", "node3"], out
     assert out["again_lost"] == [LOST_NODE], out
     fault_at = float((tmp_path / "fault_at").read_text())
-    marks = [x.split("RESTARTED ", 1)[1] for x in cp.stdout.splitlines() if "RESTARTED " in x]
+    marks = [x.split("RESTARTED ", 1)[1] for x in output.splitlines() if "RESTARTED " in x]
     restarted = [float(x) for x in marks]
-    assert restarted, cp.stdout
+    assert restarted, output
     took = restarted[0] - fault_at
     print(f"from the node's loss to the restarted run's first output: {took:.1f} s")
     assert took < 5 + 30, "within heartbeat_timeout + a restart"
@@ -139,11 +146,8 @@ def test_a_lost_node_restarts_the_run_on_the_survivors(
 
 @pytest.mark.usefixtures("lost_node_restorer")
 def test_min_hosts_of_every_host_fails_on_a_lost_node_as_before(
-    run_in_allocation: Any, tmp_path: Path
+    sbatch: Any, tmp_path: Path
 ) -> None:
-    cp = run_in_allocation(
-        ["-N3", "--no-kill"], _script(tmp_path, 3), timeout=240, env={"PYTHONPATH": REPO}
-    )
-    out = _result(cp.stdout)
+    out = _result(_batch_job(sbatch, tmp_path, _script(tmp_path, 3)))
     assert out.get("error") == "AgentFailedError", out
     assert out["hostname"] == LOST_NODE, out
