@@ -37,7 +37,9 @@ def raise_quietly() -> None:
 
 
 def _log_text(exc: BaseException) -> str:
-    (note,) = exc.__notes__
+    # The note that names the rank's log file; a run that fails while another rank is still
+    # running also gets a note of where that rank was (the stacks dump): under load, it can.
+    (note,) = [n for n in exc.__notes__ if "its log: " in n]
     log_file = note.split("its log: ")[1]
     return Path(log_file).read_text(encoding="utf-8")
 
