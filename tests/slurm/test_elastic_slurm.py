@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import slurmrun
-from tests.slurm.test_faults_slurm import (  # the fixture brings node2 back after each test
+from tests.slurm.conftest import JOB_NAME, wait_job
+from tests.slurm.test_faults_slurm import (  # the fixture checks node2 is back after each test
     LOST_NODE,
     lost_node_restorer,  # noqa: F401
+    restore_node,
 )
 
 REPO = str(Path(slurmrun.__file__).parents[1])
@@ -93,15 +96,27 @@ def _script(work: Path, min_hosts: int | None, hosts: int | None = None) -> str:
     )
 
 
-def _batch_job(sbatch: Any, tmp_path: Path, script: str) -> str:
+def _batch_job(run_cmd: Any, cluster: Any, tmp_path: Path, script: str) -> str:
     """Runs `script` as the launcher of an sbatch job of 3 nodes that a node failure does not
-    end (it runs on node1, the batch host); returns the job's output."""
-    path = tmp_path / "elastic.py"
+    end (it runs on node1, the batch host); returns the job's output once it ended.
+
+    The job's end needs node2's slurmd (SLURM would otherwise wait until it marks node2 down,
+    over a minute): node2 is brought back as soon as the launcher printed its result.
+    """
+    path, out = tmp_path / "elastic.py", tmp_path / "elastic.out"
     path.write_text(script)
-    batch = f"export PYTHONPATH={REPO}\n{sys.executable} {path}\n"
-    job = sbatch(batch, ["-N3", "--no-kill"], timeout=240, check=False)
-    output: str = job.output
-    return output
+    batch = tmp_path / "elastic.sh"
+    batch.write_text(f"#!/bin/bash\nexport PYTHONPATH={REPO}\n{sys.executable} {path}\n")
+    argv = ["sbatch", "--parsable", f"--job-name={JOB_NAME}", "--time=5", f"--output={out}"]
+    job = run_cmd([*argv, "-N3", "--no-kill", str(batch)]).stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 240
+    while "RESULT " not in (out.read_text() if out.exists() else ""):
+        assert time.monotonic() < deadline, out.read_text() if out.exists() else "no output"
+        time.sleep(0.2)
+    problem = restore_node(cluster, LOST_NODE)
+    assert not problem, problem
+    wait_job(job, 120, out)
+    return out.read_text()
 
 
 def _result(stdout: str) -> dict[str, Any]:
@@ -116,11 +131,15 @@ def _result(stdout: str) -> dict[str, Any]:
     ("min_hosts", "hosts"), [(2, None), (None, 2)], ids=["min_hosts=2", "hosts=2 (a spare)"]
 )
 def test_a_lost_node_restarts_the_run_on_the_survivors(
-    sbatch: Any, tmp_path: Path, min_hosts: int | None, hosts: int | None
+    run_cmd: Any,
+    slurm_cluster: Any,
+    tmp_path: Path,
+    min_hosts: int | None,
+    hosts: int | None,
 ) -> None:
     # min_hosts=2: node1 and node3 go on (world 6 -> 4); hosts=2: node3, the spare, takes the
     # place of node2 (world 4 -> 4). Either way the restart runs on node1 and node3.
-    output = _batch_job(sbatch, tmp_path, _script(tmp_path, min_hosts, hosts))
+    output = _batch_job(run_cmd, slurm_cluster, tmp_path, _script(tmp_path, min_hosts, hosts))
     out = _result(output)
     assert "error" not in out, json.dumps(out, indent=1) + output[-3000:]
     assert out["hosts"] == ["node1", "node3"], out
@@ -146,8 +165,8 @@ def test_a_lost_node_restarts_the_run_on_the_survivors(
 
 @pytest.mark.usefixtures("lost_node_restorer")
 def test_min_hosts_of_every_host_fails_on_a_lost_node_as_before(
-    sbatch: Any, tmp_path: Path
+    run_cmd: Any, slurm_cluster: Any, tmp_path: Path
 ) -> None:
-    out = _result(_batch_job(sbatch, tmp_path, _script(tmp_path, 3)))
+    out = _result(_batch_job(run_cmd, slurm_cluster, tmp_path, _script(tmp_path, 3)))
     assert out.get("error") == "AgentFailedError", out
     assert out["hostname"] == LOST_NODE, out
