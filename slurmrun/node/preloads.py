@@ -47,6 +47,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from slurmrun.node.parent_death import die_with_parent
 from slurmrun.torch_import import import_module
 
 __all__ = [
@@ -300,10 +301,8 @@ class Preloads:
         if pid == 0:  # pragma: no cover - the probe
             code = 0
             try:
-                from slurmrun.node.spawner import _die_with_parent  # noqa: PLC0415
-
                 signal.set_wakeup_fd(-1)
-                _die_with_parent(parent)
+                die_with_parent(parent)
                 os.close(read_end)
                 _probe(names, write_end)
             except BaseException:

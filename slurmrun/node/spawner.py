@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from slurmrun.node.parent_death import die_with_parent
 from slurmrun.node.preloads import Preloads
 from slurmrun.node.proctitle import SPAWNER_COMM, node_name, set_title
 from slurmrun.node.stack_signal import stacks_signal
@@ -47,8 +48,6 @@ from slurmrun.waiting import wait_readable
 
 __all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any"]
 
-_PR_SET_PDEATHSIG = 1
-_PR_SET_CHILD_SUBREAPER = 36
 _PID = struct.Struct("!q")
 _CODE = struct.Struct("!i")
 MAX_REQUEST_BYTES = 1 << 20
@@ -64,21 +63,6 @@ _STRAY_POLL = 0.01
 
 class SpawnError(RuntimeError):
     """The spawner could not start a worker (it died, or never answered)."""
-
-
-def _die_with_parent(parent_pid: int, *, reaper: bool = False) -> None:
-    """Asks the kernel to SIGKILL this fresh fork when its parent goes away.
-
-    With `reaper`, this process also becomes the child subreaper of its descendants. Not
-    Linux: the agent's socket closing still ends spawner and workers.
-    """
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if reaper:
-            libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(70)
 
 
 def _scrub_exec_environment(name: str) -> None:
@@ -292,7 +276,7 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int, preloads
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
     # Until a worker arms it (`inbox.arm_stacks_signal`), a dump request must not kill it.
     signal.signal(stacks_signal(), signal.SIG_IGN)
-    _die_with_parent(agent_pid, reaper=True)
+    die_with_parent(agent_pid, reaper=True)
     # Before torch's import starts threads: they inherit the comm (top's name) of their creator.
     set_title(f"slurmrun spawner ({node_name(os.environ)})", SPAWNER_COMM)
     for module in preload:
@@ -364,7 +348,7 @@ def _fork_worker(child: Callable[..., None], preloads: Preloads) -> int:
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the worker
-        _die_with_parent(parent)
+        die_with_parent(parent)
         child(imports=imports)
     if imports is not None:
         os.close(imports[1])
