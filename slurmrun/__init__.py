@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from slurmrun.batch.listing import jobs
     from slurmrun.batch.requeue import Requeue, requeue_requested
     from slurmrun.batch.submit import submit
-    from slurmrun.errors import AgentFailedError, WorkerFailedError
+    from slurmrun.errors import AgentFailedError, VersionMismatchError, WorkerFailedError
     from slurmrun.launcher import Launcher, launch
     from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
     from slurmrun.node.debugger import breakpoint
@@ -36,6 +36,7 @@ _EXPORTS = {
     "Launcher": "slurmrun.launcher",
     "SlurmAllocation": "slurmrun.allocation",
     "SubmittedLaunch": "slurmrun.batch",
+    "VersionMismatchError": "slurmrun.errors",
     "WorkerFailedError": "slurmrun.errors",
     "add_filter_to_handler": "slurmrun.logs",
     "file_handler": "slurmrun.logs",
@@ -59,6 +60,7 @@ __all__ = [
     "Requeue",
     "SlurmAllocation",
     "SubmittedLaunch",
+    "VersionMismatchError",
     "WorkerFailedError",
     "add_filter_to_handler",
     "attach",
@@ -95,9 +97,6 @@ def __dir__() -> list[str]:
 
 def _version() -> str:
     """The installed distribution's version; ``0+unknown`` for a checkout never installed."""
-    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+    from slurmrun.versions import slurmrun_version  # noqa: PLC0415 - ``import slurmrun`` stays light
 
-    try:
-        return version("slurmrun")
-    except PackageNotFoundError:
-        return "0+unknown"
+    return slurmrun_version()

@@ -5,7 +5,14 @@ from __future__ import annotations
 import signal
 import sys
 
-__all__ = ["AgentFailedError", "RemoteTraceback", "WorkerFailedError", "add_note", "signal_name"]
+__all__ = [
+    "AgentFailedError",
+    "RemoteTraceback",
+    "VersionMismatchError",
+    "WorkerFailedError",
+    "add_note",
+    "signal_name",
+]
 
 
 class WorkerFailedError(RuntimeError):
@@ -61,6 +68,15 @@ class AgentFailedError(RuntimeError):
         self.hostname = hostname
         self.stderr_tail = stderr_tail
         self.log_file = log_file
+
+
+class VersionMismatchError(AgentFailedError):
+    """An agent runs another slurmrun (version or protocol) than its launcher.
+
+    Raised when its hello arrives, before any work is sent; never retried (`max_restarts`):
+    the same agents would start again. Common with containers: the image holds another
+    release than the launcher's environment.
+    """
 
 
 class RemoteTraceback(Exception):

@@ -262,6 +262,11 @@ class Hello(Message):
     slurm_job: str = ""
     slurm_step: str = ""
     error: str | None = None  # why it cannot start workers (a broken env file)
+    # Which slurmrun it runs (`slurmrun.versions`): the launcher refuses another one.
+    version: str = ""
+    protocol: str = ""
+    python: str = ""  # its interpreter (sys.executable)
+    where: str = ""  # where its slurmrun is imported from
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,7 @@ def test_a_launch_asks_scontrol_once_from_plan_to_dry_run_and_agent_starts(
     plan = make_plan(cfg)
     dry = plan_dry_run(cfg, plan)
     starts = [
-        agent_starter(cfg, plan, log_dir, control_env(cfg, "s", "10.0.0.1", "1"))[0]
+        agent_starter(cfg, plan, log_dir, control_env(cfg, plan, "s", "10.0.0.1", "1"))[0]
         for _attempt in range(2)
     ]
     assert calls.read_text().splitlines() == ["show job -d 4242"]

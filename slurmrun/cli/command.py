@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -60,6 +61,10 @@ class Command:
     module: bool = False
     script_args: list[str] = field(default_factory=list)
     dry_run: bool = False
+    # Options whose words are srun's or a runtime's (``--srun-args '--cpu-bind=none'``,
+    # ``--agent-prefix 'ch-run /img --'``): one shell-quoted value each, split here, as
+    # argparse would take their words for options of its own.
+    words: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def command_defaults() -> Launcher:
@@ -81,6 +86,10 @@ def launcher_options() -> list[str]:
         for f in dataclasses.fields(Launcher)
         if "Suppress" not in str(f.type)
     ]
+
+
+# Launcher fields given on the command line as one shell-quoted string (see `Command.words`).
+SHELL_WORDS = {"--srun-args": "srun_args", "--agent-prefix": "agent_prefix"}
 
 
 def _option_arity() -> dict[str, bool]:
@@ -105,6 +114,22 @@ def _is_value(option: str, arg: str, taken: list[str]) -> bool:
     if option == "--workers-per-host":
         return arg.isdigit() or (not taken and arg in ("auto", "slurm"))
     return True
+
+
+def _take_own(cmd: Command, arg: str, argv: list[str], i: int, own: Mapping[str, bool]) -> int:
+    """Puts a verb's own option, or a `SHELL_WORDS` one, into `cmd`; returns the next index."""
+    name = arg.split("=", 1)[0]
+    # --name=value, so that argparse takes a value like "--exclusive"
+    if (name in SHELL_WORDS or own[name]) and "=" not in arg and i < len(argv):
+        arg = f"{arg}={argv[i]}"
+        i += 1
+    if name not in SHELL_WORDS:
+        cmd.own_args.append(arg)
+    elif "=" not in arg:
+        raise UsageError(f"{arg} needs a value: one shell-quoted string")
+    else:
+        cmd.words[SHELL_WORDS[name]] = tuple(shlex.split(arg.split("=", 1)[1]))
+    return i
 
 
 def split_command(argv: list[str], own: Mapping[str, bool] | None = None) -> Command:
@@ -143,11 +168,8 @@ def split_command(argv: list[str], own: Mapping[str, bool] | None = None) -> Com
             cmd.target, cmd.script_args = arg, argv[i:]
             return cmd
         name = arg.split("=", 1)[0]
-        if name in own:
-            if own[name] and "=" not in arg and i < len(argv):
-                arg = f"{arg}={argv[i]}"  # so that argparse takes a value like "--exclusive"
-                i += 1
-            cmd.own_args.append(arg)
+        if name in SHELL_WORDS or name in own:
+            i = _take_own(cmd, arg, argv, i, own)
             continue
         cmd.launcher_args.append(arg)
         if "=" in arg or name not in arity:
@@ -184,15 +206,23 @@ def check_target(cmd: Command) -> None:
         raise UsageError(f"can't open file {os.path.abspath(cmd.target)!r}: no such file")
 
 
-def parse_launcher(args: list[str], prog: str = "slurmrun") -> Launcher:
+def parse_launcher(
+    args: list[str], prog: str = "slurmrun", words: Mapping[str, tuple[str, ...]] | None = None
+) -> Launcher:
     """The `Launcher` of the launcher options `args` (tyro exits with 2 on bad ones).
 
-    Options not given keep `command_defaults`.
+    Options not given keep `command_defaults`; `words` are `Command.words`.
     """
     import tyro  # noqa: PLC0415 - only the command pays for it
 
     from slurmrun.launcher import Launcher  # noqa: PLC0415
 
-    return tyro.cli(
+    launcher = tyro.cli(
         Launcher, args=args, prog=prog, description=DESCRIPTION, default=command_defaults()
+    )
+    words = words or {}
+    return dataclasses.replace(
+        launcher,
+        srun_args=words.get("srun_args", launcher.srun_args),
+        agent_prefix=words.get("agent_prefix", launcher.agent_prefix),
     )

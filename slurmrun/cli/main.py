@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         asked_help = {"-h", "--help"} & set(cmd.launcher_args)
         print(help_text() if asked_help else f"slurmrun {slurmrun.__version__}")
         return 0
-    launcher = parse_launcher(cmd.launcher_args)
+    launcher = parse_launcher(cmd.launcher_args, words=cmd.words)
     try:
         check_target(cmd)
     except UsageError as e:

@@ -156,7 +156,7 @@ def main(argv: list[str]) -> int:
         parser.print_help()
         return 0
     args = parser.parse_args(cmd.own_args)  # exits with 2 on bad options
-    launcher = parse_launcher(cmd.launcher_args, prog="slurmrun submit")
+    launcher = parse_launcher(cmd.launcher_args, prog="slurmrun submit", words=cmd.words)
     try:
         check_target(cmd)
         _check_job_launcher(launcher)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from slurmrun.environment import DEFAULT_ENV_VARS
-from slurmrun.errors import AgentFailedError
+from slurmrun.errors import AgentFailedError, VersionMismatchError
 from slurmrun.events import AgentFailed, EventHandler, LaunchStarted, Restarting, Trace
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.dryrun import DryRun, describe_call
@@ -126,6 +126,23 @@ class Launcher:
     ssh_config_file: str | None = None
     """An ssh config file (``ssh -F``) for hosts started over ssh; None: ssh's own default
     (``~/.ssh/config``)."""
+
+    srun_args: tuple[str, ...] = ()
+    """Options added to the agents' srun line, one word each (``("--cpu-bind=none",
+    "--reservation=maint")``); pyxis's ``"--container-image=IMAGE"`` runs the agents in IMAGE.
+    Options that slurmrun sets itself (nodes, tasks, CPUs, GPUs, output) are refused. On the
+    command line: one quoted string, ``--srun-args '--cpu-bind=none --mpi=pmix'``."""
+
+    agent_prefix: tuple[str, ...] = ()
+    """A command each agent runs under on its node, such as a container runtime:
+    ``("apptainer", "exec", "--nv", "img.sif")``, ``("ch-run", "/images/torch", "--")``. The
+    agent, ``{python} -m slurmrun.node.agent_main``, follows it (a ``"{python}"`` word in it
+    places the interpreter there). On the command line: one quoted string,
+    ``--agent-prefix 'ch-run /images/torch --'``. docs/containers.md has recipes."""
+
+    agent_python: str | None = None
+    """The interpreter of agents and workers; None: ``python3`` inside a container
+    (`agent_prefix`, or pyxis's ``--container-image``), else the launcher's own."""
 
     on_event: Annotated[EventHandler | None, tyro.conf.Suppress] = None
     """Called with each `slurmrun.events.Event` of a launch (from a thread of its own: a slow
@@ -342,6 +359,9 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
     heartbeat_timeout: float = 15.0,
     on_event: EventHandler | None = None,
     ssh_config_file: str | None = None,
+    srun_args: tuple[str, ...] = (),
+    agent_prefix: tuple[str, ...] = (),
+    agent_python: str | None = None,
     stall_timeout: float | None = None,
     flight_recorder: bool = False,
     learn_preloads: bool = True,
@@ -368,6 +388,9 @@ def launch(  # noqa: PLR0917 - the signature torchrunx users know, kept position
         heartbeat_timeout=heartbeat_timeout,
         on_event=on_event,
         ssh_config_file=ssh_config_file,
+        srun_args=srun_args,
+        agent_prefix=agent_prefix,
+        agent_python=agent_python,
         stall_timeout=stall_timeout,
         flight_recorder=flight_recorder,
         learn_preloads=learn_preloads,
@@ -387,7 +410,11 @@ def _attempts(
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as e:
-                if note_preemption(e, plan.alloc) or attempt == cfg.max_restarts:
+                if (
+                    note_preemption(e, plan.alloc)
+                    or attempt == cfg.max_restarts
+                    or isinstance(e, VersionMismatchError)  # the same agents would start again
+                ):
                     raise
                 if isinstance(e, AgentFailedError):
                     trace.emit(AgentFailed, host=e.hostname or "", message=str(e))

@@ -22,6 +22,7 @@ from slurmrun.errors import (
     add_note,
     signal_name,
 )
+from slurmrun.launcher.containers import start_hint
 from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import tail_file
 from slurmrun.transport import Frame, loads
@@ -77,6 +78,9 @@ def agent_exit_error(
     # --kill-on-bad-exit) leaves CANCELLED lines too, but no "aborted".
     if "CANCELLED" in tail or "step aborted" in step_tail:
         message += " SLURM cancelled the step (scancel, the job's time limit, or preemption)."
+    hint = start_hint(f"{tail}\n{step_tail}", hostname)
+    if hint:
+        message += f" {hint}"
     for path, text in ((log_file, tail), (step_log, step_tail)):
         if text:
             message += f"\nLast lines of {path}:\n{text}"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from slurmrun import allocation, allocations
 from slurmrun.environment import env_words, matching_env
 from slurmrun.launcher import srun
+from slurmrun.launcher.containers import PLAIN, AgentCommand, agent_command_of
 from slurmrun.launcher.dryrun import DryRun, shown_value
 from slurmrun.launcher.listener import LISTEN_BACKLOG
 from slurmrun.launcher.ssh import SshAgents, ssh_hostname
@@ -25,7 +26,6 @@ from slurmrun.launcher.starters import (
     AgentStarter,
     LocalAgents,
     SrunAgents,
-    agent_command,
     local_agent_env,
     package_pythonpath,
 )
@@ -82,6 +82,7 @@ class Plan:
         step: the agents' srun step, resolved; None unless the agents start with srun.
         spares: hosts of the allocation kept out of the run, to replace a lost one
             (`Launcher.hosts`; `slurmrun.launcher.elastic`).
+        command: how each agent starts on its node (a container, srun options).
     """
 
     hostnames: list[str]
@@ -93,6 +94,7 @@ class Plan:
     ssh_config_file: str | None = None
     step: srun.AgentsStep | None = None
     spares: list[str] = field(default_factory=list)
+    command: AgentCommand = PLAIN
 
 
 def _is_local(host: str) -> bool:
@@ -105,8 +107,15 @@ def make_plan(cfg: Launcher, *, check_driver_step: bool = True) -> Plan:
     Raises:
         RuntimeError: ``"slurm"`` asked for outside a job, or a step of several tasks runs
             the launcher (unless `check_driver_step` is False: `slurmrun info` shows it).
-        ValueError: hosts that are not the job's, or a node listed twice.
+        ValueError: hosts that are not the job's, a node listed twice, or an srun option
+            that slurmrun sets itself (`slurmrun.launcher.containers`).
     """
+    command = agent_command_of(cfg)
+    return replace(_hosts_plan(cfg, check_driver_step), command=command)
+
+
+def _hosts_plan(cfg: Launcher, check_driver_step: bool) -> Plan:
+    """`make_plan`'s hosts, and how their agents start."""
     alloc = allocation.slurm_allocation()
     for name, value in (("hostnames", cfg.hostnames), ("workers_per_host", cfg.workers_per_host)):
         if value == "slurm" and alloc is None:
@@ -252,7 +261,7 @@ def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> Dry
     address = launcher_address(plan)
     port = wanted_port()
     log_dir = resolve_log_dir(create=False)
-    control = control_env(cfg, "", address.advertise, str(port or 0))
+    control = control_env(cfg, plan, "", address.advertise, str(port or 0))
     starter, env = agent_starter(cfg, plan, log_dir, control)
     hosts = plan.hostnames
     if isinstance(starter, SrunAgents):
@@ -268,7 +277,7 @@ def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> Dry
     else:
         per_agent = [local_agent_env(rank, host) for rank, host in enumerate(hosts)]
         commands = [
-            (*(f"{k}={v}" for k, v in extra.items()), *agent_command()) for extra in per_agent
+            (*(f"{k}={v}" for k, v in extra.items()), *plan.command.agent()) for extra in per_agent
         ]
         names = sorted({*env, *per_agent[0]})
         gpus = allocation.visible_gpu_count(env)  # local agents see this machine's GPUs
@@ -411,7 +420,9 @@ def silence(cfg: Launcher) -> float:
     return float(min(cfg.timeout, cfg.heartbeat_timeout))
 
 
-def control_env(cfg: Launcher, secret: str, advertise: str, port: str) -> dict[str, str]:
+def control_env(
+    cfg: Launcher, plan: Plan, secret: str, advertise: str, port: str
+) -> dict[str, str]:
     """The variables the launcher sets for its agents (`agent_starter` adds the job's tasks)."""
     # Modules the spawner imports before forking workers (the command's script mode asks for
     # torch although it initialises no process group). Without a process group torch is
@@ -425,7 +436,12 @@ def control_env(cfg: Launcher, secret: str, advertise: str, port: str) -> dict[s
         PRELOAD_VAR: preload or ("" if cfg.backend is None else "torch"),
         PRELOAD_LATER_VAR: "torch" if not preload and cfg.backend is None else "",
         LEARN_PRELOADS_VAR: "1" if cfg.learn_preloads else "0",
-        "PYTHONPATH": package_pythonpath(os.environ),
+        # This slurmrun for agents that run the launcher's Python; a container has its own.
+        "PYTHONPATH": (
+            os.environ.get("PYTHONPATH", "")
+            if plan.command.contained
+            else package_pythonpath(os.environ)
+        ),
         HEARTBEAT_VAR: str(max(0.05, silence(cfg) / HEARTBEATS_PER_TIMEOUT)),
     }
     if cfg.env_file:
@@ -440,11 +456,13 @@ def agent_starter(
     if plan.alloc is not None and plan.alloc.tasks_per_node is not None:
         control[JOB_TASKS_VAR] = ",".join(map(str, plan.alloc.tasks_per_node))
     if plan.local:
-        return LocalAgents(plan.hostnames, log_dir.path), _agent_env(cfg, control)
+        local = LocalAgents(plan.hostnames, log_dir.path, command=plan.command.agent())
+        return local, _agent_env(cfg, control)
     if plan.ssh:
-        return SshAgents(plan.hostnames, log_dir.path, config_file=cfg.ssh_config_file), _agent_env(
-            cfg, control
+        ssh = SshAgents(
+            plan.hostnames, log_dir.path, config_file=cfg.ssh_config_file, command=plan.command
         )
+        return ssh, _agent_env(cfg, control)
     assert plan.step is not None  # noqa: S101 - make_plan resolves srun agents' step
     # srun runs with our environment less what would reshape the agents' step (the driver's
     # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
@@ -452,7 +470,9 @@ def agent_starter(
     environ = srun.srun_environment(os.environ)
     control[JOB_ENV_VAR] = job_vars(os.environ)  # the workers' SLURM_JOB_NAME, ...
     agent_env = _agent_env(cfg, control, environ)
-    starter = srun.srun_agents(plan.step, log_dir.path, sorted(agent_env), node_logs=log_dir.keep)
+    starter = srun.srun_agents(
+        plan.step, log_dir.path, sorted(agent_env), node_logs=log_dir.keep, command=plan.command
+    )
     return starter, {**environ, **agent_env}
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slurmrun import protocol
-from slurmrun.errors import AgentFailedError
+from slurmrun.errors import AgentFailedError, VersionMismatchError
 from slurmrun.events import AgentConnected, Trace
 from slurmrun.launcher.health import AgentHealth, StepEndings
 from slurmrun.launcher.listener import Listener
@@ -36,6 +36,7 @@ from slurmrun.launcher.pump import Closed, Event, Local, Received, all_of, drain
 from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import LogDir
 from slurmrun.transport import Connection, Frame
+from slurmrun.versions import mismatch
 
 __all__ = ["AgentPool", "PoolAgent", "PoolBroken", "PoolState", "RunOwner"]
 
@@ -351,8 +352,15 @@ class Router:
             self.pool.run.on_tick(now)
 
     def _parse(self, agent: PoolAgent | None, event: Received) -> protocol.Message | None:
+        header = event.frame.header
+        if agent is None and header.get("t") == protocol.HELLO:
+            other = mismatch(header)  # before parsing: another version's hello may not parse
+            if other is not None:
+                event.conn.close()
+                self.pool.breaks("an agent runs another slurmrun")
+                raise VersionMismatchError(other, hostname=str(header.get("hostname", "")))
         try:
-            return protocol.parse(event.frame.header)
+            return protocol.parse(header)
         except protocol.ProtocolError as e:
             event.conn.close()
             if agent is None:

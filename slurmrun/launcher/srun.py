@@ -9,7 +9,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from slurmrun.launcher.starters import SrunAgents, agent_command
+from slurmrun.launcher.containers import PLAIN, AgentCommand, no_srun_message
+from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import agent_log_path
 
 __all__ = [
@@ -234,6 +235,7 @@ def agents_step_command(
     log_dir: str | None,
     export: Sequence[str],
     srun: str = "srun",
+    command: AgentCommand = PLAIN,
 ) -> list[str]:
     """The srun command line of the agents' step: one task on each of its nodes.
 
@@ -244,6 +246,8 @@ def agents_step_command(
             agents' output to its own, on the launcher's side).
         export: names of the variables the agents get (values: srun's environment).
         srun: the srun executable.
+        command: the agent's command, and the options added to srun's
+            (`slurmrun.launcher.containers`).
     """
     n = len(step.hostnames)
     cmd = [
@@ -268,7 +272,8 @@ def agents_step_command(
     if step.gpus_per_node:
         # A step sees no GPU unless it asks: ask for what the job has on each node.
         cmd.append(f"--gres=gpu:{step.gpus_per_node}")
-    return [*cmd, *agent_command()]
+    # The site's options last: checked not to touch the ones above (`containers`).
+    return [*cmd, *command.srun_args, *command.agent()]
 
 
 def srun_agents(
@@ -276,6 +281,7 @@ def srun_agents(
     log_dir: str,
     export: Sequence[str],
     node_logs: bool = True,
+    command: AgentCommand = PLAIN,
 ) -> SrunAgents:
     """An `AgentStarter` that runs the agents as one srun step.
 
@@ -285,13 +291,14 @@ def srun_agents(
         export: names of the variables the agents get.
         node_logs: whether each node writes ``<host>.agent.log`` into `log_dir` (which then
             must be shared by the nodes); else the agents' output goes to ``srun.log``.
+        command: the agent's command and the options added to srun's.
     """
     srun = shutil.which("srun")
     if srun is None:
-        raise RuntimeError("srun was not found on PATH, but a SLURM allocation was detected")
+        raise RuntimeError(no_srun_message())
     hostnames = list(step.hostnames)
     return SrunAgents(
-        command=agents_step_command(step, log_dir if node_logs else None, export, srun),
+        command=agents_step_command(step, log_dir if node_logs else None, export, srun, command),
         log_path=os.path.join(log_dir, "srun.log"),
         node_logs={h: agent_log_path(log_dir, h) for h in hostnames} if node_logs else {},
         hostnames=hostnames,

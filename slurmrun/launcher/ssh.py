@@ -23,11 +23,11 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from slurmrun.launcher.containers import PLAIN, AgentCommand
 from slurmrun.launcher.starters import HostAgents, local_agent_env, package_pythonpath, wait_exit
 from slurmrun.protocol import SECRET_STDIN_VAR, SECRET_VAR
 
@@ -47,10 +47,11 @@ _BOOTSTRAP = (
 )
 
 
-def ssh_command(host: str, config_file: str | None) -> list[str]:
+def ssh_command(host: str, config_file: str | None, command: AgentCommand = PLAIN) -> list[str]:
     """The ssh command line that starts one agent on `host` (its variables: `stdin_block`)."""
     root = package_pythonpath({})
-    remote = shlex.join(["env", f"{SECRET_STDIN_VAR}=1", sys.executable, "-c", _BOOTSTRAP, root])
+    agent = command.argv("-c", _BOOTSTRAP, root)
+    remote = shlex.join(["env", f"{SECRET_STDIN_VAR}=1", *agent])
     options = ["-T", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT}"]
     options += ["-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
     if config_file:
@@ -86,10 +87,11 @@ class SshAgents(HostAgents):
     """
 
     config_file: str | None = None
+    command: AgentCommand = PLAIN
 
     def commands(self) -> list[list[str]]:
         """The ssh command line of each agent (no variable: they go through stdin)."""
-        return [ssh_command(host, self.config_file) for host in self.hostnames]
+        return [ssh_command(host, self.config_file, self.command) for host in self.hostnames]
 
     def start(self, env: Mapping[str, str]) -> None:
         """See `slurmrun.launcher.starters.AgentStarter`."""

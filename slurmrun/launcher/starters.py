@@ -27,7 +27,7 @@ __all__ = [
 
 
 def agent_command() -> list[str]:
-    """The command that runs an agent with the launcher's interpreter."""
+    """The command that runs an agent with the launcher's interpreter (no container)."""
     return [sys.executable, "-m", "slurmrun.node.agent_main"]
 
 
@@ -156,7 +156,12 @@ class HostAgents:
 
 @dataclass
 class LocalAgents(HostAgents):
-    """Agents as subprocesses of the launcher, one per (local) host entry."""
+    """Agents as subprocesses of the launcher, one per (local) host entry.
+
+    `command` runs each (`slurmrun.launcher.containers.AgentCommand.agent`).
+    """
+
+    command: list[str] = field(default_factory=agent_command)
 
     def start(self, env: Mapping[str, str]) -> None:
         """See `AgentStarter`."""
@@ -165,7 +170,7 @@ class LocalAgents(HostAgents):
             log = self._open_log(rank)
             self.procs.append(
                 subprocess.Popen(
-                    agent_command(),
+                    self.command,
                     env=agent_env,
                     stdin=subprocess.DEVNULL,
                     stdout=log,

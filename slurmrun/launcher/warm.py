@@ -82,6 +82,9 @@ _AGENT_OPTIONS = (
     "heartbeat_timeout",
     "timeout",
     "ssh_config_file",
+    "srun_args",
+    "agent_prefix",
+    "agent_python",
     "learn_preloads",
 )
 
@@ -214,7 +217,9 @@ def open_pool(cfg: Launcher, plan: Plan, trace: Trace | None = None) -> AgentPoo
     try:
         log_dir = resolve_log_dir()
         secret = new_secret()
-        control = control_env(cfg, secret.hex(), address.advertise, str(server.getsockname()[1]))
+        control = control_env(
+            cfg, plan, secret.hex(), address.advertise, str(server.getsockname()[1])
+        )
         starter, env = agent_starter(cfg, plan, log_dir, control)
     except BaseException:
         server.close()

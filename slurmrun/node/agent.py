@@ -25,6 +25,7 @@ import random
 import signal
 import socket
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +48,7 @@ from slurmrun.transport import (
     bound_unacknowledged_sends,
     client_handshake,
 )
+from slurmrun.versions import protocol_fingerprint, slurmrun_version, where_installed
 
 __all__ = ["Agent", "RunEnds", "main"]
 
@@ -427,6 +429,10 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         slurm_job=os.environ.get("SLURM_JOB_ID", ""),
         slurm_step=os.environ.get("SLURM_STEP_ID", ""),
         error=problem,
+        version=slurmrun_version(),
+        protocol=protocol_fingerprint(),
+        python=sys.executable,
+        where=where_installed(),
     )
     launcher.send(hello.header())
     agent = Agent(

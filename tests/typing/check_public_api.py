@@ -38,6 +38,7 @@ kept.close()
 
 error: type[Exception] = slurmrun.WorkerFailedError
 agent_error: type[Exception] = slurmrun.AgentFailedError
+version_error: type[slurmrun.AgentFailedError] = slurmrun.VersionMismatchError
 
 allocation = slurmrun.slurm_allocation()
 assert_type(allocation, slurmrun.SlurmAllocation | None)
