@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shlex
 import socket
 import sys
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ import hostlist
 
 from slurmrun import allocation, launcher
 from slurmrun.job_end import job_end
+from slurmrun.launcher.containers import driver_container
 from slurmrun.launcher.dryrun import DryRun
 from slurmrun.launcher.plan import make_plan, plan_dry_run
 
@@ -27,8 +29,12 @@ __all__ = ["gather", "main", "render"]
 _NO_JOB = "not inside a SLURM job (neither SLURM_JOB_ID nor SLURM_JOBID is set)"
 
 
-def gather() -> dict[str, Any]:
+def gather(cfg: launcher.Launcher | None = None) -> dict[str, Any]:
     """Everything ``slurmrun info`` shows, as plain data (what ``--json`` prints).
+
+    Args:
+        cfg: the options of the launch to plan (``--srun-args``, ``--agent-prefix``...);
+            None: ``Launcher()``.
 
     Returns:
         ``{"slurm": ..., "this_process": ..., "launch": ..., "warnings": [...]}``: ``slurm`` is
@@ -43,7 +49,7 @@ def gather() -> dict[str, Any]:
         warnings.append(f"the SLURM job's variables cannot be read, launch() would fail: {e}")
     slurm = _slurm_section(alloc, warnings) if alloc is not None else None
     here = _this_process(alloc)
-    plan = _launch_section(warnings)
+    plan = _launch_section(cfg or launcher.Launcher(), warnings)
     if alloc is not None and plan is not None:
         _check_gpus(alloc, slurm, here, plan, warnings)
     return {"slurm": slurm, "this_process": here, "launch": plan, "warnings": warnings}
@@ -108,11 +114,11 @@ def _this_process(alloc: allocation.SlurmAllocation | None) -> dict[str, Any]:
         "gpus": allocation.visible_gpu_count(),
         "gpus_source": "/dev/nvidia*" if visible is None else "CUDA_VISIBLE_DEVICES",
         "cpus": allocation.usable_cpu_count(),
+        "container": driver_container(os.environ),
     }
 
 
-def _launch_section(warnings: list[str]) -> dict[str, Any] | None:
-    cfg = launcher.Launcher()
+def _launch_section(cfg: launcher.Launcher, warnings: list[str]) -> dict[str, Any] | None:
     try:
         try:
             plan = make_plan(cfg)
@@ -198,10 +204,12 @@ def render(info: dict[str, Any]) -> str:
     lines.append(
         f"  this process:     on {here['hostname']}, sees {here['gpus']} GPU(s) (from "
         f"{here['gpus_source']}), may use {here['cpus']} CPU(s)"
+        + (f", inside a container ({here['container']})" if here.get("container") else "")
     )
     plan = info["launch"]
     if plan is not None:
-        lines.append("what launch() with defaults would do:")
+        given = info.get("options")
+        lines.append(f"what launch() with {'these options' if given else 'defaults'} would do:")
         lines += DryRun(**_dry_run_fields(plan)).lines()[1:]
     if info["warnings"]:
         lines.append("warnings:")
@@ -261,6 +269,16 @@ def _dry_run_fields(plan: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def _joined(argv: list[str]) -> list[str]:
+    """``--srun-args '--x=1'`` as ``--srun-args=--x=1``: argparse takes a value like an option."""
+    out: list[str] = []
+    words = iter(argv)
+    for arg in words:
+        joined = f"{arg}={next(words, '')}" if arg in ("--srun-args", "--agent-prefix") else arg
+        out.append(joined)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs ``slurmrun info [--json]``; returns the exit status (0; 2 for bad arguments).
 
@@ -273,8 +291,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         "what launch() with default options would start. Starts nothing.",
     )
     parser.add_argument("--json", action="store_true", help="print the same as JSON")
-    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    info = gather()
+    for name, what in (
+        ("--srun-args", "options added to the agents' srun line, one quoted string"),
+        ("--agent-prefix", "the command agents run under (a container), one quoted string"),
+    ):
+        parser.add_argument(name, default="", metavar="'WORDS'", help=what)
+    parser.add_argument("--agent-python", default=None, help="the agents' interpreter")
+    args = parser.parse_args(_joined(list(sys.argv[1:] if argv is None else argv)))
+    try:
+        cfg = launcher.Launcher(
+            srun_args=tuple(shlex.split(args.srun_args)),
+            agent_prefix=tuple(shlex.split(args.agent_prefix)),
+            agent_python=args.agent_python,
+        )
+        info = gather(cfg)
+        if cfg != launcher.Launcher():
+            info["options"] = {k: v for k, v in vars(args).items() if k != "json" and v}
+    except (TypeError, ValueError) as e:  # options refused before anything is planned
+        print(f"slurmrun info: error: {e}", file=sys.stderr)
+        return 2
     text = json.dumps(info, indent=2) if args.json else render(info)
     sys.stdout.write(text + "\n")
     return 0
