@@ -249,10 +249,10 @@ def driver_container(environ: Mapping[str, str], root: str = "/") -> str | None:
     return None
 
 
-def no_srun_message(environ: Mapping[str, str] | None = None) -> str:
+def no_srun_message(environ: Mapping[str, str] | None = None, root: str = "/") -> str:
     """Why the launcher cannot start agents in a SLURM job here, and what to do."""
     environ = os.environ if environ is None else environ
-    runtime = driver_container(environ)
+    runtime = driver_container(environ, root)
     if runtime is None:
         return (
             "srun was not found on PATH, but a SLURM allocation was detected: load SLURM's "
