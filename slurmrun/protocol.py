@@ -197,6 +197,10 @@ class Start(Message):
     # Keep the workers for the next run if this one succeeds (`Launcher.keep_workers`): the
     # agent then hands the next run to them (`slurmrun.node.kept`) instead of forking new ones.
     keep: bool = False
+    # The workers run another interpreter than the launcher's (a container): they keep their
+    # own ``sys.path`` after ``sys_path``, which then holds only the launcher's own entries
+    # (its script's directory, PYTHONPATH), none of its interpreter's.
+    own_path: bool = False
 
 
 def start_header(

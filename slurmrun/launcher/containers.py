@@ -16,6 +16,7 @@ the environment.
 from __future__ import annotations
 
 import os
+import site
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ __all__ = [
     "AgentCommand",
     "agent_command_of",
     "driver_container",
+    "launcher_path",
     "no_srun_message",
     "start_hint",
 ]
@@ -105,6 +107,31 @@ class AgentCommand:
 
 # The launcher's own interpreter, no container, no srun option: agents as they always ran.
 PLAIN = AgentCommand()
+
+
+def launcher_path(contained: bool) -> list[str]:
+    """The ``sys.path`` workers take from the launcher (`slurmrun.protocol.Start.sys_path`).
+
+    Workers in a container run another interpreter, with its own standard library and
+    packages (slurmrun among them): they get only the launcher's entries that are not its
+    interpreter's or its slurmrun's (the script's directory, PYTHONPATH's), before their own.
+    """
+    paths = [p if p else os.getcwd() for p in sys.path]
+    if not contained:
+        return paths
+    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    interpreter = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    if site.ENABLE_USER_SITE:
+        interpreter.add(site.getusersitepackages())
+    mine = [os.path.abspath(p) for p in interpreter]
+    return [
+        p
+        for p in paths
+        if os.path.abspath(p) != package
+        and not any(
+            os.path.abspath(p) == d or os.path.abspath(p).startswith(d + os.sep) for d in mine
+        )
+    ]
 
 
 def agent_command_of(cfg: Launcher) -> AgentCommand:
@@ -189,9 +216,9 @@ def start_hint(text: str, host: str) -> str | None:
         return (
             f"slurmrun is not importable by the agents' Python{where}. Install slurmrun "
             f"{slurmrun_version()} (the launcher's version) in the Python that runs them there: "
-            "in a container image, `pip install slurmrun==VERSION` (or the path of this "
-            "checkout) when you build it; or bind-mount the launcher's environment into the "
-            "container and set agent_python to its interpreter. docs/containers.md"
+            f"in a container image, `pip install slurmrun=={slurmrun_version()}` (or the path "
+            "of this checkout) when you build it; or bind-mount the launcher's environment into "
+            "the container and set agent_python to its interpreter. docs/containers.md"
         )
     missing = _missing_program(text)
     if missing is not None:

@@ -436,14 +436,10 @@ def control_env(
         PRELOAD_VAR: preload or ("" if cfg.backend is None else "torch"),
         PRELOAD_LATER_VAR: "torch" if not preload and cfg.backend is None else "",
         LEARN_PRELOADS_VAR: "1" if cfg.learn_preloads else "0",
-        # This slurmrun for agents that run the launcher's Python; a container has its own.
-        "PYTHONPATH": (
-            os.environ.get("PYTHONPATH", "")
-            if plan.command.contained
-            else package_pythonpath(os.environ)
-        ),
         HEARTBEAT_VAR: str(max(0.05, silence(cfg) / HEARTBEATS_PER_TIMEOUT)),
     }
+    if not plan.command.contained:  # this slurmrun; a container has its own
+        control["PYTHONPATH"] = package_pythonpath(os.environ)
     if cfg.env_file:
         control[ENV_FILE_VAR] = os.path.abspath(cfg.env_file)
     return control

@@ -160,6 +160,7 @@ class Run:
             grace=self.grace,
             log_level=self.log_level,
             sys_path=list(self.start_header["sys_path"]),
+            own_path=bool(self.start_header.get("own_path", False)),
             cwd=str(self.start_header["cwd"]),
             env=dict(self.start_header["env"]),
             unset=list(self.start_header.get("unset", [])),

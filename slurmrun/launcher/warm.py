@@ -22,6 +22,7 @@ from slurmrun.control import ControlServer
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace
 from slurmrun.launcher import srun
+from slurmrun.launcher.containers import launcher_path
 from slurmrun.launcher.plan import (
     Plan,
     agent_starter,
@@ -302,7 +303,8 @@ def _run(  # noqa: PLR0917 - private, called once
         grace=3.0,
         payload=payload,
         start_header={
-            "sys_path": [p if p else os.getcwd() for p in sys.path],
+            "sys_path": launcher_path(plan.command.contained),
+            "own_path": plan.command.contained,
             "cwd": os.getcwd(),
             "env": {
                 **changed,

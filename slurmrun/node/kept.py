@@ -32,6 +32,7 @@ FIXED = (
     "timeout",
     "log_level",
     "sys_path",
+    "own_path",
     "cwd",
     "env",
     "unset",

@@ -153,6 +153,7 @@ class RunWorkers:
                 run=start.run,
                 tasks_per_node=start.tasks_per_node,
                 keep=start.keep,
+                own_path=start.own_path,
             )
             listener = store_listener if local_rank == 0 else None
             self.workers.append(self._fork(spec, listener))

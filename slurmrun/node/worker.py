@@ -57,6 +57,7 @@ class WorkerSpec:
     run: int = 0  # the run's id (a streamed result carries it: the agent marks the rest)
     tasks_per_node: str = ""  # every node's worker count, compressed ("2(x2),1"); "": uniform
     keep: bool = False  # serve the next run's FUNC after this run's result (a kept worker)
+    own_path: bool = False  # keep this interpreter's sys.path after sys_path (a container)
 
 
 def _redirect_output(stdout: socket.socket, stderr: socket.socket) -> None:
@@ -153,7 +154,8 @@ def _set_environment(spec: WorkerSpec) -> None:
 
 def _enter_launchers_place(spec: WorkerSpec) -> None:
     """The launcher's ``sys.path`` and working directory (kept where the latter is missing)."""
-    sys.path[:] = list(spec.sys_path)
+    own = [p for p in sys.path if p not in spec.sys_path] if spec.own_path else []
+    sys.path[:] = [*spec.sys_path, *own]
     with contextlib.suppress(OSError):
         os.chdir(spec.cwd)
 
