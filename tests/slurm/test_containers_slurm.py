@@ -41,6 +41,7 @@ def _where() -> str:
 import os, sys, slurmrun
 
 def where():
+    import wave  # a module the agent never imported: found on the image's own sys.path
     import torch.distributed as dist
     release = open("/etc/os-release").read()
     return (os.environ["SLURMD_NODENAME"], sys.executable, {MARKER!r} in release,
@@ -53,7 +54,7 @@ def test_a_function_and_a_script_run_inside_the_image_on_two_nodes(
 ) -> None:
     script = tmp_path / "train.py"
     script.write_text(
-        "import os, sys\n"
+        "import os, sys, wave\n"
         f"marked = {MARKER!r} in open('/etc/os-release').read()\n"
         "line = f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']} {sys.executable}\"\n"
         "line += ' marked' if marked else ' NOT MARKED'\n"
