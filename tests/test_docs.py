@@ -4,7 +4,8 @@ Every fenced block of README.md and docs/*.md is handled by its info string (the
 is in docs/contributing.md): ``python`` blocks run on localhost, ``python {cluster}`` and
 ``python {login}`` blocks compile here and run on the test cluster
 (tests/slurm/test_examples_slurm.py), ``python {script}`` blocks (scripts the ``slurmrun``
-command runs) compile here, ``bash`` commands are checked against the programs we
+command runs) and ``python {site}`` blocks (for a site's setup: a container image) compile
+here, ``bash`` commands are checked against the programs we
 document and the repository's files (``slurmrun`` commands are dry-run), ``text`` lines on
 the Troubleshooting page must be messages slurmrun's source can print.
 """
@@ -28,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 PAGES = [REPO / "README.md", *sorted(DOCS.glob("*.md"))]
 
-PYTHON_KINDS = {"python", "python {cluster}", "python {login}", "python {script}"}
+PYTHON_KINDS = {"python", "python {cluster}", "python {login}", "python {script}", "python {site}"}
 KNOWN_INFO = {*PYTHON_KINDS, "bash", "text"}
 # Programs a documented command may start with.
 KNOWN_PROGRAMS = {
@@ -154,7 +155,9 @@ def test_python_block_runs_on_localhost(block: Block, tmp_path):
     assert cp.returncode == 0, f"{block.id} failed:\n{block.text}\n--- output\n{cp.stdout}"
 
 
-@pytest.mark.parametrize("block", of_kind("python {cluster}", "python {login}", "python {script}"))
+@pytest.mark.parametrize(
+    "block", of_kind("python {cluster}", "python {login}", "python {script}", "python {site}")
+)
 def test_cluster_block_compiles(block: Block):
     compile(block.text, block.id, "exec")
 
