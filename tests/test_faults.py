@@ -680,8 +680,7 @@ def test_an_agent_that_exited_is_not_reaped_before_its_group_is_killed(
     child = tmp_path / "child"
     # An agent that exits at once and leaves a process (its spawner, say) in its group.
     script = f"sleep 600 & echo $! > {child}.tmp && mv {child}.tmp {child}; exit 5"
-    monkeypatch.setattr(starters, "agent_command", lambda: ["sh", "-c", script])
-    agents = starters.LocalAgents(["localhost"], str(tmp_path))
+    agents = starters.LocalAgents(["localhost"], str(tmp_path), command=["sh", "-c", script])
     agents.start(dict(os.environ))
     leader = agents.procs[0]
     deadline = time.monotonic() + 60
