@@ -163,3 +163,19 @@ def test_slurmrun_info_shows_the_agents_command_with_the_prefix(tmp_path: Path):
         "apptainer", "exec", "--nv", "img.sif", "python3", "-m", "slurmrun.node.agent_main"
     ]  # fmt: skip
     assert info["options"] == {"agent_prefix": "apptainer exec --nv img.sif"}
+
+
+def test_the_version_an_agent_reports_is_the_one_importlib_metadata_finds(tmp_path: Path):
+    from importlib.metadata import version
+
+    assert slurmrun_version() == version("slurmrun")
+    other = tmp_path / "slurmrun-9.9.9.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: slurmrun\nVersion: 9.9.9\n")
+    code = "import slurmrun.versions as v; print(v.slurmrun_version())"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path,
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout  # fmt: skip
+    assert out.strip() == "9.9.9"  # the first on sys.path, as importlib.metadata takes it
