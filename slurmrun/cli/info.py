@@ -19,6 +19,7 @@ from typing import Any
 import hostlist
 
 from slurmrun import allocation, launcher
+from slurmrun.cli.command import SHELL_WORDS
 from slurmrun.job_end import job_end
 from slurmrun.launcher.containers import driver_container
 from slurmrun.launcher.dryrun import DryRun
@@ -274,7 +275,7 @@ def _joined(argv: list[str]) -> list[str]:
     out: list[str] = []
     words = iter(argv)
     for arg in words:
-        joined = f"{arg}={next(words, '')}" if arg in ("--srun-args", "--agent-prefix") else arg
+        joined = f"{arg}={next(words, '')}" if arg in SHELL_WORDS else arg
         out.append(joined)
     return out
 
@@ -291,11 +292,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "what launch() with default options would start. Starts nothing.",
     )
     parser.add_argument("--json", action="store_true", help="print the same as JSON")
-    for name, what in (
-        ("--srun-args", "options added to the agents' srun line, one quoted string"),
-        ("--agent-prefix", "the command agents run under (a container), one quoted string"),
-    ):
-        parser.add_argument(name, default="", metavar="'WORDS'", help=what)
+    helps = {
+        "srun_args": "options added to the agents' srun line, one quoted string",
+        "agent_prefix": "the command agents run under (a container), one quoted string",
+    }
+    for name, field_name in SHELL_WORDS.items():
+        parser.add_argument(name, default="", metavar="'WORDS'", help=helps[field_name])
     parser.add_argument("--agent-python", default=None, help="the agents' interpreter")
     args = parser.parse_args(_joined(list(sys.argv[1:] if argv is None else argv)))
     try:

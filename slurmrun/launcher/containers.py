@@ -19,7 +19,7 @@ import os
 import site
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from slurmrun.protocol import SECRET_VAR
@@ -150,11 +150,9 @@ def agent_command_of(cfg: Launcher) -> AgentCommand:
     if cfg.agent_python is not None and not cfg.agent_python.strip():
         raise ValueError("agent_python is empty: give an interpreter, or None for the default")
     command = AgentCommand(prefix=prefix, srun_args=srun_args)
-    if cfg.agent_python is not None:
-        return AgentCommand(prefix, cfg.agent_python, srun_args)
-    if command.contained:  # the launcher's path means nothing inside a container
-        return AgentCommand(prefix, "python3", srun_args)
-    return command
+    # The launcher's path means nothing inside a container.
+    default = "python3" if command.contained else command.python
+    return replace(command, python=cfg.agent_python or default)
 
 
 def _words(name: str, value: Iterable[object]) -> tuple[str, ...]:

@@ -6,12 +6,12 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
+from slurmrun.launcher.containers import PLAIN
 from slurmrun.logs import agent_log_path, host_labels
 from slurmrun.protocol import HOSTNAME_VAR, NODE_RANK_VAR
 from slurmrun.waiting import wait_readable
@@ -21,14 +21,8 @@ __all__ = [
     "HostAgents",
     "LocalAgents",
     "SrunAgents",
-    "agent_command",
     "local_agent_env",
 ]
-
-
-def agent_command() -> list[str]:
-    """The command that runs an agent with the launcher's interpreter (no container)."""
-    return [sys.executable, "-m", "slurmrun.node.agent_main"]
 
 
 def package_pythonpath(environ: Mapping[str, str]) -> str:
@@ -161,7 +155,7 @@ class LocalAgents(HostAgents):
     `command` runs each (`slurmrun.launcher.containers.AgentCommand.agent`).
     """
 
-    command: list[str] = field(default_factory=agent_command)
+    command: list[str] = field(default_factory=PLAIN.agent)
 
     def start(self, env: Mapping[str, str]) -> None:
         """See `AgentStarter`."""
