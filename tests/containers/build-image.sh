@@ -55,8 +55,8 @@ if [ ! -f "$IMAGE/.slurmrun-base-done" ]; then
     >"$WORK/debootstrap.log" 2>&1 || { tail -20 "$WORK/debootstrap.log" >&2; exit 1; }
   # The wheels, gathered by this machine's pip (its index and local files), then installed
   # inside the image with the image's own Python and no network.
-  # shellcheck disable=SC2086  # $deps: one requirement per word
   # numpy: torch warns at import without it.
+  # shellcheck disable=SC2086  # $deps: one requirement per word
   python3 -m pip wheel -q --wheel-dir "$WORK/wheels" "torch==$TORCH_PIN" numpy $deps \
     >"$WORK/pip.log" 2>&1 || { tail -20 "$WORK/pip.log" >&2; exit 1; }
   USER=root ch-run -w --unset-env='PIP_*' -b "$WORK/wheels:/mnt" "$IMAGE" -- sh -c "
