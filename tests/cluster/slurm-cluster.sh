@@ -267,8 +267,8 @@ SlurmctldHost=$CTL_NAME($ctl_ip)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-# A requeued job may start again once its step credentials expired: 30 s, not 120, for tests.
-AuthInfo=cred_expire=30
+# A requeued job may start again once its step credentials expired: 10 s (SLURM allows 5), not 120, for tests.
+AuthInfo=cred_expire=10
 CredType=cred/munge
 SlurmctldPort=6817
 SlurmdPort=6818
