@@ -383,7 +383,7 @@ def suite(a: argparse.Namespace) -> None:
         + "\n\n"
         + "\n".join(f"- {n}" for n in notes)
     )
-    from run import machine  # run.py's description of the machine, as latest.json holds it
+    from report import machine  # the description of the machine that latest.json holds
 
     facts = machine(sys.executable)
     vers = versions(sys.executable, ["torch", "transformers"])
