@@ -15,19 +15,16 @@ import time
 
 import pytest
 
-from slurmrun.launcher.incoming import HANDOFF_BYTES, Incoming
-from slurmrun.transport import (
+from slurmrun.authentication import (
     AuthenticationError,
     ClientChallenge,
-    Connection,
-    Frame,
-    FrameError,
     ServerChallenge,
     client_handshake,
-    dumps,
-    loads,
     new_secret,
 )
+from slurmrun.launcher.incoming import HANDOFF_BYTES, Incoming
+from slurmrun.pickling import dumps, loads
+from slurmrun.transport import Connection, Frame, FrameError
 
 
 @pytest.fixture
