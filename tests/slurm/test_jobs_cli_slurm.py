@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.slurm.slurm_helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,14 +54,6 @@ def script(tmp_path: Path) -> str:
     return "train.py"
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout} s")
-        time.sleep(0.5)
-
-
 def test_submit_status_logs_jobs(slurm_cluster, tmp_path, script):
     done = slurmrun(tmp_path, "submit", "--nodes", "2", "--time", "0:05:00", script, "--lr", "3")
     assert done.returncode == 0, done.stderr
@@ -68,8 +61,11 @@ def test_submit_status_logs_jobs(slurm_cluster, tmp_path, script):
     assert job_id.isdigit()
     assert f"submitted job {job_id} to cluster slurmtest, partition debug\n" in done.stderr
     try:
-        _wait_for(
-            lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout, 120, "completion"
+        wait_for(
+            lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout,
+            120,
+            "completion",
+            every=0.5,
         )
     finally:
         slurmrun(tmp_path, "cancel", job_id)
@@ -172,8 +168,11 @@ def test_submit_a_module_with_launcher_options(slurm_cluster, tmp_path):
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
     try:
-        _wait_for(
-            lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout, 120, "completion"
+        wait_for(
+            lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout,
+            120,
+            "completion",
+            every=0.5,
         )
     finally:
         slurmrun(tmp_path, "cancel", job_id)
@@ -225,10 +224,11 @@ def test_submit_an_array_of_script_runs(slurm_cluster, tmp_path, script):
     assert f"submitted job array {array} (2 elements) {where}\n" in done.stderr
     try:
         for job_id in ids:
-            _wait_for(
+            wait_for(
                 lambda job_id=job_id: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout,
                 120,
                 f"completion of {job_id}",
+                every=0.5,
             )
     finally:
         slurmrun(tmp_path, "cancel", ids[0])

@@ -22,6 +22,7 @@ import pytest
 
 import slurmrun
 from slurmrun.batch import JobFailedError
+from tests.slurm.slurm_helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -105,14 +106,6 @@ def cancelled_on_failure(job: slurmrun.SubmittedLaunch[Any]) -> Iterator[None]:
         raise
 
 
-def _wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout} s")
-        time.sleep(0.2)
-
-
 def test_a_function_from_the_submitters_sys_path_runs_on_every_cpu_of_one_node(
     slurm_cluster, funcs, tmp_path
 ):
@@ -152,7 +145,7 @@ def test_logs_while_running_then_cancel_is_seen_within_10_s(slurm_cluster, funcs
     flag = str(tmp_path / "never")  # never created: the job runs until cancelled
     job = slurmrun.submit(funcs.talk_until, (flag,), nodes=2, folder=tmp_path / "jobs", time_min=3)
     with cancelled_on_failure(job):
-        _wait_for(lambda: "rank 1 line 2" in job.logs(rank=1), 90, "rank 1's third line")
+        wait_for(lambda: "rank 1 line 2" in job.logs(rank=1), 90, "rank 1's third line")
         assert job.state == "RUNNING"
         assert "rank 0 line" not in job.logs(rank=1)
         job.cancel()
@@ -170,7 +163,7 @@ def test_attach_from_another_process_and_a_pickled_handle(slurm_cluster, funcs, 
         funcs.talk_until, (str(flag),), nodes=2, folder=tmp_path / "jobs", time_min=3
     )
     with cancelled_on_failure(job):
-        _wait_for(lambda: "line 1" in job.logs(rank=1), 90, "rank 1's output")
+        wait_for(lambda: "line 1" in job.logs(rank=1), 90, "rank 1's output")
         script = textwrap.dedent(f"""
             import slurmrun
             job = slurmrun.attach({job.job_id!r}, folder={str(tmp_path / "jobs")!r})
@@ -214,7 +207,7 @@ def test_usr2_does_not_kill_workers_that_did_not_ask_for_it(slurm_cluster, funcs
         requeue=False,  # the signal would requeue the job (test_requeue_slurm.py)
     )
     with cancelled_on_failure(job):
-        _wait_for(
+        wait_for(
             lambda: all((tmp_path / f"go.ready.{r}").exists() for r in (0, 1)), 90, "workers ready"
         )
         subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=30)
