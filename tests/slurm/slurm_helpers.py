@@ -5,11 +5,51 @@ Imported as ``from tests.slurm.slurm_helpers import ...``, as the tests import c
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
 
 import pytest
+
+import slurmrun
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def project_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str, source: str
+) -> Iterator[ModuleType]:
+    """Yields `source` as a module importable here only through sys.path, for a fixture.
+
+    Its name is `prefix` and a suffix of this test's own; jobs are submitted from tmp_path (the
+    job's working directory: it counts as this session's) and import this checkout's slurmrun.
+    """
+    project = tmp_path / "project"
+    project.mkdir()
+    name = f"{prefix}_{abs(hash(str(tmp_path)))}"
+    (project / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    module = __import__(name)
+    yield module
+    sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
+def cancelled_on_failure(*jobs: slurmrun.SubmittedLaunch[object]) -> Iterator[None]:
+    """Cancels `jobs` when the block raises (and re-raises)."""
+    try:
+        yield
+    except BaseException:
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                job.cancel()
+        raise
 
 
 def wait_for(

@@ -22,9 +22,7 @@ import pytest
 
 import slurmrun
 from slurmrun.batch import JobFailedError
-from tests.slurm.slurm_helpers import wait_for
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.slurm.slurm_helpers import cancelled_on_failure, project_module, wait_for
 
 FUNCS = '''
 import os
@@ -84,26 +82,7 @@ def handler_or_not(flag):
 @pytest.fixture
 def funcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The project module, importable here only through sys.path; jobs submitted from tmp_path."""
-    project = tmp_path / "project"
-    project.mkdir()
-    name = f"jobfuncs_{abs(hash(str(tmp_path)))}"
-    (project / f"{name}.py").write_text(FUNCS)
-    monkeypatch.syspath_prepend(str(project))
-    monkeypatch.chdir(tmp_path)  # the job's working directory: it counts as this session's
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the job imports this checkout's slurmrun
-    module = __import__(name)
-    yield module
-    sys.modules.pop(name, None)
-
-
-@contextlib.contextmanager
-def cancelled_on_failure(job: slurmrun.SubmittedLaunch[Any]) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(Exception):
-            job.cancel()
-        raise
+    yield from project_module(tmp_path, monkeypatch, "jobfuncs", FUNCS)
 
 
 def test_a_function_from_the_submitters_sys_path_runs_on_every_cpu_of_one_node(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +22,7 @@ import pytest
 
 import slurmrun
 from tests.slurm.conftest import preempt_debug_jobs, preemption_grace, scontrol_job
-from tests.slurm.slurm_helpers import wait_for
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.slurm.slurm_helpers import cancelled_on_failure, project_module, wait_for
 
 FUNCS = '''
 import os
@@ -85,27 +82,7 @@ def element(k, scale):
 
 @pytest.fixture
 def funcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    project = tmp_path / "project"
-    project.mkdir()
-    name = f"requeuefuncs_{abs(hash(str(tmp_path)))}"
-    (project / f"{name}.py").write_text(FUNCS)
-    monkeypatch.syspath_prepend(str(project))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
-    module = __import__(name)
-    yield module
-    sys.modules.pop(name, None)
-
-
-@contextlib.contextmanager
-def cancelled_on_failure(*jobs: slurmrun.SubmittedLaunch[Any]) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        for job in jobs:
-            with contextlib.suppress(Exception):
-                job.cancel()
-        raise
+    yield from project_module(tmp_path, monkeypatch, "requeuefuncs", FUNCS)
 
 
 def _wait_ready(ready: Path) -> None:
