@@ -39,7 +39,7 @@ def test_a_cancelled_jobs_workers_keep_killwait_to_checkpoint(
 ):
     (tmp_path / "driver.py").write_text(DRIVER)
     job_id = _submit(tmp_path, f"{sys.executable} driver.py\n")
-    wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id, every=0.5)
+    wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id)
     subprocess.run(["scancel", job_id], check=True, timeout=30)
     time.sleep(6)  # KillWait, and a second
     out = (tmp_path / "job.out").read_text()

@@ -58,21 +58,19 @@ def test_slurmrun_in_a_batch_script_requeues_its_preempted_job(slurm_cluster, tm
     script = f'{srun}{sys.executable} -m slurmrun hold.py\necho "slurmrun exited with $?"\n'
     with preemption_grace(20):
         job_id = _submit(tmp_path, script, "--requeue")
-        wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id, every=0.5)
+        wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id)
         preempt_debug_jobs(tmp_path, slurm_cluster)
         wait_for(
             lambda: scontrol_job(job_id)["Restarts"] == "1",
             60,
             "the requeue",
             job_id=job_id,
-            every=0.5,
         )
     wait_for(
         lambda: scontrol_job(job_id)["JobState"] == "COMPLETED",
         120,
         "the second run",
         job_id=job_id,
-        every=0.5,
     )
     assert [(tmp_path / f"second.{r}").read_text() for r in (0, 1)] == ["node1", "node2"]
     out = (tmp_path / "job.out").read_text()
@@ -121,14 +119,13 @@ def test_a_preempted_launch_gives_its_workers_the_grace_time_and_says_why_it_fai
     (tmp_path / "driver.py").write_text(CHECKPOINT)
     with preemption_grace(20):
         job_id = _submit(tmp_path, f"{sys.executable} driver.py\n", "--no-requeue")
-        wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id, every=0.5)
+        wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id)
         preempt_debug_jobs(tmp_path, slurm_cluster)
         wait_for(
             lambda: "raised" in (tmp_path / "job.out").read_text(),
             60,
             "the error",
             job_id=job_id,
-            every=0.5,
         )
     out = (tmp_path / "job.out").read_text()
     # one SIGTERM (SLURM's), and the whole checkpoint written before the launch returned
