@@ -60,12 +60,7 @@ def test_slurmrun_in_a_batch_script_requeues_its_preempted_job(slurm_cluster, tm
         job_id = _submit(tmp_path, script, "--requeue")
         wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id)
         preempt_debug_jobs(tmp_path, slurm_cluster)
-        wait_for(
-            lambda: scontrol_job(job_id)["Restarts"] == "1",
-            60,
-            "the requeue",
-            job_id=job_id,
-        )
+        wait_for(lambda: scontrol_job(job_id)["Restarts"] == "1", 60, "the requeue", job_id=job_id)
     wait_for(
         lambda: scontrol_job(job_id)["JobState"] == "COMPLETED",
         120,
@@ -122,10 +117,7 @@ def test_a_preempted_launch_gives_its_workers_the_grace_time_and_says_why_it_fai
         wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id)
         preempt_debug_jobs(tmp_path, slurm_cluster)
         wait_for(
-            lambda: "raised" in (tmp_path / "job.out").read_text(),
-            60,
-            "the error",
-            job_id=job_id,
+            lambda: "raised" in (tmp_path / "job.out").read_text(), 60, "the error", job_id=job_id
         )
     out = (tmp_path / "job.out").read_text()
     # one SIGTERM (SLURM's), and the whole checkpoint written before the launch returned
