@@ -2,7 +2,7 @@
 
 A fake agent speaks the real protocol with the product's own pieces: it connects with the
 real agent's retry schedule (`slurmrun.node.agent.Backoff`), answers the HMAC challenge
-(`slurmrun.transport.ClientChallenge`), and sends frames that `slurmrun.transport` encodes.
+(`slurmrun.authentication.ClientChallenge`), and sends frames that `slurmrun.transport` encodes.
 After ``hello`` it waits for ``start``, then sends one ``result`` per worker (a pickled int), a
 heartbeat and ``done``; on ``end`` it answers ``idle``; on ``close`` it hangs up. With logs it
 treats its workers' lines as a real agent does (`slurmrun.logs.WorkerLog` files, and only the
@@ -29,20 +29,12 @@ from collections.abc import Callable
 from typing import Any
 
 from slurmrun import protocol
+from slurmrun.authentication import AuthenticationError, ClientChallenge, HandshakeBrokeOff
 from slurmrun.logs import WorkerLog
 from slurmrun.node.agent import Backoff
 from slurmrun.output import log_frame
-from slurmrun.transport import (
-    PREFIX_BYTES,
-    AuthenticationError,
-    ClientChallenge,
-    HandshakeBrokeOff,
-    dumps,
-    encode_frame,
-    parse_header,
-    parse_lengths,
-    parse_prefix,
-)
+from slurmrun.pickling import dumps
+from slurmrun.transport import PREFIX_BYTES, encode_frame, parse_header, parse_lengths, parse_prefix
 
 CONNECT_TIMEOUT = 120.0  # the fake agents' connect budget (a real agent's default is 60 s)
 LOOP_LIMIT = 900.0  # a process of fake agents never runs longer than this

@@ -49,7 +49,8 @@ try:  # a version before the typed-event loop (issue 24) calls the run a Session
     from slurmrun.launcher.run import Run as Session
 except ImportError:  # pragma: no cover - for before/after tables against older trees
     from slurmrun.launcher.session import Session  # type: ignore[no-redef]
-from slurmrun.transport import dumps_inband, new_secret
+from slurmrun.authentication import new_secret
+from slurmrun.pickling import dumps_inband
 
 # ------------------------------------------------------------------ launcher side (this process)
 

@@ -24,7 +24,7 @@ class DeviceBytes:
     """Bytes ``lo:lo + nbytes`` of a GPU storage, sent by `send_to` without a full host copy.
 
     It stands in an out-of-band buffer list where a `pickle.PickleBuffer` would (see
-    `slurmrun.transport.dumps`); the receiver gets plain bytes, as for a CPU tensor.
+    `slurmrun.pickling.dumps`); the receiver gets plain bytes, as for a CPU tensor.
     """
 
     def __init__(self, storage: Any, lo: int, nbytes: int) -> None:

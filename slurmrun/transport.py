@@ -1,97 +1,56 @@
-"""Authenticated, framed messages between launcher, agents and workers.
+"""Framed messages between launcher, agents and workers, on sockets.
 
-Every TCP connection starts with a mutual HMAC challenge over a per-launch secret; nothing a
-peer sends is parsed beyond fixed-size handshake fields until it has proven the secret. After
-that, a frame is::
+A connection carries frames once both ends passed the handshake (`slurmrun.authentication`).
+A frame is::
 
     prefix   !4sIQI  magic, header length, body length, number of buffers
     lengths  !Q * n  one length per out-of-band buffer
     header   JSON    small routing fields (never pickled)
-    body     bytes   a pickle (protocol 5), or empty
+    body     bytes   a pickle (protocol 5, `slurmrun.pickling`), or empty
     buffers  bytes   the pickle's out-of-band buffers, raw
 
-Large values (tensors, numpy arrays) travel as raw out-of-band buffers: they are written from
-their own memory and received into preallocated buffers that the unpickled objects then wrap
-without a copy. Buffers of `LARGE_BUFFER_BYTES` or more are private anonymous mappings, which
-the kernel hands out as zero pages on first touch, so receiving one costs a single pass over
-its memory (a ``bytearray`` is zero-filled first, then written again).
-
-Tensors need no numpy (torch does not depend on it): a dense tensor is sent as its storage's
-bytes, read in place through a ``ctypes`` array over the storage's address that holds a
-reference to the storage, and rebuilt with its dtype, offset, shape and strides on a storage
-that wraps the received buffer. Every dtype works (bfloat16, bool, complex, float8...), and
-so do views: tensors of one storage in one pickled object share one buffer, and arrive sharing
-one storage again. A Parameter stays a Parameter; ``requires_grad`` is kept (a non-leaf
-arrives as a leaf, as after ``detach().requires_grad_()``); a conjugate view stays one. GPU
-tensors arrive on the CPU: each CUDA storage's bytes go to the host in pinned chunks while
-they are sent (`slurmrun.device_bytes`; in an in-band pickle, in one copy). Tensors that
-are not plain dense ones (sparse, quantized, nested, subclasses, with attributes of their own)
-are pickled as torch pickles them.
-
-Only the bytes the tensors use are sent. `torch.save` sends whole storages, so a small view of
-a huge tensor (``logits[:, -1]``) silently costs the whole; here each storage is cut to the
-range its tensors in this object span (from the lowest to the highest byte any of them
-reaches, so sharing survives). Finding that range takes a pass over the object first, so the
-pickle is made twice when the cut saves `TRIM_MIN_BYTES` or more, and when the first pass
-would have to copy (GPU storages, in-band pickles): the first pass then sends placeholders.
+Buffers are written from their own memory (a GPU's in pinned chunks, `slurmrun.device_bytes`)
+and received into preallocated buffers. Buffers of `LARGE_BUFFER_BYTES` or more are private
+anonymous mappings, which the kernel hands out as zero pages on first touch, so receiving one
+costs a single pass over its memory (a ``bytearray`` is zero-filled first, then written again).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import hashlib
-import hmac
-import io
 import json
 import mmap
 import pickle
-import secrets
 import select
 import socket
 import struct
-import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
 from slurmrun.device_bytes import DeviceBytes
-from slurmrun.torch_import import import_torch
 
 __all__ = [
+    "LARGE_BUFFER_BYTES",
     "PREFIX_BYTES",
-    "AuthenticationError",
-    "ClientChallenge",
+    "Buffer",
     "Connection",
     "Frame",
     "FrameError",
     "FrameHead",
-    "HandshakeBrokeOff",
-    "HandshakeTimeout",
     "OutOfBand",
-    "ServerChallenge",
     "alloc",
     "bound_unacknowledged_sends",
-    "client_handshake",
-    "dumps",
-    "dumps_inband",
     "encode_frame",
-    "loads",
     "nbytes",
-    "new_secret",
     "parse_header",
     "parse_lengths",
     "parse_prefix",
-    "server_handshake",
+    "recv_exact",
 ]
 
 MAGIC = b"SRF1"
-HANDSHAKE_MAGIC = b"SRH1"
-NONCE_BYTES = 32
-MAC_BYTES = 32  # sha256
 MAX_HEADER_BYTES = 1 << 20
 MAX_BUFFERS = 1 << 16
 MAX_PAYLOAD_BYTES = 1 << 40
@@ -102,44 +61,13 @@ LARGE_BUFFER_BYTES = 1 << 20
 _JSON = json.JSONDecoder()
 
 Buffer = bytearray | mmap.mmap
-# An out-of-band buffer as `dumps` returns it: CPU bytes, or a CUDA storage's, sent in chunks.
+# An out-of-band buffer as `slurmrun.pickling.dumps` returns it: CPU bytes, or a CUDA
+# storage's, sent in chunks.
 OutOfBand = pickle.PickleBuffer | DeviceBytes
-
-# Counts every call of `loads`: tests use it to prove that hostile peers never reach unpickling.
-unpickle_count = 0
-
-
-class AuthenticationError(ConnectionError):
-    """The peer did not prove knowledge of the launch secret.
-
-    Raised as such for a wrong proof (final: a wrong secret stays wrong); as
-    `HandshakeBrokeOff` when the handshake ended before any proof (worth another try).
-    """
-
-
-class HandshakeBrokeOff(AuthenticationError):
-    """The handshake ended before a proof was checked: closed, reset, dropped or timed out.
-
-    Nothing says the secrets differ: a client tries again (a launcher crowded by strangers
-    drops their oldest pending handshakes, and ends those past its deadline).
-    """
-
-
-class HandshakeTimeout(HandshakeBrokeOff):
-    """The peer did not answer within the handshake's deadline."""
 
 
 class FrameError(ConnectionError):
     """A frame was malformed: wrong magic, or a length beyond the protocol's limits."""
-
-
-def new_secret() -> bytes:
-    """Returns a fresh random per-launch secret."""
-    return secrets.token_bytes(32)
-
-
-def _mac(secret: bytes, role: bytes, nonce_server: bytes, nonce_client: bytes) -> bytes:
-    return hmac.new(secret, role + nonce_server + nonce_client, hashlib.sha256).digest()
 
 
 def alloc(n: int) -> Buffer:
@@ -150,7 +78,8 @@ def alloc(n: int) -> Buffer:
     return bytearray(n)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+def recv_exact(sock: socket.socket, n: int) -> bytearray:
+    """Exactly `n` bytes from `sock`; EOFError when the peer closes before."""
     buf = bytearray(n)
     _recv_into(sock, memoryview(buf))
     return buf
@@ -170,305 +99,6 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
         if k == 0:
             raise EOFError("peer closed the connection")
         got += k
-
-
-@contextlib.contextmanager
-def _handshake_io(sock: socket.socket, timeout: float) -> Iterator[None]:
-    """Bounds a handshake by `timeout`; any way it breaks becomes `HandshakeBrokeOff`."""
-    sock.settimeout(timeout)
-    try:
-        yield
-    except AuthenticationError:
-        raise
-    except TimeoutError as e:
-        raise HandshakeTimeout(f"handshake timed out after {timeout:g} s") from e
-    except (OSError, EOFError) as e:
-        raise HandshakeBrokeOff(f"handshake broke off: {e}") from e
-    finally:
-        sock.settimeout(None)
-
-
-class ServerChallenge:
-    """The server's side of the handshake as two steps, for readers that cannot block.
-
-    Send `greeting`; read exactly `REPLY_BYTES`; `answer` checks them and returns what to
-    send back (or raises AuthenticationError). Nothing else from the peer is read before.
-    """
-
-    REPLY_BYTES = NONCE_BYTES + MAC_BYTES
-
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
-        self._nonce = secrets.token_bytes(NONCE_BYTES)
-        self.greeting = HANDSHAKE_MAGIC + self._nonce
-
-    def answer(self, reply: bytes | bytearray) -> bytes:
-        """The server's proof, once the peer's `reply` proved the secret."""
-        nonce_c, mac_c = bytes(reply[:NONCE_BYTES]), bytes(reply[NONCE_BYTES:])
-        if not hmac.compare_digest(mac_c, _mac(self._secret, b"client", self._nonce, nonce_c)):
-            raise AuthenticationError("peer failed the HMAC challenge")
-        return _mac(self._secret, b"server", self._nonce, nonce_c)
-
-
-def server_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
-    """Challenges a freshly accepted peer; raises AuthenticationError if it fails.
-
-    The fields read are all fixed-size, and the whole exchange is bounded by `timeout`.
-    """
-    with _handshake_io(sock, timeout):
-        challenge = ServerChallenge(secret)
-        sock.sendall(challenge.greeting)
-        sock.sendall(challenge.answer(_recv_exact(sock, ServerChallenge.REPLY_BYTES)))
-
-
-class ClientChallenge:
-    """The client's side of the handshake as two steps, for callers that cannot block.
-
-    Read exactly `GREETING_BYTES`; send what `reply` returns; read exactly `PROOF_BYTES`;
-    `check` them (each raises AuthenticationError when the server fails).
-    """
-
-    GREETING_BYTES = len(HANDSHAKE_MAGIC) + NONCE_BYTES
-    PROOF_BYTES = MAC_BYTES
-
-    def __init__(self, secret: bytes) -> None:
-        self._secret = secret
-        self._nonces = (b"", b"")
-
-    def reply(self, greeting: bytes | bytearray) -> bytes:
-        """What to send the server, proving the secret, for its `greeting`."""
-        if bytes(greeting[: len(HANDSHAKE_MAGIC)]) != HANDSHAKE_MAGIC:
-            raise AuthenticationError("server did not speak the slurmrun handshake")
-        nonce_s = bytes(greeting[len(HANDSHAKE_MAGIC) :])
-        nonce_c = secrets.token_bytes(NONCE_BYTES)
-        self._nonces = (nonce_s, nonce_c)
-        return nonce_c + _mac(self._secret, b"client", nonce_s, nonce_c)
-
-    def check(self, proof: bytes | bytearray) -> None:
-        """Checks that the server, whose `proof` this is, knows the secret too."""
-        expected = _mac(self._secret, b"server", *self._nonces)
-        if not self._nonces[0] or not hmac.compare_digest(bytes(proof), expected):
-            raise AuthenticationError("server failed the HMAC challenge")
-
-
-def client_handshake(sock: socket.socket, secret: bytes, timeout: float) -> None:
-    """Answers the server's challenge and checks that the server knows the secret too.
-
-    A server closes, without a word, on a wrong proof of ours: a client with a wrong secret
-    sees `HandshakeBrokeOff` (strangers learn nothing but the challenge).
-
-    Raises:
-        AuthenticationError: the server failed its proof (final).
-        HandshakeTimeout: the server did not answer within `timeout` (e.g. it was crowded).
-        HandshakeBrokeOff: the connection ended or broke before a proof (try again).
-    """
-    with _handshake_io(sock, timeout):
-        challenge = ClientChallenge(secret)
-        sock.sendall(challenge.reply(_recv_exact(sock, ClientChallenge.GREETING_BYTES)))
-        challenge.check(_recv_exact(sock, ClientChallenge.PROOF_BYTES))
-
-
-# ----------------------------------------------------------------------------- pickling
-
-
-_ALIGN = 16  # the largest element size (complex128): rebased offsets stay whole numbers
-TRIM_MIN_BYTES = LARGE_BUFFER_BYTES  # unused storage bytes worth a second pickling pass
-
-_StorageKey = tuple[str, int, int]  # device, address, bytes
-_Deferred = dict[int, tuple[bytearray, DeviceBytes]]  # id(placeholder) -> (placeholder, bytes)
-
-
-class _Storage:
-    """A tensor storage (its bytes `lo:hi`), pickled once however many tensors view it."""
-
-    def __init__(self, storage: Any, lo: int, hi: int) -> None:
-        self.storage = storage
-        self.lo = lo
-        self.hi = hi
-
-    def reduce(self, torch: Any, deferred: _Deferred | None) -> tuple[Any, ...]:
-        """`deferred`: where CUDA storages go instead of being copied (out-of-band pickles)."""
-        storage, lo, n = self.storage, self.lo, self.hi - self.lo
-        if deferred is not None and storage.device.type == "cuda":
-            # An empty placeholder buffer, which the buffer callback swaps for the device's bytes.
-            marker = bytearray()
-            deferred[id(marker)] = (marker, DeviceBytes(storage, lo, n))
-            return (_rebuild_storage, (pickle.PickleBuffer(marker),))
-        if storage.device.type != "cpu":
-            # One copy of the used bytes to the CPU; every view of the storage rebuilds on it.
-            part = torch.empty((0,), dtype=torch.uint8, device=storage.device)
-            storage, lo = part.set_(storage, lo, (n,), (1,)).cpu().untyped_storage(), 0
-        raw = (ctypes.c_ubyte * n).from_address(storage.data_ptr() + lo)
-        raw._slurmrun_owner = storage  # type: ignore[attr-defined]  # the memory's owner lives on
-        return (_rebuild_storage, (pickle.PickleBuffer(raw),))
-
-
-def _rebuild_storage(data: Any) -> Any:
-    torch = import_torch()  # only a value that holds tensors needs torch in the launcher
-
-    if memoryview(data).nbytes == 0:
-        return torch.empty((0,), dtype=torch.uint8).untyped_storage()
-    return torch.frombuffer(data, dtype=torch.uint8).untyped_storage()
-
-
-def _rebuild_tensor(  # noqa: PLR0917 - pickle calls it with positional arguments
-    storage: Any,
-    dtype: str,
-    offset: int,
-    shape: tuple[int, ...],
-    stride: tuple[int, ...],
-    requires_grad: bool,
-    parameter: bool,
-    conj: bool,
-) -> Any:
-    torch = import_torch()  # only a value that holds tensors needs torch in the launcher
-
-    torch_dtype = getattr(torch, dtype, None)
-    if not isinstance(torch_dtype, torch.dtype):
-        raise TypeError(f"not a torch dtype: {dtype!r}")
-    if storage is None:
-        tensor = torch.empty_strided(shape, stride, dtype=torch_dtype)
-    else:
-        tensor = torch.empty((0,), dtype=torch_dtype).set_(storage, offset, shape, stride)
-    if conj:
-        tensor = tensor.conj()
-    if parameter:
-        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
-    return tensor.requires_grad_() if requires_grad else tensor
-
-
-class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships no type hints
-    """cloudpickle, plus plain CPU/GPU tensors as their storages' raw bytes, out of band.
-
-    `spans` (storage key -> byte range to send) comes from a first pass over the same object,
-    which records in `used` which bytes its tensors need. In that first pass, storages are
-    whole, and those that would cost a copy (on a GPU, or in band) are empty placeholders.
-    """
-
-    def __init__(
-        self,
-        file: io.BytesIO,
-        buffer_callback: Any = None,
-        spans: dict[_StorageKey, tuple[int, int]] | None = None,
-        deferred: _Deferred | None = None,
-    ) -> None:
-        super().__init__(file, protocol=5, buffer_callback=buffer_callback)
-        self.spans = spans
-        self.used: dict[_StorageKey, list[int]] = {}  # key -> [lo, hi]
-        self.placeholders = False
-        self._in_band = buffer_callback is None
-        self._storages: dict[_StorageKey, _Storage] = {}
-        # Out of band, CUDA storages go here and are sent from the device in chunks, uncopied.
-        self.deferred = None if self._in_band else deferred
-
-    def reducer_override(self, obj: Any) -> Any:
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            if type(obj) is _Storage:
-                # The first pass sends a placeholder where the real thing would cost a copy.
-                copies = self._in_band or obj.storage.device.type not in {"cpu", "cuda"}
-                if self.spans is None and copies:
-                    self.placeholders = True
-                    return (_rebuild_storage, (pickle.PickleBuffer(bytearray()),))
-                return obj.reduce(torch, self.deferred)
-            if type(obj) in (torch.Tensor, torch.nn.Parameter) and _plain_tensor(torch, obj):
-                return self._reduce_tensor(torch, obj)
-        return super().reducer_override(obj)
-
-    def _reduce_tensor(self, torch: Any, obj: Any) -> tuple[Any, ...]:
-        t = obj.detach()
-        if t.is_neg():
-            t = t.resolve_neg()
-        conj = bool(t.is_conj())
-        if conj:
-            t = t.conj()  # the same memory without the conjugate bit; set again on arrival
-        dtype = str(t.dtype).removeprefix("torch.")
-        shape, stride = tuple(t.shape), tuple(t.stride())
-        flags = (bool(obj.requires_grad), type(obj) is torch.nn.Parameter, conj)
-        if t.numel() == 0:
-            return (_rebuild_tensor, (None, dtype, 0, shape, stride, *flags))
-        storage = t.untyped_storage()
-        key = (str(storage.device), storage.data_ptr(), storage.nbytes())
-        size = t.element_size()
-        lo = t.storage_offset() * size
-        hi = lo + size * (1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)))
-        seen = self.used.setdefault(key, [lo, hi])
-        seen[0], seen[1] = min(seen[0], lo), max(seen[1], hi)
-        ref = self._storages.get(key)
-        if ref is None:
-            # A storage new in this pass (a resolved negative view's copy) is sent whole.
-            span = (self.spans or {}).get(key, (0, storage.nbytes()))
-            ref = self._storages[key] = _Storage(storage, *span)
-        return (_rebuild_tensor, (ref, dtype, (lo - ref.lo) // size, shape, stride, *flags))
-
-    def trimmed_spans(self) -> dict[_StorageKey, tuple[int, int]] | None:
-        """The byte ranges to send instead of whole storages, when a second pass is worth it."""
-        spans: dict[_StorageKey, tuple[int, int]] = {}
-        unused = 0
-        for key, (lo, hi) in self.used.items():
-            spans[key] = (lo - lo % _ALIGN, hi)
-            unused += key[2] - (hi - spans[key][0])
-        return spans if self.placeholders or unused >= TRIM_MIN_BYTES else None
-
-
-def _plain_tensor(torch: Any, obj: Any) -> bool:
-    """A dense tensor with data and nothing else attached (others pickle as torch does)."""
-    return bool(
-        obj.layout == torch.strided
-        and not (obj.is_quantized or obj.is_meta or obj.is_nested)
-        and not obj.__dict__
-    )
-
-
-class _Collect:
-    """The pickler's buffer callback: out-of-band buffers in order, CUDA ones as DeviceBytes."""
-
-    def __init__(self) -> None:
-        self.buffers: list[OutOfBand] = []
-        self.deferred: _Deferred = {}
-
-    def __call__(self, buffer: pickle.PickleBuffer) -> None:
-        placeholder = self.deferred.get(id(buffer.raw().obj))
-        self.buffers.append(buffer if placeholder is None else placeholder[1])
-
-
-def _dump(obj: Any, out_of_band: bool) -> tuple[bytes, list[OutOfBand]]:
-    spans = None
-    for _ in range(2):
-        collect = _Collect()
-        buffers = collect.buffers
-        out = io.BytesIO()
-        pickler = _Pickler(out, collect if out_of_band else None, spans, collect.deferred)
-        pickler.dump(obj)
-        if spans is not None:
-            break
-        spans = pickler.trimmed_spans()
-        if spans is None:
-            break
-    return out.getvalue(), buffers
-
-
-def dumps(obj: Any) -> tuple[bytes, list[OutOfBand]]:
-    """Pickles `obj` with cloudpickle (protocol 5), keeping large buffers out of band.
-
-    CUDA tensors' bytes stay on the device as `DeviceBytes` until `Connection.send` sends them.
-    """
-    return _dump(obj, out_of_band=True)
-
-
-def dumps_inband(obj: Any) -> bytes:
-    """Pickles `obj` like `dumps`, with every buffer inside the one returned bytes object."""
-    return _dump(obj, out_of_band=False)[0]
-
-
-def loads(body: Buffer | bytes | memoryview, buffers: Sequence[Any] = ()) -> Any:
-    """Unpickles what `dumps` produced. Call only on frames from authenticated peers."""
-    global unpickle_count  # noqa: PLW0603 - a process-wide counter is exactly what tests need
-    unpickle_count += 1
-    return pickle.loads(body, buffers=buffers)  # noqa: S301 - the peer proved the launch secret
-
-
-# ----------------------------------------------------------------------------- frames
 
 
 @dataclass
@@ -561,9 +191,9 @@ def _read_prefix(sock: socket.socket) -> tuple[dict[str, Any], int, list[int]] |
         return None
     if not first:
         return None
-    header_len, body_len, nbuf = parse_prefix(first + bytes(_recv_exact(sock, PREFIX_BYTES - 1)))
-    lens = parse_lengths(_recv_exact(sock, 8 * nbuf), body_len) if nbuf else []
-    return parse_header(_recv_exact(sock, header_len)), body_len, lens
+    header_len, body_len, nbuf = parse_prefix(first + bytes(recv_exact(sock, PREFIX_BYTES - 1)))
+    lens = parse_lengths(recv_exact(sock, 8 * nbuf), body_len) if nbuf else []
+    return parse_header(recv_exact(sock, header_len)), body_len, lens
 
 
 def nbytes(buffer: OutOfBand | memoryview) -> int:

@@ -5,7 +5,7 @@ The attacker is a worker of a real launch: it reads the launcher's address and p
 environment (``SLURMRUN_LAUNCHER_ADDR`` / ``SLURMRUN_LAUNCHER_PORT``) and runs a hypothesis
 test, one TCP connection per example. Every connection must get the 36-byte challenge and
 nothing more (never the server's proof), the launcher must log each rejection, nothing any
-attacker sent may be unpickled (``transport.unpickle_count`` grows by the results only, and a
+attacker sent may be unpickled (``pickling.unpickle_count`` grows by the results only, and a
 pickle that would create a file never runs), and the launch must still succeed.
 """
 
@@ -29,11 +29,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import slurmrun
-from slurmrun import transport
+from slurmrun import authentication, pickling, transport
 
 EXAMPLES = 4000  # connections the attacking worker opens
-CHALLENGE = len(transport.HANDSHAKE_MAGIC) + transport.NONCE_BYTES  # what a stranger may get
-ANSWER = transport.NONCE_BYTES + transport.MAC_BYTES
+CHALLENGE = (
+    len(authentication.HANDSHAKE_MAGIC) + authentication.NONCE_BYTES
+)  # what a stranger may get
+ANSWER = authentication.NONCE_BYTES + authentication.MAC_BYTES
 ATTACKS = (
     "random",  # random bytes, sent without reading the challenge
     "frame",  # a well-formed (or cut) frame, some with a malicious pickle, without handshake
@@ -117,8 +119,8 @@ def attack_the_launcher(examples: int, evil_path: str, done_path: str) -> dict[s
         with socket.create_connection((addr, port), timeout=20) as s:
             if kind == "wrong_secret":
                 try:
-                    transport.client_handshake(s, data, timeout=20)
-                except transport.AuthenticationError:
+                    authentication.client_handshake(s, data, timeout=20)
+                except authentication.AuthenticationError:
                     pass
                 else:
                     violations.append("a wrong secret passed the handshake")
@@ -128,8 +130,8 @@ def attack_the_launcher(examples: int, evil_path: str, done_path: str) -> dict[s
             else:
                 allowed = CHALLENGE  # random bytes and frames: sent before reading anything
                 if kind in ("frame_after_challenge", "truncated_answer", "wrong_answer"):
-                    challenge = transport._recv_exact(s, CHALLENGE)
-                    assert bytes(challenge).startswith(transport.HANDSHAKE_MAGIC)
+                    challenge = transport.recv_exact(s, CHALLENGE)
+                    assert bytes(challenge).startswith(authentication.HANDSHAKE_MAGIC)
                     allowed = 0
                 with contextlib.suppress(OSError):  # the launcher may have hung up already
                     s.sendall(data)
@@ -241,12 +243,12 @@ def test_thousands_of_hostile_connections_are_refused_and_the_launch_succeeds(
 
     watcher = threading.Thread(target=look_at_processes_during_the_launch)
     watcher.start()
-    before = transport.unpickle_count
+    before = pickling.unpickle_count
     result = slurmrun.launch(
         attacker_or_worker, (EXAMPLES, str(tmp_path)), workers_per_host=2, backend=None
     )
     watcher.join(10)
-    unpickled = transport.unpickle_count - before
+    unpickled = pickling.unpickle_count - before
 
     attacker, worker = result.values()
     assert attacker["violations"] == []
@@ -297,7 +299,7 @@ def test_agents_connect_while_garbage_floods_the_launchers_port(
     flooder = threading.Thread(target=flood, args=(port, stop, counts))
     flooder.start()
     try:
-        before = transport.unpickle_count
+        before = pickling.unpickle_count
         result = slurmrun.launch(
             lambda: os.environ["RANK"], hostnames=["localhost", "localhost"], workers_per_host=1
         )
@@ -305,7 +307,7 @@ def test_agents_connect_while_garbage_floods_the_launchers_port(
         stop.set()
         flooder.join(10)
     assert result.values() == ["0", "1"]
-    assert transport.unpickle_count - before == 2
+    assert pickling.unpickle_count - before == 2
     assert counts["sent"] > 10, counts
 
 
@@ -321,7 +323,7 @@ def forge_a_streamed_result(port: int, secrets: list[bytes], canary: str) -> dic
         time.sleep(0.01)
     outcome: dict[str, Any] = {}
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        transport.client_handshake(sock, secrets[0], 10)
+        authentication.client_handshake(sock, secrets[0], 10)
         body = pickle.dumps(CreatesFileWhenUnpickled(canary))
         header = {"t": "result", "node_rank": 0, "local_rank": 7}
         transport.Connection(sock).send(header, body, [b"x" * (5 << 20)])
@@ -343,13 +345,13 @@ def test_a_streamed_result_for_a_worker_that_does_not_exist_fails_the_launch_unr
         target=lambda: outcome.update(forge_a_streamed_result(port, recorded_secrets, canary))
     )
     forger.start()
-    before = transport.unpickle_count
+    before = pickling.unpickle_count
     forged = r"unknown or finished worker.*local rank 7"
     with pytest.raises(slurmrun.AgentFailedError, match=forged):
         slurmrun.launch(sleep_then_return, (20,), workers_per_host=2, backend=None)
     forger.join(timeout=30)
     assert outcome.get("sent")
-    assert transport.unpickle_count == before and not os.path.exists(canary)
+    assert pickling.unpickle_count == before and not os.path.exists(canary)
 
 
 def test_the_canary_pickle_creates_its_file_when_unpickled(tmp_path: Path) -> None:
@@ -364,14 +366,14 @@ def test_the_canary_pickle_creates_its_file_when_unpickled(tmp_path: Path) -> No
 
 def _serve_once(sock: socket.socket, secret: bytes, outcome: dict[str, Any]) -> None:
     try:
-        transport.server_handshake(sock, secret, timeout=5)
+        authentication.server_handshake(sock, secret, timeout=5)
         outcome["ok"] = True
-    except transport.AuthenticationError as e:
+    except authentication.AuthenticationError as e:
         outcome["error"] = e
 
 
 def _recv_n(sock: socket.socket, n: int) -> bytes:
-    return bytes(transport._recv_exact(sock, n))
+    return bytes(transport.recv_exact(sock, n))
 
 
 def record_a_real_answer(secret: bytes) -> tuple[bytes, bytes]:
@@ -380,14 +382,14 @@ def record_a_real_answer(secret: bytes) -> tuple[bytes, bytes]:
     to_client, client_side = socket.socketpair()
     outcome: dict[str, Any] = {}
     server = threading.Thread(target=_serve_once, args=(server_side, secret, outcome))
-    client = threading.Thread(target=transport.client_handshake, args=(client_side, secret, 5))
+    client = threading.Thread(target=authentication.client_handshake, args=(client_side, secret, 5))
     server.start()
     client.start()
     challenge = _recv_n(to_server, CHALLENGE)
     to_client.sendall(challenge)
     answer = _recv_n(to_client, ANSWER)
     to_server.sendall(answer)
-    to_client.sendall(_recv_n(to_server, transport.MAC_BYTES))
+    to_client.sendall(_recv_n(to_server, authentication.MAC_BYTES))
     server.join(5)
     client.join(5)
     assert outcome == {"ok": True}
@@ -413,11 +415,11 @@ def replay(secret: bytes, answer: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 def test_a_recorded_handshake_answer_replayed_against_a_new_challenge_is_refused() -> None:
-    secret = transport.new_secret()
+    secret = authentication.new_secret()
     challenge_a, answer = record_a_real_answer(secret)
     outcome, after = replay(secret, answer)
     assert outcome["challenge"] != challenge_a  # a fresh nonce every time
-    assert isinstance(outcome.get("error"), transport.AuthenticationError)
+    assert isinstance(outcome.get("error"), authentication.AuthenticationError)
     assert "HMAC" in str(outcome["error"])
     assert after == b""  # the server never proved anything to the replayer
 
@@ -425,6 +427,6 @@ def test_a_recorded_handshake_answer_replayed_against_a_new_challenge_is_refused
 @settings(max_examples=300, deadline=None, database=None)
 @given(answer=st.binary(min_size=0, max_size=ANSWER + 16))
 def test_no_answer_without_the_secret_passes_the_handshake(answer: bytes) -> None:
-    outcome, after = replay(transport.new_secret(), answer)
-    assert isinstance(outcome.get("error"), transport.AuthenticationError)
+    outcome, after = replay(authentication.new_secret(), answer)
+    assert isinstance(outcome.get("error"), authentication.AuthenticationError)
     assert after == b""

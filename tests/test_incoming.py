@@ -15,19 +15,16 @@ import time
 
 import pytest
 
-from slurmrun.launcher.incoming import HANDOFF_BYTES, Incoming
-from slurmrun.transport import (
+from slurmrun.authentication import (
     AuthenticationError,
     ClientChallenge,
-    Connection,
-    Frame,
-    FrameError,
     ServerChallenge,
     client_handshake,
-    dumps,
-    loads,
     new_secret,
 )
+from slurmrun.launcher.incoming import HANDOFF_BYTES, Incoming
+from slurmrun.pickling import dumps, loads
+from slurmrun.transport import Connection, Frame, FrameError
 
 
 @pytest.fixture
@@ -94,16 +91,21 @@ def test_frames_of_every_size_arrive_whole_and_in_order(pair) -> None:
     assert incoming.conn is not None and not incoming.conn.receiving
 
 
-def test_a_frame_trickling_in_byte_by_byte(pair) -> None:
-    incoming, client = _accepted(pair, new_secret())
-    body, buffers = dumps(["x" * 100, b"y" * 5000])
+def _frame_bytes(obj: object) -> bytes:
+    """The bytes of one frame ``{"t": "x"}`` carrying `obj`, as `Connection.send` writes them."""
+    body, buffers = dumps(obj)
     raw = socket.socketpair()
     try:
         Connection(raw[0]).send({"t": "x"}, body, buffers)
         raw[0].close()
-        data = b"".join(iter(lambda: raw[1].recv(65536), b""))
+        return b"".join(iter(lambda: raw[1].recv(65536), b""))
     finally:
         raw[1].close()
+
+
+def test_a_frame_trickling_in_byte_by_byte(pair) -> None:
+    incoming, client = _accepted(pair, new_secret())
+    data = _frame_bytes(["x" * 100, b"y" * 5000])
     for k in range(len(data)):
         client.sock.sendall(data[k : k + 1])
         if k % 997 == 0:
@@ -154,14 +156,7 @@ def test_bad_magic_is_a_frame_error(pair) -> None:
 
 def test_a_close_in_the_middle_of_a_frame_is_an_eof_error(pair) -> None:
     incoming, client = _accepted(pair, new_secret())
-    body, buffers = dumps(b"z" * 200_000)
-    raw = socket.socketpair()
-    try:
-        Connection(raw[0]).send({"t": "x"}, body, buffers)
-        raw[0].close()
-        data = b"".join(iter(lambda: raw[1].recv(65536), b""))
-    finally:
-        raw[1].close()
+    data = _frame_bytes(b"z" * 200_000)
     client.sock.sendall(data[: len(data) // 2])
     client.sock.shutdown(socket.SHUT_WR)
     with pytest.raises(EOFError, match="middle of a frame"):

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import slurmrun
-from slurmrun import transport
+from slurmrun import authentication, pickling, transport
 from slurmrun.errors import RemoteTraceback
 from slurmrun.launcher.run import Run
 from slurmrun.node.worker import STREAM_MIN_BYTES
@@ -131,7 +131,7 @@ def be_a_hostile_peer():
         with socket.create_connection((addr, port), timeout=5) as s:
             try:
                 if attempt == "wrong-secret":
-                    transport.client_handshake(s, b"x" * 32, timeout=5)
+                    authentication.client_handshake(s, b"x" * 32, timeout=5)
                 elif attempt == "garbage":
                     s.recv(36)
                     s.sendall(os.urandom(64))
@@ -151,7 +151,7 @@ def be_a_hostile_peer():
                     if s.recv(100) == b"":
                         refused += 1
                     continue
-            except (transport.AuthenticationError, ConnectionError):
+            except (authentication.AuthenticationError, ConnectionError):
                 refused += 1
     return refused
 
@@ -350,7 +350,7 @@ def streamed(monkeypatch):
 def test_tensors_come_back_intact_through_out_of_band_buffers(n_bytes, streamed):
     import torch
 
-    before = transport.unpickle_count
+    before = pickling.unpickle_count
     result = slurmrun.launch(return_tensors, (n_bytes,), workers_per_host=2)
     for rank in range(2):
         value = result.rank(rank)
@@ -359,7 +359,7 @@ def test_tensors_come_back_intact_through_out_of_band_buffers(n_bytes, streamed)
         value["big"] += 1  # the launcher owns writable memory
         assert torch.equal(value["bf16"], torch.arange(6, dtype=torch.bfloat16).reshape(2, 3))
         assert value["empty"].shape == (0, 5)
-    assert transport.unpickle_count - before == 2  # each result unpickled exactly once
+    assert pickling.unpickle_count - before == 2  # each result unpickled exactly once
     # Large results travel over a connection of their own per worker, small ones via the agent.
     assert sorted(streamed) == ([0, 1] if n_bytes >= STREAM_MIN_BYTES else [])
 
@@ -519,10 +519,10 @@ def test_slurm_outside_an_allocation_raises_runtime_error(arg, monkeypatch):
 
 
 def test_peers_without_the_secret_are_refused_and_the_launch_goes_on(caplog):
-    before = transport.unpickle_count
+    before = pickling.unpickle_count
     result = slurmrun.launch(be_a_hostile_peer, workers_per_host=1, backend=None)
     assert result.rank(0) == 4
-    assert transport.unpickle_count - before == 1  # only the real result
+    assert pickling.unpickle_count - before == 1  # only the real result
     # said in a bounded number of lines: the 1st, 10th, 100th... and the total at the end
     said = [r.message for r in caplog.records if "rejected before" in r.message]
     assert said[-1].startswith("slurmrun: 4 connection(s) rejected before they proved"), said
@@ -538,7 +538,7 @@ def test_the_secret_is_nowhere_in_a_worker_or_its_spawner(monkeypatch, tmp_path,
     launcher. The agent must hold it, and the scan must find it there."""
     import slurmrun.launcher.warm as launcher_module  # where a launch makes its secret
 
-    secret = transport.new_secret()
+    secret = authentication.new_secret()
     monkeypatch.setattr(launcher_module, "new_secret", lambda: secret)
     hexed = secret.hex()
     (tmp_path / "env.sh").write_text("export FROM_ENV_FILE=1\n")
@@ -567,7 +567,7 @@ def test_a_forgotten_variable_leaves_no_copy_in_memory(padding):
     the process, freed memory included: a copy of the environment block, once freed, kept it
     (seen in CI, where a large environment made the freed block outlive the spawner's few
     allocations; the launch test above caught it only some of the time)."""
-    forgotten, kept = transport.new_secret().hex(), transport.new_secret().hex()
+    forgotten, kept = authentication.new_secret().hex(), authentication.new_secret().hex()
     child = subprocess.Popen(
         [
             sys.executable,
@@ -659,9 +659,9 @@ def test_frames_beyond_limits_are_refused():
 def test_pickled_tensors_travel_outside_the_pickle_stream():
     import torch
 
-    body, buffers = transport.dumps({"t": torch.ones(1 << 20)})
+    body, buffers = pickling.dumps({"t": torch.ones(1 << 20)})
     assert len(body) < 1024 and sum(b.raw().nbytes for b in buffers) == 4 << 20
-    restored = transport.loads(body, [bytearray(b.raw()) for b in buffers])
+    restored = pickling.loads(body, [bytearray(b.raw()) for b in buffers])
     assert torch.equal(restored["t"], torch.ones(1 << 20))
 
 

@@ -13,10 +13,12 @@ import time
 
 import pytest
 
+from slurmrun.authentication import client_handshake, new_secret
 from slurmrun.launcher import listener as listener_module
 from slurmrun.launcher.listener import Listener
 from slurmrun.launcher.pump import Received
-from slurmrun.transport import Connection, client_handshake, dumps, loads, new_secret
+from slurmrun.pickling import dumps, loads
+from slurmrun.transport import Connection
 
 
 @pytest.fixture

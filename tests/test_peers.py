@@ -12,9 +12,7 @@ import psutil
 import pytest
 
 import slurmrun
-from slurmrun.launcher.warm import warm_of
-from slurmrun.node.agent import connect_with_backoff
-from slurmrun.transport import (
+from slurmrun.authentication import (
     AuthenticationError,
     HandshakeBrokeOff,
     ServerChallenge,
@@ -22,6 +20,8 @@ from slurmrun.transport import (
     new_secret,
     server_handshake,
 )
+from slurmrun.launcher.warm import warm_of
+from slurmrun.node.agent import connect_with_backoff
 
 OPTIONS = {"workers_per_host": 2, "backend": "gloo", "timeout": 120}
 

@@ -18,9 +18,9 @@ import pytest
 
 import slurmrun
 from slurmrun import protocol
+from slurmrun.authentication import client_handshake, new_secret, server_handshake
 from slurmrun.logs import default_handlers, dispatch, make_record
 from slurmrun.node.agent import CONNECT_RETRY_VAR, connect_with_backoff
-from slurmrun.transport import client_handshake, new_secret, server_handshake
 
 AGENT_EXIT_WITHIN = 120.0  # a bound for a loaded 2-core machine, not a speed claim
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import slurmrun
-from slurmrun import transport
+from slurmrun import pickling
 from slurmrun.node.worker import STREAM_MIN_BYTES
 
 pytestmark = pytest.mark.filterwarnings(
@@ -54,18 +54,18 @@ def same_tensor(a: torch.Tensor, b: torch.Tensor) -> None:
 
 def out_of_band(obj):
     """dumps/loads as the launcher does it: buffers received into fresh writable memory."""
-    body, buffers = transport.dumps(obj)
+    body, buffers = pickling.dumps(obj)
     received = []
     for b in buffers:
         raw = b.raw()
         buf = mmap.mmap(-1, raw.nbytes) if raw.nbytes else bytearray()
         buf[:] = raw
         received.append(buf)
-    return transport.loads(body, received), body, buffers
+    return pickling.loads(body, received), body, buffers
 
 
 def in_band(obj):
-    return pickle.loads(transport.dumps_inband(obj))
+    return pickle.loads(pickling.dumps_inband(obj))
 
 
 ROUND_TRIPS = [out_of_band, lambda obj: (in_band(obj), None, None)]
@@ -155,7 +155,7 @@ def test_a_small_view_of_a_huge_storage_sends_only_its_bytes():
     back, _, buffers = out_of_band(view)
     assert sum(b.raw().nbytes for b in buffers) < 64
     same_tensor(view, back)
-    assert len(transport.dumps_inband(view)) < 1024
+    assert len(pickling.dumps_inband(view)) < 1024
     same_tensor(view, in_band(view))
 
 
@@ -172,7 +172,7 @@ def test_views_far_apart_in_one_storage_send_their_span_and_stay_shared():
 
 def test_whole_tensors_are_sent_from_their_own_memory_once():
     t = torch.ones(1 << 20)
-    body, buffers = transport.dumps({"t": t, "same": t})
+    body, buffers = pickling.dumps({"t": t, "same": t})
     assert len(body) < 1024 and len(buffers) == 1
     assert buffers[0].raw().nbytes == 4 << 20
     # zero-copy: the buffer is the tensor's memory itself
@@ -180,11 +180,11 @@ def test_whole_tensors_are_sent_from_their_own_memory_once():
 
 
 def test_buffers_keep_their_tensor_alive():
-    body, buffers = transport.dumps(torch.full((1 << 14,), 5.0))
+    body, buffers = pickling.dumps(torch.full((1 << 14,), 5.0))
     # The tensor is gone from here; its storage must live on in the buffer (were it freed,
     # these allocations of the same small size would take its memory and overwrite it).
     filler = [torch.zeros(1 << 14) for _ in range(8)]
-    back = transport.loads(body, [bytearray(b.raw()) for b in buffers])
+    back = pickling.loads(body, [bytearray(b.raw()) for b in buffers])
     assert torch.all(back == 5.0)
     del filler
 
@@ -268,7 +268,7 @@ import os, sys, warnings
 warnings.simplefilter("ignore")  # torch warns that it could not initialise numpy
 import torch
 import slurmrun
-from slurmrun import transport
+from slurmrun import pickling
 
 assert "numpy" not in sys.modules or sys.modules["numpy"] is None, "numpy was imported"
 try:
@@ -293,8 +293,8 @@ def work():
             "no numpy": check_no_numpy()}
 
 x = torch.arange(10, dtype=torch.float32)
-body, buffers = transport.dumps({"x": x[2:], "y": x.reshape(2, 5).t()})
-back = transport.loads(body, [bytearray(b.raw()) for b in buffers])
+body, buffers = pickling.dumps({"x": x[2:], "y": x.reshape(2, 5).t()})
+back = pickling.loads(body, [bytearray(b.raw()) for b in buffers])
 assert torch.equal(back["x"], x[2:]) and torch.equal(back["y"], x.reshape(2, 5).t())
 
 result = slurmrun.launch(work, workers_per_host=2)

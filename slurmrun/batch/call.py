@@ -36,8 +36,8 @@ from slurmrun.errors import RemoteTraceback
 from slurmrun.launcher import Launcher
 from slurmrun.log_dirs import LOG_DIR_VAR
 from slurmrun.logs import _FileHandler, stream_handler
+from slurmrun.pickling import dumps_inband, loads
 from slurmrun.protocol import IGNORED_SIGNALS_VAR
-from slurmrun.transport import dumps_inband, loads
 
 __all__ = ["JobCall", "Outcome"]
 

@@ -19,7 +19,7 @@ from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.batch.requeue import Requeue
 from slurmrun.launcher import Launcher
 from slurmrun.launcher.checks import check_call
-from slurmrun.transport import dumps_inband
+from slurmrun.pickling import dumps_inband
 
 __all__ = ["JobSpec", "SubmitDryRun", "submit"]
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.environment import env_file_problem, env_words
 from slurmrun.logs import log_level
-from slurmrun.transport import dumps, dumps_inband
+from slurmrun.pickling import dumps, dumps_inband
 
 if TYPE_CHECKING:
     from slurmrun.launcher import Launcher

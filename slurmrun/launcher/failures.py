@@ -25,7 +25,8 @@ from slurmrun.errors import (
 from slurmrun.launcher.containers import start_hint
 from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import tail_file
-from slurmrun.transport import Frame, loads
+from slurmrun.pickling import loads
+from slurmrun.transport import Frame
 
 __all__ = [
     "WorkerPlace",

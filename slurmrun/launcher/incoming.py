@@ -17,14 +17,13 @@ import socket
 import threading
 from typing import Any
 
+from slurmrun.authentication import HandshakeBrokeOff, ServerChallenge
 from slurmrun.transport import (
     LARGE_BUFFER_BYTES,
     PREFIX_BYTES,
     Buffer,
     Connection,
     Frame,
-    HandshakeBrokeOff,
-    ServerChallenge,
     alloc,
     bound_unacknowledged_sends,
     parse_header,

@@ -30,17 +30,12 @@ import threading
 import time
 
 from slurmrun import protocol
+from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff
 from slurmrun.launcher.handshakes import Handshakes
 from slurmrun.launcher.incoming import Incoming
 from slurmrun.launcher.pump import Closed, Events, Received
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
-from slurmrun.transport import (
-    AuthenticationError,
-    Connection,
-    Frame,
-    FrameError,
-    HandshakeBrokeOff,
-)
+from slurmrun.transport import Connection, Frame, FrameError
 
 __all__ = ["LISTEN_BACKLOG", "Listener"]
 

@@ -25,8 +25,9 @@ from slurmrun.launcher.share import Share
 from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.launcher.watch import RunWatch
 from slurmrun.logs import RunOutput, default_handlers, host_labels
+from slurmrun.pickling import loads
 from slurmrun.result import LaunchResult
-from slurmrun.transport import Connection, Frame, loads
+from slurmrun.transport import Connection, Frame
 from slurmrun.worker_env import compress_counts
 
 __all__ = ["Run"]

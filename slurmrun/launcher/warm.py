@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from slurmrun.authentication import new_secret
 from slurmrun.control import ControlServer
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace
@@ -41,7 +42,6 @@ from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.logs import log_level
 from slurmrun.protocol import RESTART_VAR
 from slurmrun.result import LaunchResult
-from slurmrun.transport import new_secret
 from slurmrun.worker_env import flight_recorder_vars, restart_vars
 
 if TYPE_CHECKING:

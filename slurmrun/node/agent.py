@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slurmrun import allocation, protocol
+from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff, client_handshake
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.node.kept import KeptWorkers, lost_after
 from slurmrun.node.link import LauncherConnection, say
@@ -41,13 +42,7 @@ from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
 from slurmrun.node.supervisor import RunWorkers, no_stacks
 from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
-from slurmrun.transport import (
-    AuthenticationError,
-    Frame,
-    HandshakeBrokeOff,
-    bound_unacknowledged_sends,
-    client_handshake,
-)
+from slurmrun.transport import Frame, bound_unacknowledged_sends
 from slurmrun.versions import protocol_fingerprint, slurmrun_version, where_installed
 
 __all__ = ["Agent", "RunEnds", "main"]

@@ -23,7 +23,8 @@ from slurmrun import protocol, worker_env
 from slurmrun.node import debugger, inbox, preloads
 from slurmrun.node.proctitle import set_title, what_runs, worker_comm, worker_title
 from slurmrun.output import MAX_LINE, log_frame
-from slurmrun.transport import Connection, Frame, OutOfBand, dumps, loads, nbytes
+from slurmrun.pickling import dumps, loads
+from slurmrun.transport import Connection, Frame, OutOfBand, nbytes
 
 __all__ = ["STREAM_GRANTED", "STREAM_MIN_BYTES", "STREAM_REFUSED", "WorkerSpec", "run_worker"]
 

@@ -32,7 +32,6 @@ import json
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,6 +39,7 @@ import pytest
 import torch
 
 from tests.slurm.conftest import ENDED_STATES, JOB_NAME, REPO, scontrol_job, wait_job
+from tests.slurm.slurm_helpers import wait_for
 
 # The batch script's `slurmrun`, the agents and the workers import this checkout's slurmrun;
 # the spawner imports Lightning once per node, before forking the node's workers.
@@ -176,11 +176,7 @@ class BatchJob:
         return self.log.read_text() if self.log.exists() else ""
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what}: not within {timeout} s\n--- job output\n{self.output()}")
-            time.sleep(0.2)
+        wait_for(predicate, timeout, what, output=self.output)
 
     def wait(self, timeout: float) -> str:
         """Waits for the job's end; returns its state."""

@@ -10,7 +10,8 @@ import subprocess
 import sys
 import time
 
-from tests.slurm.test_preemption_slurm import _ready, _submit, _wait_for
+from tests.slurm.slurm_helpers import wait_for
+from tests.slurm.test_preemption_slurm import _ready, _submit
 
 DRIVER = """
 import os, pathlib, signal, time
@@ -38,7 +39,7 @@ def test_a_cancelled_jobs_workers_keep_killwait_to_checkpoint(
 ):
     (tmp_path / "driver.py").write_text(DRIVER)
     job_id = _submit(tmp_path, f"{sys.executable} driver.py\n")
-    _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
+    wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id)
     subprocess.run(["scancel", job_id], check=True, timeout=30)
     time.sleep(6)  # KillWait, and a second
     out = (tmp_path / "job.out").read_text()

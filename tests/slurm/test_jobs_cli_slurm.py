@@ -7,10 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.slurm.slurm_helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,18 +48,16 @@ def slurmrun(tmp_path: Path, *args: str, timeout: float = 60) -> subprocess.Comp
     )
 
 
+def _wait_completed(tmp_path: Path, job_id: str, what: str = "completion") -> None:
+    wait_for(
+        lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout, 120, what, every=0.5
+    )
+
+
 @pytest.fixture
 def script(tmp_path: Path) -> str:
     (tmp_path / "train.py").write_text(SCRIPT)
     return "train.py"
-
-
-def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout} s")
-        time.sleep(0.5)
 
 
 def test_submit_status_logs_jobs(slurm_cluster, tmp_path, script):
@@ -68,9 +67,7 @@ def test_submit_status_logs_jobs(slurm_cluster, tmp_path, script):
     assert job_id.isdigit()
     assert f"submitted job {job_id} to cluster slurmtest, partition debug\n" in done.stderr
     try:
-        _wait_for(
-            lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout, 120, "completion"
-        )
+        _wait_completed(tmp_path, job_id)
     finally:
         slurmrun(tmp_path, "cancel", job_id)
     status = slurmrun(tmp_path, "status", job_id)
@@ -172,9 +169,7 @@ def test_submit_a_module_with_launcher_options(slurm_cluster, tmp_path):
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.strip()
     try:
-        _wait_for(
-            lambda: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout, 120, "completion"
-        )
+        _wait_completed(tmp_path, job_id)
     finally:
         slurmrun(tmp_path, "cancel", job_id)
     status = slurmrun(tmp_path, "status", job_id).stdout.splitlines()
@@ -225,11 +220,7 @@ def test_submit_an_array_of_script_runs(slurm_cluster, tmp_path, script):
     assert f"submitted job array {array} (2 elements) {where}\n" in done.stderr
     try:
         for job_id in ids:
-            _wait_for(
-                lambda job_id=job_id: "COMPLETED" in slurmrun(tmp_path, "status", job_id).stdout,
-                120,
-                f"completion of {job_id}",
-            )
+            _wait_completed(tmp_path, job_id, f"completion of {job_id}")
     finally:
         slurmrun(tmp_path, "cancel", ids[0])
         slurmrun(tmp_path, "cancel", ids[1])

@@ -22,8 +22,7 @@ import pytest
 
 import slurmrun
 from slurmrun.batch import JobFailedError
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.slurm.slurm_helpers import cancelled_on_failure, project_module, wait_for
 
 FUNCS = '''
 import os
@@ -83,34 +82,7 @@ def handler_or_not(flag):
 @pytest.fixture
 def funcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """The project module, importable here only through sys.path; jobs submitted from tmp_path."""
-    project = tmp_path / "project"
-    project.mkdir()
-    name = f"jobfuncs_{abs(hash(str(tmp_path)))}"
-    (project / f"{name}.py").write_text(FUNCS)
-    monkeypatch.syspath_prepend(str(project))
-    monkeypatch.chdir(tmp_path)  # the job's working directory: it counts as this session's
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the job imports this checkout's slurmrun
-    module = __import__(name)
-    yield module
-    sys.modules.pop(name, None)
-
-
-@contextlib.contextmanager
-def cancelled_on_failure(job: slurmrun.SubmittedLaunch[Any]) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(Exception):
-            job.cancel()
-        raise
-
-
-def _wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout} s")
-        time.sleep(0.2)
+    yield from project_module(tmp_path, monkeypatch, "jobfuncs", FUNCS)
 
 
 def test_a_function_from_the_submitters_sys_path_runs_on_every_cpu_of_one_node(
@@ -152,7 +124,7 @@ def test_logs_while_running_then_cancel_is_seen_within_10_s(slurm_cluster, funcs
     flag = str(tmp_path / "never")  # never created: the job runs until cancelled
     job = slurmrun.submit(funcs.talk_until, (flag,), nodes=2, folder=tmp_path / "jobs", time_min=3)
     with cancelled_on_failure(job):
-        _wait_for(lambda: "rank 1 line 2" in job.logs(rank=1), 90, "rank 1's third line")
+        wait_for(lambda: "rank 1 line 2" in job.logs(rank=1), 90, "rank 1's third line")
         assert job.state == "RUNNING"
         assert "rank 0 line" not in job.logs(rank=1)
         job.cancel()
@@ -170,7 +142,7 @@ def test_attach_from_another_process_and_a_pickled_handle(slurm_cluster, funcs, 
         funcs.talk_until, (str(flag),), nodes=2, folder=tmp_path / "jobs", time_min=3
     )
     with cancelled_on_failure(job):
-        _wait_for(lambda: "line 1" in job.logs(rank=1), 90, "rank 1's output")
+        wait_for(lambda: "line 1" in job.logs(rank=1), 90, "rank 1's output")
         script = textwrap.dedent(f"""
             import slurmrun
             job = slurmrun.attach({job.job_id!r}, folder={str(tmp_path / "jobs")!r})
@@ -214,7 +186,7 @@ def test_usr2_does_not_kill_workers_that_did_not_ask_for_it(slurm_cluster, funcs
         requeue=False,  # the signal would requeue the job (test_requeue_slurm.py)
     )
     with cancelled_on_failure(job):
-        _wait_for(
+        wait_for(
             lambda: all((tmp_path / f"go.ready.{r}").exists() for r in (0, 1)), 90, "workers ready"
         )
         subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=30)

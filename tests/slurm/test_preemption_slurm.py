@@ -11,8 +11,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from tests.slurm.conftest import (
     preemption_grace,
     scontrol_job,
 )
+from tests.slurm.slurm_helpers import wait_for
 
 HOLD = """
 import os, pathlib, time
@@ -47,15 +46,6 @@ def _submit(tmp_path: Path, script: str, *args: str) -> str:
     return done.stdout.strip().split(";")[0]
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float, what: str, job_id: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            subprocess.run(["scancel", job_id], check=False, timeout=30)
-            pytest.fail(f"{what} did not happen within {timeout} s (job {job_id} cancelled)")
-        time.sleep(0.5)
-
-
 def _ready(tmp_path: Path) -> bool:
     return all((tmp_path / f"ready.{r}").exists() for r in (0, 1))
 
@@ -68,11 +58,14 @@ def test_slurmrun_in_a_batch_script_requeues_its_preempted_job(slurm_cluster, tm
     script = f'{srun}{sys.executable} -m slurmrun hold.py\necho "slurmrun exited with $?"\n'
     with preemption_grace(20):
         job_id = _submit(tmp_path, script, "--requeue")
-        _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
+        wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id)
         preempt_debug_jobs(tmp_path, slurm_cluster)
-        _wait_for(lambda: scontrol_job(job_id)["Restarts"] == "1", 60, "the requeue", job_id)
-    _wait_for(
-        lambda: scontrol_job(job_id)["JobState"] == "COMPLETED", 120, "the second run", job_id
+        wait_for(lambda: scontrol_job(job_id)["Restarts"] == "1", 60, "the requeue", job_id=job_id)
+    wait_for(
+        lambda: scontrol_job(job_id)["JobState"] == "COMPLETED",
+        120,
+        "the second run",
+        job_id=job_id,
     )
     assert [(tmp_path / f"second.{r}").read_text() for r in (0, 1)] == ["node1", "node2"]
     out = (tmp_path / "job.out").read_text()
@@ -121,9 +114,11 @@ def test_a_preempted_launch_gives_its_workers_the_grace_time_and_says_why_it_fai
     (tmp_path / "driver.py").write_text(CHECKPOINT)
     with preemption_grace(20):
         job_id = _submit(tmp_path, f"{sys.executable} driver.py\n", "--no-requeue")
-        _wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id)
+        wait_for(lambda: _ready(tmp_path), 90, "both ranks ready", job_id=job_id)
         preempt_debug_jobs(tmp_path, slurm_cluster)
-        _wait_for(lambda: "raised" in (tmp_path / "job.out").read_text(), 60, "the error", job_id)
+        wait_for(
+            lambda: "raised" in (tmp_path / "job.out").read_text(), 60, "the error", job_id=job_id
+        )
     out = (tmp_path / "job.out").read_text()
     # one SIGTERM (SLURM's), and the whole checkpoint written before the launch returned
     assert (tmp_path / "checkpoint.0").read_text() == "1", out

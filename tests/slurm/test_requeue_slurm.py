@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +22,7 @@ import pytest
 
 import slurmrun
 from tests.slurm.conftest import preempt_debug_jobs, preemption_grace, scontrol_job
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.slurm.slurm_helpers import cancelled_on_failure, project_module, wait_for
 
 FUNCS = '''
 import os
@@ -85,39 +82,11 @@ def element(k, scale):
 
 @pytest.fixture
 def funcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    project = tmp_path / "project"
-    project.mkdir()
-    name = f"requeuefuncs_{abs(hash(str(tmp_path)))}"
-    (project / f"{name}.py").write_text(FUNCS)
-    monkeypatch.syspath_prepend(str(project))
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("PYTHONPATH", str(REPO))
-    module = __import__(name)
-    yield module
-    sys.modules.pop(name, None)
-
-
-@contextlib.contextmanager
-def cancelled_on_failure(*jobs: slurmrun.SubmittedLaunch[Any]) -> Iterator[None]:
-    try:
-        yield
-    except BaseException:
-        for job in jobs:
-            with contextlib.suppress(Exception):
-                job.cancel()
-        raise
-
-
-def _wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout} s")
-        time.sleep(0.2)
+    yield from project_module(tmp_path, monkeypatch, "requeuefuncs", FUNCS)
 
 
 def _wait_ready(ready: Path) -> None:
-    _wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "workers ready")
+    wait_for(lambda: all(Path(f"{ready}.{r}").exists() for r in (0, 1)), 90, "workers ready")
 
 
 def _signal_when_ready(job: slurmrun.SubmittedLaunch[Any], ready: Path) -> None:
@@ -139,7 +108,7 @@ def test_a_signalled_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     )
     with cancelled_on_failure(job):
         _signal_when_ready(job, ready)
-        _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
+        wait_for(lambda: job.state == "PENDING", 60, "the requeue")
         # SLURM holds a requeued job until its credentials expired (cred_expire) to restart it.
         result = job.result(timeout=300, poll=1.0)
     assert result.values() == [(1, 42), (1, 42)]
@@ -217,7 +186,7 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     # the batch step must requeue it (SLURM would end it COMPLETED). With GraceTime=0 SLURM
     # kills and requeues the job itself (seen by hand; not run here, to spare the suite 60 s).
     with preempted_job(funcs, tmp_path, slurm_cluster) as job:
-        _wait_for(lambda: job.state == "PENDING", 60, "the requeue")
+        wait_for(lambda: job.state == "PENDING", 60, "the requeue")
     with cancelled_on_failure(job):
         result = job.result(timeout=150, poll=1.0)
     assert result.values() == [(1, 42), (1, 42)]

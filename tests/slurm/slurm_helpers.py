@@ -1,0 +1,79 @@
+"""Helpers of the SLURM tests that are plain functions, not fixtures (those are in conftest.py).
+
+Imported as ``from tests.slurm.slurm_helpers import ...``, as the tests import conftest's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+import slurmrun
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def project_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, prefix: str, source: str
+) -> Iterator[ModuleType]:
+    """Yields `source` as a module importable here only through sys.path, for a fixture.
+
+    Its name is `prefix` and a suffix of this test's own; jobs are submitted from tmp_path (the
+    job's working directory: it counts as this session's) and import this checkout's slurmrun.
+    """
+    project = tmp_path / "project"
+    project.mkdir()
+    name = f"{prefix}_{abs(hash(str(tmp_path)))}"
+    (project / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(project))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    module = __import__(name)
+    yield module
+    sys.modules.pop(name, None)
+
+
+@contextlib.contextmanager
+def cancelled_on_failure(*jobs: slurmrun.SubmittedLaunch[object]) -> Iterator[None]:
+    """Cancels `jobs` when the block raises (and re-raises)."""
+    try:
+        yield
+    except BaseException:
+        for job in jobs:
+            with contextlib.suppress(Exception):
+                job.cancel()
+        raise
+
+
+def wait_for(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: str,
+    *,
+    every: float = 0.2,
+    job_id: str | None = None,
+    output: Callable[[], str] | None = None,
+) -> None:
+    """Polls `predicate` every `every` s until it is true; fails the test after `timeout` s.
+
+    The failure says that `what` did not happen; with `job_id`, the job is cancelled first, and
+    with `output`, what it returns (the job's output) is shown.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            message = f"{what} did not happen within {timeout} s"
+            if job_id is not None:
+                subprocess.run(["scancel", job_id], check=False, timeout=30)
+                message += f" (job {job_id} cancelled)"
+            if output is not None:
+                message += f"\n--- job output\n{output()}"
+            pytest.fail(message)
+        time.sleep(every)
