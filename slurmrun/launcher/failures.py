@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.allocation import SlurmAllocation, own_job_id, preemption
 from slurmrun.errors import (
     AgentFailedError,
     RemoteTraceback,
@@ -25,6 +24,8 @@ from slurmrun.errors import (
 from slurmrun.launcher.containers import start_hint
 from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import tail_file
+from slurmrun.slurm.job import SlurmAllocation, own_job_id
+from slurmrun.slurm.job_end import preemption
 from slurmrun.transport import Frame, loads
 
 __all__ = [
