@@ -3,5 +3,6 @@
 The ground floor for everything that asks SLURM something: `job` (the job this
 process runs in, from its ``SLURM_*`` variables), `scontrol` (running and reading
 ``scontrol``), `job_end` (time limit, grace, preemption), `queue` (job states from squeue and
-sacct) and `notation` (host lists, GRES). Import from the modules; this package adds nothing.
+sacct), `cluster` (whether a controller answers, where a submitted job went) and `notation`
+(host lists, GRES). Import from the modules; this package adds nothing.
 """
