@@ -1,6 +1,7 @@
 """Running ``scontrol`` and reading what it prints: a job's fields, tasks and GPUs per node.
 
-Every call is bounded by a time limit and answers None when scontrol is missing or fails.
+Every run of scontrol is bounded by a time limit and answers None when scontrol is missing or
+fails.
 """
 
 from __future__ import annotations
