@@ -15,7 +15,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slurmrun.allocation import SlurmAllocation, slurm_allocation
     from slurmrun.batch.array import submit_array
     from slurmrun.batch.handle import SubmittedLaunch, attach
     from slurmrun.batch.listing import jobs
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     from slurmrun.node.debugger import breakpoint
     from slurmrun.node.worker_state import worker_state
     from slurmrun.result import LaunchResult
+    from slurmrun.slurm.job import SlurmAllocation, slurm_allocation
 
     __version__: str
 
@@ -34,14 +34,14 @@ _EXPORTS = {
     "AgentFailedError": "slurmrun.errors",
     "LaunchResult": "slurmrun.result",
     "Launcher": "slurmrun.launcher",
-    "SlurmAllocation": "slurmrun.allocation",
+    "SlurmAllocation": "slurmrun.slurm.job",
     "SubmittedLaunch": "slurmrun.batch",
     "VersionMismatchError": "slurmrun.errors",
     "WorkerFailedError": "slurmrun.errors",
     "add_filter_to_handler": "slurmrun.logs",
     "file_handler": "slurmrun.logs",
     "launch": "slurmrun.launcher",
-    "slurm_allocation": "slurmrun.allocation",
+    "slurm_allocation": "slurmrun.slurm.job",
     "stream_handler": "slurmrun.logs",
     "attach": "slurmrun.batch",
     "jobs": "slurmrun.batch",

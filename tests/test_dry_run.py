@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 import slurmrun
-from slurmrun import allocation
+from slurmrun.devices import usable_cpu_count
 from slurmrun.launcher.plan import agent_starter, control_env, make_plan, plan_dry_run
 from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import LogDir
@@ -200,7 +200,7 @@ def test_dry_run_expects_the_workers_a_local_launch_starts(monkeypatch):
     ranks = [len(host) for host in result.return_values]
     assert plan.hosts == ("localhost",)
     assert list(plan.expected_workers) == ranks
-    assert plan.expected_workers == (allocation.usable_cpu_count(),)
+    assert plan.expected_workers == (usable_cpu_count(),)
     assert {v for host in result.return_values for v in host} == {plan.expected_world_size}
 
 

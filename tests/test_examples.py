@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from slurmrun.allocation import usable_cpu_count
+from slurmrun.devices import usable_cpu_count
 from tests.test_docs import run
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmrun import allocation
 from slurmrun.cli import info
-from slurmrun.job_end import JobEnd, job_end
+from slurmrun.devices import usable_cpu_count
+from slurmrun.slurm.job_end import JobEnd, job_end
 from tests.test_dry_run import JOB, UPDATE, _environ, normalise
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -38,7 +38,7 @@ def _machine_neutral(text: str, data: dict) -> str:
     """Replaces what this machine says of itself (and the local plan's CPU count)."""
     text = re.sub(r"(?m)^  this process: .*$", "  this process:     <this machine>", text)
     if data["slurm"] is None:  # the local agent's workers: one per usable CPU
-        cpus = allocation.usable_cpu_count()
+        cpus = usable_cpu_count()
         text = re.sub(rf"expected {cpus}\b", "expected NCPU", text)
     return text
 

@@ -20,8 +20,8 @@ import pytest
 import slurmrun
 from slurmrun.batch.call import Outcome
 from slurmrun.batch.folder import base_folder
-from slurmrun.batch.state import FINAL_STATES, normalise_state, parse_sacct, parse_squeue
 from slurmrun.errors import RemoteTraceback
+from slurmrun.slurm.queue import FINAL_STATES, normalise_state, parse_sacct, parse_squeue
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"

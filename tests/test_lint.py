@@ -65,12 +65,13 @@ def test_one_side_of_a_launch_imports_nothing_of_the_other(side: str, other: str
 
 
 def test_the_ground_floor_imports_neither_side() -> None:
-    """Modules directly in slurmrun/ (but the package's face and entry point) stand below both."""
-    above = {"__init__.py", "__main__.py"}
+    """Modules directly in slurmrun/ (but the package's face and entry point) and SLURM's facts
+    (slurmrun/slurm/) stand below both."""
+    above = {PACKAGE / "__init__.py", PACKAGE / "__main__.py"}
     crossing = {
         f"{path.relative_to(ROOT)} imports {name}"
-        for path in sorted(PACKAGE.glob("*.py"))
-        if path.name not in above
+        for path in sorted([*PACKAGE.glob("*.py"), *(PACKAGE / "slurm").glob("*.py")])
+        if path not in above
         for name in _imported_modules(path)
         if name.split(".")[1:2] in (["launcher"], ["node"], ["batch"], ["cli"])
     }

@@ -90,10 +90,10 @@ def test_launch_uses_an_installed_scheduler_plugin(site: Path, tmp_path: Path) -
         from importlib.metadata import entry_points
 
         import slurmrun
-        from slurmrun import allocations
+        from slurmrun import providers
 
         registered = sorted(ep.name for ep in entry_points(group="slurmrun.allocations"))
-        order = [name for name, _ in allocations.providers()]
+        order = [name for name, _ in providers.providers()]
         result = slurmrun.launch(lambda: os.environ["RANK"], backend="gloo")
         print(json.dumps({
             "slurmrun": slurmrun.__file__,
@@ -123,9 +123,9 @@ def test_without_the_plugins_variable_auto_falls_through_to_localhost(
         """
         import json
         import slurmrun
-        from slurmrun import allocations
+        from slurmrun import providers
 
-        found = allocations.detect()
+        found = providers.detect()
         result = slurmrun.launch(lambda: 1, workers_per_host=1)
         print(json.dumps({"provider": found.provider, "hosts": result.hostnames}))
         """,
@@ -181,13 +181,13 @@ def test_a_hostfile_outside_slurm_plans_ssh_agents(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import slurmrun
-    from slurmrun import allocations
+    from slurmrun import providers
 
     for name in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(name)
     hostfile = tmp_path / "hosts"
     hostfile.write_text("# the team's machines\nhostA slots=4\nhostB slots=2  # spare\n")
-    monkeypatch.setenv(allocations.HOSTFILE_VAR, str(hostfile))
+    monkeypatch.setenv(providers.HOSTFILE_VAR, str(hostfile))
     monkeypatch.setenv("SLURMRUN_LAUNCHER_ADDR", "192.0.2.1")  # hostA/B do not resolve here
     plan = slurmrun.Launcher(backend="gloo").dry_run(print)
     assert plan.agents == "ssh" and plan.hosts == ("hostA", "hostB")

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from slurmrun import launcher, protocol
-from slurmrun.allocation import SlurmAllocation
 from slurmrun.launcher import srun
 from slurmrun.launcher.plan import Plan, agent_starter, agents_step
 from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import LogDir
+from slurmrun.slurm.job import SlurmAllocation
 
 GOLDEN = Path(__file__).parent / "golden"
 EXPORT = ["HOME", "PATH", "SLURMRUN_SECRET"]

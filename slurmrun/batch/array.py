@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 from slurmrun import resources as named_resources
-from slurmrun.batch.cluster import check_slurm
 from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.batch.requeue import Requeue
 from slurmrun.batch.submit import JobSpec, SubmitDryRun
 from slurmrun.launcher import Launcher
+from slurmrun.slurm.cluster import check_slurm
 
 __all__ = ["submit_array"]
 
@@ -111,7 +111,7 @@ def submit_array(
         TypeError, ValueError: bad options or an unpicklable call, before submitting.
         OSError: `folder` cannot be created.
         RuntimeError: SLURM cannot take the job from here (a
-            `slurmrun.batch.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
+            `slurmrun.slurm.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
             or no controller answers ``scontrol ping``. The message says what to do.
     """
     calls = [tuple(args) for args in args_list]

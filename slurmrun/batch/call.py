@@ -23,7 +23,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from slurmrun.allocation import own_job_id, preemption
 from slurmrun.batch.requeue import (
     REQUEUE_COUNT_VAR,
     REQUEUE_FLAG_VAR,
@@ -38,6 +37,8 @@ from slurmrun.log_dirs import LOG_DIR_VAR
 from slurmrun.logs import _FileHandler, stream_handler
 from slurmrun.pickling import dumps_inband, loads
 from slurmrun.protocol import IGNORED_SIGNALS_VAR
+from slurmrun.slurm.job import own_job_id
+from slurmrun.slurm.job_end import preemption
 
 __all__ = ["JobCall", "Outcome"]
 

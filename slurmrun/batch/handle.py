@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from slurmrun.batch.folder import JobFolder, base_folder
-from slurmrun.batch.state import FINAL_STATES, UNKNOWN, query_states
 from slurmrun.logs import tail_file
 from slurmrun.result import LaunchResult
+from slurmrun.slurm.queue import FINAL_STATES, UNKNOWN, query_states
 
 __all__ = ["JobFailedError", "SubmittedLaunch", "attach"]
 

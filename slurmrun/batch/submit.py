@@ -13,13 +13,13 @@ from typing import Any, Literal, TypeVar, overload
 
 from slurmrun import resources as named_resources
 from slurmrun.batch.call import JobCall
-from slurmrun.batch.cluster import check_slurm
 from slurmrun.batch.folder import base_folder
 from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.batch.requeue import Requeue
 from slurmrun.launcher import Launcher
 from slurmrun.launcher.checks import check_call
 from slurmrun.pickling import dumps_inband
+from slurmrun.slurm.cluster import check_slurm
 
 __all__ = ["JobSpec", "SubmitDryRun", "submit"]
 
@@ -139,7 +139,7 @@ def submit(
         TypeError, ValueError: bad options or an unpicklable call, before submitting.
         OSError: `folder` cannot be created.
         RuntimeError: SLURM cannot take the job from here (a
-            `slurmrun.batch.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
+            `slurmrun.slurm.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
             or no controller answers ``scontrol ping``. The message says what to do.
     """
     nodes, gpus_per_node, cpus_per_worker, slurm_parameters = named_resources.apply(

@@ -18,12 +18,15 @@ from typing import Any
 
 import hostlist
 
-from slurmrun import allocation, launcher
+from slurmrun import launcher
 from slurmrun.cli.command import SHELL_WORDS
-from slurmrun.job_end import job_end
+from slurmrun.devices import usable_cpu_count, visible_gpu_count
 from slurmrun.launcher.containers import driver_container
 from slurmrun.launcher.dryrun import DryRun
 from slurmrun.launcher.plan import make_plan, plan_dry_run
+from slurmrun.slurm.job import SlurmAllocation, own_job_id, slurm_allocation
+from slurmrun.slurm.job_end import job_end
+from slurmrun.slurm.scontrol import SCONTROL_SOURCE, scontrol_gpus
 
 __all__ = ["gather", "main", "render"]
 
@@ -44,7 +47,7 @@ def gather(cfg: launcher.Launcher | None = None) -> dict[str, Any]:
     """
     warnings: list[str] = []
     try:
-        alloc = allocation.slurm_allocation()
+        alloc = slurm_allocation()
     except ValueError as e:
         alloc = None
         warnings.append(f"the SLURM job's variables cannot be read, launch() would fail: {e}")
@@ -56,15 +59,15 @@ def gather(cfg: launcher.Launcher | None = None) -> dict[str, Any]:
     return {"slurm": slurm, "this_process": here, "launch": plan, "warnings": warnings}
 
 
-def _slurm_section(alloc: allocation.SlurmAllocation, warnings: list[str]) -> dict[str, Any]:
+def _slurm_section(alloc: SlurmAllocation, warnings: list[str]) -> dict[str, Any]:
     sources = dict(alloc.sources)
     gpus = alloc.gpus_per_node
     if gpus is None:
-        # The agents' step asks scontrol too (make_plan: allocation.job_gpus_per_node).
-        per_host = allocation.scontrol_gpus(alloc.job_id)
+        # The agents' step asks scontrol too (make_plan: job_gpus_per_node).
+        per_host = scontrol_gpus(alloc.job_id)
         if per_host is not None and all(h in per_host for h in alloc.hostnames):
             gpus = [per_host[h] for h in alloc.hostnames]
-            sources["gpus_per_node"] = allocation.SCONTROL_SOURCE
+            sources["gpus_per_node"] = SCONTROL_SOURCE
     raw = os.environ.get(sources["hostnames"], "")
     step = alloc.driver_step
     if step is not None and step.num_tasks > 1:
@@ -94,12 +97,12 @@ def _slurm_section(alloc: allocation.SlurmAllocation, warnings: list[str]) -> di
     }
 
 
-def _ending(alloc: allocation.SlurmAllocation) -> dict[str, Any] | None:
-    end = job_end(allocation.own_job_id() or alloc.job_id)
+def _ending(alloc: SlurmAllocation) -> dict[str, Any] | None:
+    end = job_end(own_job_id() or alloc.job_id)
     return None if end is None else {**dataclasses.asdict(end), "preemptible": end.preemptible}
 
 
-def _this_process(alloc: allocation.SlurmAllocation | None) -> dict[str, Any]:
+def _this_process(alloc: SlurmAllocation | None) -> dict[str, Any]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     in_job = False
@@ -112,9 +115,9 @@ def _this_process(alloc: allocation.SlurmAllocation | None) -> dict[str, Any]:
     return {
         "hostname": host,
         "node_of_the_job": in_job,
-        "gpus": allocation.visible_gpu_count(),
+        "gpus": visible_gpu_count(),
         "gpus_source": "/dev/nvidia*" if visible is None else "CUDA_VISIBLE_DEVICES",
-        "cpus": allocation.usable_cpu_count(),
+        "cpus": usable_cpu_count(),
         "container": driver_container(os.environ),
     }
 
@@ -134,7 +137,7 @@ def _launch_section(cfg: launcher.Launcher, warnings: list[str]) -> dict[str, An
 
 
 def _check_gpus(
-    alloc: allocation.SlurmAllocation,
+    alloc: SlurmAllocation,
     slurm: dict[str, Any] | None,
     here: dict[str, Any],
     plan: dict[str, Any],

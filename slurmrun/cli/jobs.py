@@ -71,7 +71,7 @@ def _handle(args: argparse.Namespace) -> Any:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from slurmrun.batch.state import FINAL_STATES  # noqa: PLC0415
+    from slurmrun.slurm.queue import FINAL_STATES  # noqa: PLC0415
 
     job = _handle(args)
     state = job.state
@@ -99,7 +99,7 @@ def _outcome(job: Any, state: str) -> str:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from slurmrun.batch.state import FINAL_STATES  # noqa: PLC0415
+    from slurmrun.slurm.queue import FINAL_STATES  # noqa: PLC0415
 
     job = _handle(args)
     shown = 0

@@ -146,8 +146,9 @@ def _requeue_if_preempted(status: int) -> int:
     return, the script would end and the job with it. So it requeues the job now, as SLURM
     would then (only a requeueable job), and SLURM ends this process.
     """
-    from slurmrun.allocation import own_job_id, preemption  # noqa: PLC0415
     from slurmrun.batch.requeue import requeue_this_job  # noqa: PLC0415
+    from slurmrun.slurm.job import own_job_id  # noqa: PLC0415
+    from slurmrun.slurm.job_end import preemption  # noqa: PLC0415
 
     job_id = own_job_id()
     preempted = preemption(job_id) if job_id else None

@@ -134,7 +134,7 @@ def _ask_all(entries: list[LauncherEntry], timeout: float) -> int:
 
 def _ask_on_batch_host(args: argparse.Namespace) -> int:
     """Runs ``slurmrun stacks JOB_ID --here`` on the job's batch host; returns its status."""
-    from slurmrun.allocation import first_record, scontrol, scontrol_fields  # noqa: PLC0415
+    from slurmrun.slurm.scontrol import first_record, scontrol, scontrol_fields  # noqa: PLC0415
 
     job = args.job_id
     text = scontrol(["show", "job", job])

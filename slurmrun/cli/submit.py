@@ -216,8 +216,8 @@ def _submit_job(
     from submitit.core.utils import FailedJobError  # noqa: PLC0415
 
     from slurmrun.batch import submit, submit_array  # noqa: PLC0415 - only this verb pays for it
-    from slurmrun.batch.cluster import SlurmUnavailableError, placement  # noqa: PLC0415
     from slurmrun.cli.script import run_script  # noqa: PLC0415
+    from slurmrun.slurm.cluster import SlurmUnavailableError, placement  # noqa: PLC0415
 
     options = _job_options(args, launcher)
     target = ["-m", cmd.target] if cmd.module else [os.path.abspath(cmd.target)]

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.allocation import SlurmAllocation, own_job_id, preemption
 from slurmrun.errors import (
     AgentFailedError,
     RemoteTraceback,
@@ -26,6 +25,8 @@ from slurmrun.launcher.containers import start_hint
 from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import tail_file
 from slurmrun.pickling import loads
+from slurmrun.slurm.job import SlurmAllocation, own_job_id
+from slurmrun.slurm.job_end import preemption
 from slurmrun.transport import Frame
 
 __all__ = [

@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from slurmrun import allocation, allocations
+from slurmrun import providers
+from slurmrun.devices import visible_gpu_count
 from slurmrun.environment import env_words, matching_env
 from slurmrun.launcher import srun
 from slurmrun.launcher.containers import PLAIN, AgentCommand, agent_command_of
@@ -42,6 +43,12 @@ from slurmrun.protocol import (
     PRELOAD_LATER_VAR,
     PRELOAD_VAR,
     SECRET_VAR,
+)
+from slurmrun.slurm.job import (
+    SlurmAllocation,
+    agent_auto_workers,
+    job_gpus_per_node,
+    slurm_allocation,
 )
 from slurmrun.worker_env import job_vars, preview
 
@@ -87,7 +94,7 @@ class Plan:
 
     hostnames: list[str]
     workers_per_host: list[int] | None
-    alloc: allocation.SlurmAllocation | None
+    alloc: SlurmAllocation | None
     local: bool
     ssh: bool = False
     provider: str = ""
@@ -116,16 +123,16 @@ def make_plan(cfg: Launcher, *, check_driver_step: bool = True) -> Plan:
 
 def _hosts_plan(cfg: Launcher, check_driver_step: bool) -> Plan:
     """`make_plan`'s hosts, and how their agents start."""
-    alloc = allocation.slurm_allocation()
+    alloc = slurm_allocation()
     for name, value in (("hostnames", cfg.hostnames), ("workers_per_host", cfg.workers_per_host)):
         if value == "slurm" and alloc is None:
             raise RuntimeError(
                 f"{name}='slurm' but no SLURM allocation was found (SLURM_JOB_ID is not set). "
                 "Run inside salloc or an sbatch script, or pass 'auto' to fall back to localhost."
             )
-    found: allocations.Hosts | None = None
+    found: providers.Hosts | None = None
     if cfg.hostnames == "auto":
-        found = allocations.detect()
+        found = providers.detect()
         hosts = list(found.hostnames)
     elif cfg.hostnames == "slurm":
         assert alloc is not None  # noqa: S101 - checked above
@@ -187,13 +194,13 @@ def _spares(cfg: Launcher, hosts: list[str]) -> tuple[list[str], list[str]]:
     return hosts[:active], hosts[active:]
 
 
-def agents_step(alloc: allocation.SlurmAllocation, hostnames: Sequence[str]) -> srun.AgentsStep:
+def agents_step(alloc: SlurmAllocation, hostnames: Sequence[str]) -> srun.AgentsStep:
     """The srun step of one agent on each of `hostnames`, nodes of job `alloc`.
 
     Asks ``scontrol`` for the job's GPUs per node only when neither SLURM's variables nor
-    `slurm_allocation` told (`allocation.job_gpus_per_node`).
+    `slurm_allocation` told (`job_gpus_per_node`).
     """
-    gpus = allocation.job_gpus_per_node(alloc)
+    gpus = job_gpus_per_node(alloc)
     index = [alloc.node_index(h) for h in hostnames]
     return srun.AgentsStep(
         hostnames=tuple(hostnames),
@@ -216,7 +223,7 @@ def _counts(w: int | list[int] | str, hosts: list[str]) -> list[int] | None:
     return list(w)
 
 
-def _provided_plan(cfg: Launcher, found: allocations.Hosts) -> Plan:
+def _provided_plan(cfg: Launcher, found: providers.Hosts) -> Plan:
     """The plan for the hosts of an allocation provider whose agents are local or ssh ones."""
     hosts = list(found.hostnames)
     counts = _counts(cfg.workers_per_host, hosts)
@@ -239,7 +246,7 @@ def _provided_plan(cfg: Launcher, found: allocations.Hosts) -> Plan:
     )
 
 
-def _check_driver_step(alloc: allocation.SlurmAllocation) -> None:
+def _check_driver_step(alloc: SlurmAllocation) -> None:
     """Refuses to launch from each of several tasks of one step: they would share the nodes."""
     step = alloc.driver_step
     if step is None or step.num_tasks <= 1:
@@ -280,7 +287,7 @@ def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> Dry
             (*(f"{k}={v}" for k, v in extra.items()), *plan.command.agent()) for extra in per_agent
         ]
         names = sorted({*env, *per_agent[0]})
-        gpus = allocation.visible_gpu_count(env)  # local agents see this machine's GPUs
+        gpus = visible_gpu_count(env)  # local agents see this machine's GPUs
     if plan.ssh and plan.workers_per_host is None:
         counts, reason = [0] * len(hosts), "each agent decides on its host (0: unknown here)"
     else:
@@ -332,7 +339,7 @@ def _expected_workers(plan: Plan, env: Mapping[str, str], gpus: int) -> tuple[li
         return [gpus] * len(plan.hostnames), f"one per GPU {where}"
     if plan.local:
         counts = [
-            allocation.agent_auto_workers({**env, **local_agent_env(rank, host)}, host)
+            agent_auto_workers({**env, **local_agent_env(rank, host)}, host)
             for rank, host in enumerate(plan.hostnames)
         ]
         if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):

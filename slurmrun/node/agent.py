@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slurmrun import allocation, protocol
+from slurmrun import protocol
 from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff, client_handshake
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.node.kept import KeptWorkers, lost_after
@@ -42,6 +42,7 @@ from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
 from slurmrun.node.supervisor import RunWorkers, no_stacks
 from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
+from slurmrun.slurm.job import agent_auto_workers
 from slurmrun.transport import Frame, bound_unacknowledged_sends
 from slurmrun.versions import protocol_fingerprint, slurmrun_version, where_installed
 
@@ -418,7 +419,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         hostname=hostname,
         node_rank=int(os.environ.get(protocol.NODE_RANK_VAR, "-1")),
         addr=sock.getsockname()[0],
-        auto_workers=allocation.agent_auto_workers(os.environ, hostname) if problem is None else 0,
+        auto_workers=agent_auto_workers(os.environ, hostname) if problem is None else 0,
         master_port=store_port.port,
         pid=os.getpid(),
         slurm_job=os.environ.get("SLURM_JOB_ID", ""),

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from smoke import run_checks  # copied beside this file, as tests/fresh_venv.sh does
 
-from slurmrun.allocation import usable_cpu_count
+from slurmrun.devices import usable_cpu_count
 
 ROOT = Path(sys.argv[1]).resolve()
 SLURM_ONLY = {"sbatch_job.sh", "submit_from_login.py"}

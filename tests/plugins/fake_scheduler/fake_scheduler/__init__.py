@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmrun.allocations import Hosts
+from slurmrun.providers import Hosts
 from slurmrun.resources import Resources
 
 GPU_X8 = Resources(nodes=2, gpus_per_node=8, cpus_per_worker=12, mem="500G", partition="gpu")

@@ -1,23 +1,24 @@
-"""How SLURM will end a job: its time limit, and what time SIGTERM leaves before SIGKILL.
+"""How SLURM ends a job: its time limit, what time SIGTERM leaves before SIGKILL, preemption.
 
 SLURM ends a job's steps with SIGTERM to every process in them (workers included) and
 SIGKILL ``KillWait`` later (the time limit, ``scancel``); a preempted job gets the partition's
 ``GraceTime`` first, then SIGTERM again and SIGKILL ``KillWait`` later. slurmrun leaves all of
 that time to the workers (docs/slurm.md, "Cancellation, signals"). ``slurmrun info`` shows
-it, so that a user knows how long a checkpoint may take. Three ``scontrol`` calls, each
-bounded; what scontrol does not say is None.
+it (`job_end`: three ``scontrol`` calls, each bounded; what scontrol does not say is None),
+so that a user knows how long a checkpoint may take; a failed launch asks whether SLURM is
+preempting its job (`preemption`: one ``scontrol`` call).
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from slurmrun import allocation
-from slurmrun.allocation import first_record, scontrol_fields
+from slurmrun.slurm.scontrol import first_record, scontrol, scontrol_fields, scontrol_show_job
 
-__all__ = ["JobEnd", "job_end"]
+__all__ = ["PREEMPTED_RECENTLY", "JobEnd", "Preemption", "job_end", "preemption"]
 
 _SECONDS = re.compile(r"(\d+)(?: sec)?")
 
@@ -50,12 +51,12 @@ def _seconds(value: str | None) -> int | None:
 
 
 def job_end(
-    job_id: str, scontrol: Callable[[Sequence[str]], str | None] = allocation.scontrol
+    job_id: str, scontrol: Callable[[Sequence[str]], str | None] = scontrol
 ) -> JobEnd | None:
     """How SLURM will end job `job_id`; None when scontrol does not know the job.
 
     Args:
-        job_id: the job, as scontrol names it (`slurmrun.allocation.own_job_id`).
+        job_id: the job, as scontrol names it (`slurmrun.slurm.job.own_job_id`).
         scontrol: runs scontrol with these arguments; its output, or None if it failed.
     """
     job = scontrol_fields(first_record(scontrol(["show", "job", job_id]) or ""))
@@ -74,3 +75,51 @@ def job_end(
         grace_time=_seconds(part.get("GraceTime")),
         preempt_type=config.get("PreemptType"),
     )
+
+
+# A launch fails seconds after SLURM terminates a preempted job's steps; an older PreemptTime
+# is left from an earlier suspension (PreemptMode=SUSPEND), which SLURM never clears.
+PREEMPTED_RECENTLY = 600.0
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """A job that SLURM is preempting (``scontrol show job``).
+
+    Attributes:
+        job_id: the job (``<array id>_<task id>`` for an array task).
+        time: when SLURM selected it (``PreemptTime``).
+        requeueable: whether SLURM may requeue it (``Requeue=1``: ``--requeue``, or the
+            cluster's ``JobRequeue=1``).
+    """
+
+    job_id: str
+    time: str
+    requeueable: bool
+
+
+def preemption(
+    job_id: str,
+    scontrol: Callable[[str], str | None] | None = None,
+    now: datetime.datetime | None = None,
+) -> Preemption | None:
+    """Whether SLURM is preempting job `job_id` (None: it is not, or scontrol fails).
+
+    With a partition's ``GraceTime``, a preempted job's steps (agents and workers) get SIGTERM
+    while the job runs on: a launch that fails then asks this (one ``scontrol`` call). Only a
+    ``PreemptTime`` of the last `PREEMPTED_RECENTLY` seconds counts.
+
+    Args:
+        job_id: the job (`slurmrun.slurm.job.own_job_id`).
+        scontrol: ``scontrol show job``'s output for a job id (default: run it).
+        now: the time to compare ``PreemptTime`` with (default: now; SLURM prints local time).
+    """
+    fields = scontrol_fields(first_record((scontrol or scontrol_show_job)(job_id) or ""))
+    try:
+        when = datetime.datetime.fromisoformat(fields.get("PreemptTime", ""))
+    except ValueError:  # "None", "Unknown", or no such job
+        return None
+    age = ((now or datetime.datetime.now()) - when).total_seconds()
+    if not -60 <= age <= PREEMPTED_RECENTLY:  # a minute of clock skew between hosts
+        return None
+    return Preemption(job_id, fields["PreemptTime"], fields.get("Requeue") == "1")

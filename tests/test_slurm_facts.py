@@ -1,4 +1,4 @@
-"""Tests for slurmrun.allocation: SLURM variables, scontrol output and local GPU/CPU counts."""
+"""Tests for slurmrun.slurm: the job from SLURM's variables, scontrol's output, preemption."""
 
 from __future__ import annotations
 
@@ -10,17 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from slurmrun import allocation
-from slurmrun.allocation import (
-    SlurmAllocation,
-    auto_workers_per_host,
-    expand_counts,
-    parse_scontrol_gpus,
-    scontrol_gpus,
-    slurm_allocation,
-    usable_cpu_count,
-    visible_gpu_count,
-)
+from slurmrun.devices import usable_cpu_count
+from slurmrun.slurm import job as slurm_job
+from slurmrun.slurm import job_end as slurm_end
+from slurmrun.slurm import scontrol as slurm_scontrol
+from slurmrun.slurm.job import SlurmAllocation, auto_workers_per_host, slurm_allocation
+from slurmrun.slurm.scontrol import parse_scontrol_gpus, scontrol_gpus
+from slurmrun.worker_env import expand_counts
 
 
 def job_env(**overrides: str) -> dict[str, str]:
@@ -440,14 +436,14 @@ def test_scontrol_gpus_is_none_without_scontrol(monkeypatch):
     def missing(*args, **kwargs):
         raise FileNotFoundError("scontrol")
 
-    monkeypatch.setattr(allocation.subprocess, "run", missing)
+    monkeypatch.setattr(slurm_scontrol.subprocess, "run", missing)
     assert scontrol_gpus("1") is None
 
 
 # --- job_gpus_per_node: what the agents' step asks for -------------------------------------
 
 
-def _job(gpus: list[int] | None, step: allocation.DriverStep | None = None) -> SlurmAllocation:
+def _job(gpus: list[int] | None, step: slurm_job.DriverStep | None = None) -> SlurmAllocation:
     return SlurmAllocation("1234", ["node1", "node2", "node3"], [4, 4, 2], None, gpus, step)
 
 
@@ -464,7 +460,7 @@ def _counting(outputs: list[str | None]):
 
 def test_job_gpus_per_node_asks_scontrol_once_where_no_variable_tells():
     scontrol, calls = _counting([SCONTROL_TWO_GROUPS])
-    assert allocation.job_gpus_per_node(_job(None), scontrol) == [2, 2, 1]
+    assert slurm_job.job_gpus_per_node(_job(None), scontrol) == [2, 2, 1]
     assert calls == ["1234"]
 
 
@@ -473,87 +469,38 @@ def test_job_gpus_per_node_asks_scontrol_once_where_no_variable_tells():
 )
 def test_job_gpus_per_node_counts_0_where_scontrol_does_not_tell(output):
     scontrol, calls = _counting([output])
-    assert allocation.job_gpus_per_node(_job(None), scontrol) == [0, 0, 0]
+    assert slurm_job.job_gpus_per_node(_job(None), scontrol) == [0, 0, 0]
     assert len(calls) == 1
 
 
 def test_job_gpus_per_node_counts_0_on_a_node_scontrol_does_not_list():
     scontrol, _ = _counting(["     Nodes=node[1-2] CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)"])
-    assert allocation.job_gpus_per_node(_job(None), scontrol) == [2, 2, 0]
+    assert slurm_job.job_gpus_per_node(_job(None), scontrol) == [2, 2, 0]
 
 
 def test_job_gpus_per_node_asks_nothing_when_a_variable_or_the_step_did():
     scontrol, calls = _counting([])
-    assert allocation.job_gpus_per_node(_job([4, 4, 2]), scontrol) == [4, 4, 2]
+    assert slurm_job.job_gpus_per_node(_job([4, 4, 2]), scontrol) == [4, 4, 2]
     # Inside a step slurm_allocation asked scontrol already; its silence is not asked again.
-    step = allocation.DriverStep("1234.0", num_tasks=1, proc_id=0)
-    assert allocation.job_gpus_per_node(_job(None, step), scontrol) == [0, 0, 0]
+    step = slurm_job.DriverStep("1234.0", num_tasks=1, proc_id=0)
+    assert slurm_job.job_gpus_per_node(_job(None, step), scontrol) == [0, 0, 0]
     assert calls == []
 
 
 def test_job_hostnames_reads_the_node_list_alone():
-    assert allocation.job_hostnames(job_env(SLURM_JOB_CPUS_PER_NODE="bad")) == ["node1", "node2"]
-    assert allocation.job_hostnames({"SLURM_JOB_NODELIST": "node1"}) is None
+    assert slurm_job.job_hostnames(job_env(SLURM_JOB_CPUS_PER_NODE="bad")) == ["node1", "node2"]
+    assert slurm_job.job_hostnames({"SLURM_JOB_NODELIST": "node1"}) is None
     with pytest.raises(ValueError, match="SLURM_JOB_NODELIST"):
-        allocation.job_hostnames(job_env(SLURM_JOB_NODELIST="node[1-"))
+        slurm_job.job_hostnames(job_env(SLURM_JOB_NODELIST="node[1-"))
 
 
-def test_importing_allocation_does_not_import_torch():
-    code = "import sys, slurmrun.allocation; sys.exit('torch' in sys.modules)"
+def test_importing_slurm_facts_does_not_import_torch():
+    code = "import sys, slurmrun.slurm.job, slurmrun.slurm.job_end, slurmrun.slurm.queue; "
+    code += "sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-# --- visible_gpu_count ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        ("0", 1),
-        ("0,1,2,3", 4),
-        ("2,3", 2),
-        (" 0 , 1 ", 2),
-        ("GPU-8f0b0b3e-1a2b-4c5d-9e8f-0123456789ab,GPU-11111111-2222-3333-4444-555555555555", 2),
-        ("MIG-0b0b3e1a-2b4c-5d9e-8f01-23456789abcd", 1),
-        ("", 0),
-        ("-1", 0),
-        ("NoDevFiles", 0),
-        ("0,-1,1", 1),
-        ("0,1,", 2),
-    ],
-)
-def test_visible_gpu_count_reads_cuda_visible_devices(value, expected, tmp_path):
-    (tmp_path / "nvidia0").touch()
-    assert visible_gpu_count({"CUDA_VISIBLE_DEVICES": value}, dev_dir=tmp_path) == expected
-
-
-def test_visible_gpu_count_counts_nvidia_device_files(tmp_path):
-    for name in ["nvidia0", "nvidia1", "nvidia7", "nvidia10"]:
-        (tmp_path / name).touch()
-    for name in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", "null"]:
-        (tmp_path / name).touch()
-    (tmp_path / "nvidia-caps").mkdir()
-    assert visible_gpu_count({}, dev_dir=tmp_path) == 4
-
-
-def test_visible_gpu_count_is_zero_without_devices(tmp_path):
-    assert visible_gpu_count({}, dev_dir=tmp_path) == 0
-    assert visible_gpu_count({}, dev_dir=tmp_path / "missing") == 0
-
-
-# --- usable_cpu_count / auto_workers_per_host ----------------------------------------------
-
-
-def test_usable_cpu_count_follows_affinity_mask():
-    expected = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    assert usable_cpu_count() == expected
-    assert usable_cpu_count() >= 1
-
-
-def test_usable_cpu_count_falls_back_to_cpu_count(monkeypatch):
-    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: 6)
-    assert usable_cpu_count() == 6
+# --- auto_workers_per_host -------------------------------------------------------------------
 
 
 def test_auto_workers_per_host_uses_visible_gpus_first(tmp_path):
@@ -658,7 +605,7 @@ def test_slurm_allocation_inside_a_step_reads_the_job_not_the_step():
         cpus_per_node=[3, 1, 1],
         tasks_per_node=[3, 1, 1],
         gpus_per_node=[2, 2, 2],
-        driver_step=allocation.DriverStep("55.0", num_tasks=1, proc_id=0),
+        driver_step=slurm_job.DriverStep("55.0", num_tasks=1, proc_id=0),
     )
 
 
@@ -686,7 +633,7 @@ def test_slurm_allocation_names_the_step_and_its_tasks():
     env = step_env(SLURM_STEP_ID="3", SLURM_STEP_NUM_TASKS="2", SLURM_PROCID="1")
     result = slurm_allocation(env, scontrol=lambda job_id: None)
     assert result is not None
-    assert result.driver_step == allocation.DriverStep("55.3", num_tasks=2, proc_id=1)
+    assert result.driver_step == slurm_job.DriverStep("55.3", num_tasks=2, proc_id=1)
 
 
 def test_slurm_allocation_rejects_a_node_count_that_contradicts_the_node_list():
@@ -715,22 +662,22 @@ def scontrol_tasks(nodes: int, tasks: int, cpus_per_task: int = 1, per_node: int
     ],
 )
 def test_job_tasks_per_node_matches_what_salloc_sets(salloc, text, cpus, expected):
-    assert allocation.job_tasks_per_node(text, cpus) == expected
+    assert slurm_scontrol.job_tasks_per_node(text, cpus) == expected
 
 
 @pytest.mark.parametrize(
     "text", ["JobId=1 JobState=PENDING", scontrol_tasks(2, 2), scontrol_tasks(3, 3, 0)]
 )
 def test_job_tasks_per_node_is_none_when_scontrol_does_not_say(text):
-    assert allocation.job_tasks_per_node(text, [4, 4, 4]) is None
+    assert slurm_scontrol.job_tasks_per_node(text, [4, 4, 4]) is None
 
 
 def test_job_node_index_reads_only_the_job_node_list():
     env = step_env()
-    assert allocation.job_node_index(env, "node2") == 1
-    assert allocation.job_node_index(env, "node3.cluster.example.org") == 2
-    assert allocation.job_node_index(env, "login1") is None
-    assert allocation.job_node_index({}, "node1") is None
+    assert slurm_job.job_node_index(env, "node2") == 1
+    assert slurm_job.job_node_index(env, "node3.cluster.example.org") == 2
+    assert slurm_job.job_node_index(env, "login1") is None
+    assert slurm_job.job_node_index({}, "node1") is None
 
 
 def test_preemption_reads_a_recent_preempt_time_and_requeue_from_scontrol():
@@ -741,12 +688,12 @@ def test_preemption_reads_a_recent_preempt_time_and_requeue_from_scontrol():
     )
     preempted = running.replace("PreemptTime=None", "PreemptTime=2026-11-25T06:46:46")
 
-    def ask(text: str | None, at: datetime.datetime = now) -> allocation.Preemption | None:
-        return allocation.preemption("7", scontrol=lambda _: text, now=at)
+    def ask(text: str | None, at: datetime.datetime = now) -> slurm_end.Preemption | None:
+        return slurm_end.preemption("7", scontrol=lambda _: text, now=at)
 
     assert ask(running) is None
     assert ask(None) is None  # no scontrol, or no such job
-    assert ask(preempted) == allocation.Preemption("7", "2026-11-25T06:46:46", requeueable=True)
+    assert ask(preempted) == slurm_end.Preemption("7", "2026-11-25T06:46:46", requeueable=True)
     assert ask(preempted.replace("Requeue=1", "Requeue=0")).requeueable is False  # type: ignore[union-attr]
     # Left from a suspension long ago (SLURM never clears it): not this failure's cause.
     assert ask(preempted, now + datetime.timedelta(hours=1)) is None
@@ -758,8 +705,8 @@ def test_preemption_of_an_array_task_reads_its_own_record_only():
     other = "JobId=481 ArrayJobId=480 ArrayTaskId=0 Requeue=1 PreemptTime=2026-11-25T06:46:46"
     now = datetime.datetime(2026, 11, 25, 6, 47)
     text = f"{mine}\n\n{other}\n"
-    assert allocation.preemption("480", scontrol=lambda _: text, now=now) is None
+    assert slurm_end.preemption("480", scontrol=lambda _: text, now=now) is None
     env = {"SLURM_JOB_ID": "480", "SLURM_ARRAY_JOB_ID": "480", "SLURM_ARRAY_TASK_ID": "1"}
-    assert allocation.own_job_id(env) == "480_1"
-    assert allocation.own_job_id({"SLURM_JOB_ID": "7"}) == "7"
-    assert allocation.own_job_id({}) is None
+    assert slurm_job.own_job_id(env) == "480_1"
+    assert slurm_job.own_job_id({"SLURM_JOB_ID": "7"}) == "7"
+    assert slurm_job.own_job_id({}) is None

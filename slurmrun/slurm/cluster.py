@@ -13,7 +13,7 @@ import os
 import shutil
 import subprocess
 
-from slurmrun.allocation import scontrol, scontrol_fields
+from slurmrun.slurm.scontrol import scontrol, scontrol_fields
 
 __all__ = ["SlurmUnavailableError", "check_slurm", "placement"]
 

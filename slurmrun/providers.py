@@ -1,6 +1,7 @@
 """Where hosts and workers come from: allocation providers, found through entry points.
 
-A provider is a small class registered in the entry-point group ``slurmrun.allocations``;
+A provider is a small class registered in the entry-point group ``slurmrun.allocations`` (the
+group keeps that name, which providers register under, though this module is ``providers``);
 slurmrun's own (``slurm``, ``hostfile``, ``localhost``) are registered there exactly as a
 third-party one is::
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Literal, Protocol
 
-from slurmrun import allocation
+from slurmrun.slurm.job import job_hostnames
 
 __all__ = [
     "GROUP",
@@ -89,7 +90,7 @@ class SlurmProvider:
         """See `AllocationProvider`."""
         # The node list alone: the launch reads the rest of the job once (`make_plan`), and
         # inside a step the rest would cost a second `scontrol show job`.
-        hostnames = allocation.job_hostnames(environ)
+        hostnames = job_hostnames(environ)
         if hostnames is None:
             return None
         return Hosts(tuple(hostnames), None, "srun")

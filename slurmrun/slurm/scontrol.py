@@ -1,0 +1,204 @@
+"""Running ``scontrol`` and reading what it prints: a job's fields, tasks and GPUs per node.
+
+Every run of scontrol is bounded by a time limit and answers None when scontrol is missing or
+fails.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Sequence
+
+from slurmrun.slurm.notation import expand_hostlist, scontrol_gres_gpus
+
+__all__ = [
+    "SCONTROL_SOURCE",
+    "first_record",
+    "job_tasks_per_node",
+    "parse_scontrol_gpus",
+    "parse_scontrol_tasks",
+    "scontrol",
+    "scontrol_fields",
+    "scontrol_gpus",
+    "scontrol_show_job",
+]
+
+# Keys that belong to one per-node line of `scontrol show job -d`.
+_SCONTROL_NODE_KEYS = frozenset({"Nodes", "CPU_IDs", "Mem", "GRES", "GRES_IDX"})
+# How `SlurmAllocation.sources` names figures read from scontrol.
+SCONTROL_SOURCE = "scontrol show job -d"
+# `scontrol show job` fields that tell how many tasks the job has (see job_tasks_per_node).
+_SCONTROL_TASK_FIELDS = re.compile(r"\b(NumNodes|NumTasks|CPUs/Task|NtasksPerN:B:S:C)=(\S+)")
+
+
+def scontrol(args: Sequence[str], timeout: float = 10) -> str | None:
+    """The output of ``scontrol ARGS...``, or None if scontrol fails or is missing.
+
+    Args:
+        args: scontrol's arguments (``["show", "config"]``).
+        timeout: seconds to wait for scontrol before giving up.
+    """
+    try:
+        result = subprocess.run(
+            ["scontrol", *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout if result.returncode == 0 else None
+
+
+def scontrol_show_job(job_id: str, timeout: float = 10) -> str | None:
+    """The output of ``scontrol show job -d <job_id>``, or None if scontrol fails or is missing.
+
+    Args:
+        job_id: the SLURM job id.
+        timeout: seconds to wait for scontrol before giving up.
+    """
+    return scontrol(["show", "job", "-d", job_id], timeout)
+
+
+def scontrol_fields(text: str) -> dict[str, str]:
+    """The fields of scontrol's output, as one dict (the first of a key wins).
+
+    ``Key=Value`` words (``scontrol show job/partition``) and ``Key = Value`` lines
+    (``scontrol show config``) alike. For a job, pass its own record only: ``scontrol show
+    job <array id>`` lists every task of the array after it (`first_record`).
+    """
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(" = ")
+        if sep and " " not in key.strip():
+            fields.setdefault(key.strip(), value.strip())
+            continue
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if sep:
+                fields.setdefault(key, value)
+    return fields
+
+
+def first_record(text: str) -> str:
+    """The first record of ``scontrol show job`` (records are separated by blank lines)."""
+    return text.strip().split("\n\n")[0]
+
+
+def parse_scontrol_tasks(text: str) -> tuple[int, int, int, int] | None:
+    """Read ``(NumNodes, NumTasks, CPUs/Task, ntasks per node)`` from ``scontrol show job``.
+
+    Args:
+        text: the output of ``scontrol show job [-d] <job id>``.
+
+    Returns:
+        The four numbers (ntasks per node 0 when not requested), or None if the text lacks
+        one of them (e.g. the job is pending and has no nodes yet).
+    """
+    fields = dict(_SCONTROL_TASK_FIELDS.findall(text))
+    values = [
+        fields.get("NumNodes", ""),
+        fields.get("NumTasks", ""),
+        fields.get("CPUs/Task", ""),
+        fields.get("NtasksPerN:B:S:C", "").split(":", 1)[0],
+    ]
+    if not all(v.isdigit() for v in values):
+        return None
+    nodes, tasks, cpus_per_task, per_node = (int(v) for v in values)
+    return nodes, tasks, cpus_per_task, per_node
+
+
+def job_tasks_per_node(text: str, cpus_per_node: Sequence[int]) -> list[int] | None:
+    """The job's tasks per node, as SLURM computes ``SLURM_TASKS_PER_NODE`` for the job's shell.
+
+    SLURM lays the job's tasks out over its nodes like a block-distributed step: each node
+    holds up to ``CPUs / CPUs per task`` tasks, filled round by round. When no task count was
+    asked for, the job has one task per ``CPUs per task`` CPUs. ``scontrol`` does not tell an
+    explicit ``--ntasks`` equal to the node count from no ``--ntasks`` at all: both count as
+    "not asked for" here (they differ only when a node has more CPUs than tasks, e.g.
+    ``-N2 -n2 --exclusive``).
+
+    Args:
+        text: the output of ``scontrol show job [-d] <job id>``.
+        cpus_per_node: the job's CPUs on each node (``SLURM_JOB_CPUS_PER_NODE``).
+
+    Returns:
+        Tasks per node, or None if scontrol's text does not say enough.
+    """
+    parsed = parse_scontrol_tasks(text)
+    if parsed is None or parsed[0] != len(cpus_per_node) or parsed[2] < 1:
+        return None
+    nodes, num_tasks, cpus_per_task, per_node = parsed
+    if per_node > 0:
+        return [per_node] * nodes
+    capacity = [cpus // cpus_per_task for cpus in cpus_per_node]
+    if num_tasks == nodes:  # the default when no task count was asked for
+        return capacity
+    tasks = [0] * nodes
+    placed, round_, oversubscribe = 0, 0, False
+    while placed < num_tasks:  # SLURM's _task_layout_block (not packing nodes)
+        room_left = False
+        for i in range(nodes):
+            if placed == num_tasks:
+                break
+            if round_ < capacity[i] or oversubscribe:
+                tasks[i] += 1
+                placed += 1
+                room_left = room_left or round_ + 1 < capacity[i]
+        oversubscribe = oversubscribe or not room_left
+        round_ += 1
+    return tasks
+
+
+def parse_scontrol_gpus(text: str) -> dict[str, int]:
+    """Read how many GPUs each node of a job has from ``scontrol show job -d`` output.
+
+    Understands the per-node lines ``Nodes=node[1-2] CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)``,
+    typed GPUs (``gpu:a100:2(IDX:0-1)``, several types summed), the older
+    ``GRES_IDX=gpu(IDX:0,2-3)`` form (counted from the indices) and ``scontrol -o`` one-line
+    output. Nodes listed without GPUs count 0.
+
+    Args:
+        text: the output of ``scontrol show job -d <job_id>``.
+
+    Returns:
+        GPUs per hostname, node lists expanded; empty if the text lists no nodes (e.g. the job
+        is pending).
+
+    Raises:
+        ValueError: if a node list or a GPU count in the text is malformed.
+    """
+    gpus: dict[str, int] = {}
+    current: list[str] = []
+    for token in text.split():
+        key, _, value = token.partition("=")
+        if key not in _SCONTROL_NODE_KEYS:
+            current = []
+        elif key == "Nodes":
+            current = expand_hostlist(value, f"Nodes={value!r} in scontrol output")
+            for host in current:
+                gpus.setdefault(host, 0)
+        elif key in {"GRES", "GRES_IDX"}:
+            count = scontrol_gres_gpus(value)
+            for host in current:
+                gpus[host] += count
+    return gpus
+
+
+def scontrol_gpus(job_id: str, timeout: float = 10) -> dict[str, int] | None:
+    """Ask ``scontrol show job -d`` how many GPUs each node of a job has.
+
+    Args:
+        job_id: the SLURM job id.
+        timeout: seconds to wait for scontrol before giving up.
+
+    Returns:
+        GPUs per hostname, or None if scontrol is missing, fails, times out, or prints nothing
+        that can be read.
+    """
+    text = scontrol_show_job(job_id, timeout)
+    if text is None:
+        return None
+    try:
+        gpus = parse_scontrol_gpus(text)
+    except ValueError:
+        return None
+    return gpus or None
