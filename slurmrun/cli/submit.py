@@ -21,13 +21,14 @@ import textwrap
 from typing import Any
 
 from slurmrun.cli.command import (
+    DEFAULT_FOLDER,
+    FOLDER_HELP,
     UsageError,
     check_target,
     launcher_options,
     parse_launcher,
     split_command,
 )
-from slurmrun.cli.jobs import DEFAULT_FOLDER, FOLDER_HELP
 
 __all__ = ["main", "parse_time", "read_array_file"]
 
