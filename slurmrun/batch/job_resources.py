@@ -41,26 +41,26 @@ class JobResources:
     """
 
     nodes: int | None = None
-    """Number of nodes (None: the preset's, else 1)."""
+    """Number of nodes; None takes the preset's, else 1."""
     gpus_per_node: int | None = None
-    """GPUs on each node (None: the preset's, else none)."""
+    """GPUs on each node; None takes the preset's, else none."""
     workers_per_node: int | None = None
-    """Workers (SLURM tasks) on each node (None: `gpus_per_node`, else 1)."""
+    """Workers (SLURM tasks) on each node; None is `gpus_per_node`, else 1."""
     cpus_per_worker: int | None = None
-    """CPUs for each worker (None: the preset's, else 1)."""
+    """CPUs for each worker; None takes the preset's, else 1."""
     time_min: int = 60
     """The job's time limit in minutes."""
     slurm_parameters: Mapping[str, Any] | None = None
     """More ``submitit.SlurmExecutor`` parameters (``partition``, ``account``, ``mem``,
     ``job_name``, ``additional_parameters``...); they win over the preset's."""
     requeue: bool | Requeue = True
-    """Requeue the job when SLURM signals it (``Requeue.signal_seconds`` before its time
-    limit, or ``scancel --signal=USR2``): the workers get the signal, and the launch runs
-    again in the same job id (``SLURMRUN_REQUEUE_COUNT`` counts the requeues). True:
-    ``Requeue()`` (SIGUSR2, 90 s, at most 3); False: never."""
+    """Requeue the job when SLURM signals it, ``Requeue.signal_seconds`` before its time
+    limit or on ``scancel --signal=USR2``. The workers get the signal, and the launch runs
+    again in the same job id (``SLURMRUN_REQUEUE_COUNT`` counts the requeues). True is
+    ``Requeue()`` (SIGUSR2, 90 s, at most 3 times); False never requeues."""
     resources: str | None = None
-    """A named preset of an installed package (`slurmrun.resources`): its nodes, GPUs, CPUs,
-    memory and partition, for the fields not given."""
+    """A named preset of an installed package (`slurmrun.resources`) whose nodes, GPUs,
+    CPUs, memory and partition fill the fields not given."""
 
     def __post_init__(self) -> None:
         for name in ("nodes", "workers_per_node", "cpus_per_worker", "time_min"):
@@ -101,7 +101,7 @@ class JobResources:
 
     @property
     def requeue_policy(self) -> Requeue | None:
-        """The `Requeue` policy that `requeue` asks for (None: never requeue)."""
+        """The `Requeue` policy that `requeue` asks for, or None to never requeue."""
         return Requeue() if self.requeue is True else self.requeue or None
 
 
