@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from slurmrun.batch.array import submit_array
 from slurmrun.batch.handle import JobFailedError, SubmittedLaunch, attach
+from slurmrun.batch.job_resources import JobResources
 from slurmrun.batch.listing import JobInfo, jobs
 from slurmrun.batch.requeue import Requeue, RequeueLimitError, requeue_count, requeue_requested
 from slurmrun.batch.submit import SubmitDryRun, submit
@@ -11,6 +12,7 @@ from slurmrun.batch.submit import SubmitDryRun, submit
 __all__ = [
     "JobFailedError",
     "JobInfo",
+    "JobResources",
     "Requeue",
     "RequeueLimitError",
     "SubmitDryRun",

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from slurmrun import resources as named_resources
 from slurmrun.batch.handle import SubmittedLaunch
-from slurmrun.batch.requeue import Requeue
+from slurmrun.batch.job_resources import JobOptions, JobResources
 from slurmrun.batch.submit import JobSpec, SubmitDryRun
 from slurmrun.launcher import Launcher
 from slurmrun.slurm.cluster import check_slurm
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
 __all__ = ["submit_array"]
 
@@ -26,16 +28,9 @@ def submit_array(
     *,
     launcher: Launcher | None = ...,
     folder: str | os.PathLike[str] = ...,
-    nodes: int | None = ...,
-    gpus_per_node: int | None = ...,
-    workers_per_node: int | None = ...,
-    cpus_per_worker: int | None = ...,
-    time_min: int = ...,
     max_parallel: int | None = ...,
-    slurm_parameters: dict[str, Any] | None = ...,
-    requeue: bool | Requeue = ...,
-    resources: str | None = ...,
     dry_run: Literal[False] = ...,
+    **job: Unpack[JobOptions],
 ) -> list[SubmittedLaunch[T]]: ...
 
 
@@ -47,16 +42,9 @@ def submit_array(
     *,
     launcher: Launcher | None = ...,
     folder: str | os.PathLike[str] = ...,
-    nodes: int | None = ...,
-    gpus_per_node: int | None = ...,
-    workers_per_node: int | None = ...,
-    cpus_per_worker: int | None = ...,
-    time_min: int = ...,
     max_parallel: int | None = ...,
-    slurm_parameters: dict[str, Any] | None = ...,
-    requeue: bool | Requeue = ...,
-    resources: str | None = ...,
     dry_run: Literal[True],
+    **job: Unpack[JobOptions],
 ) -> SubmitDryRun: ...
 
 
@@ -67,16 +55,9 @@ def submit_array(
     *,
     launcher: Launcher | None = None,
     folder: str | os.PathLike[str] = "slurmrun_jobs",
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    workers_per_node: int | None = None,
-    cpus_per_worker: int | None = None,
-    time_min: int = 60,
     max_parallel: int | None = None,
-    slurm_parameters: dict[str, Any] | None = None,
-    requeue: bool | Requeue = True,
-    resources: str | None = None,
     dry_run: bool = False,
+    **job: Unpack[JobOptions],
 ) -> list[SubmittedLaunch[T]] | SubmitDryRun:
     """Submits one job array: element K is a launch of ``func(*args_list[K], **func_kwargs)``.
 
@@ -90,18 +71,13 @@ def submit_array(
         func_kwargs: keyword arguments, the same for every element.
         launcher: the launch options (default: ``Launcher()``).
         folder: the folder to submit into; element K's files go to ``folder/<id>_<K>/``.
-        nodes: number of nodes of each element (None: the preset's, else 1).
-        gpus_per_node: GPUs on each node (None: none).
-        workers_per_node: workers on each node (default: `gpus_per_node`, else 1).
-        cpus_per_worker: CPUs for each worker (None: the preset's, else 1).
-        time_min: each element's time limit in minutes.
         max_parallel: at most this many elements run at once (SLURM's ``--array=...%N``;
             default: all).
-        slurm_parameters: more ``submitit.SlurmExecutor`` parameters.
-        requeue: as for `submit`; each element is requeued on its own.
-        resources: a named preset (`slurmrun.resources`), as for `submit`.
         dry_run: return the batch script that would be submitted (with its ``--array``);
             submit nothing.
+        **job: what each element asks SLURM for, as keywords, as for `submit`: the fields of
+            `slurmrun.batch.JobResources`; with ``requeue``, each element is requeued on its
+            own.
 
     Returns:
         The elements' handles, in the order of `args_list` (job ids ``<array id>_<K>``), or
@@ -121,22 +97,8 @@ def submit_array(
         isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or max_parallel < 1
     ):
         raise ValueError(f"max_parallel must be a positive int or None, got {max_parallel!r}")
-    nodes, gpus_per_node, cpus_per_worker, slurm_parameters = named_resources.apply(
-        resources, nodes, gpus_per_node, cpus_per_worker, slurm_parameters
-    )
     spec = JobSpec.make(
-        launcher,
-        func,
-        calls[0],
-        func_kwargs,
-        folder=folder,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        workers_per_node=workers_per_node,
-        cpus_per_worker=cpus_per_worker,
-        time_min=time_min,
-        slurm_parameters=slurm_parameters,
-        requeue=requeue,
+        launcher, func, calls[0], func_kwargs, folder=folder, job=JobResources(**job)
     )
     job_calls = []
     for k, args in enumerate(calls):  # each pickles (or raises) before anything is submitted
@@ -151,14 +113,12 @@ def submit_array(
     check_slurm(ping=not dry_run)  # a dry run needs no controller (submitit needs srun)
     executor = spec.executor(array_parallelism=max_parallel or len(calls))
     if dry_run:
-        executor.parameters["map_count"] = len(calls)  # what submitit sets for an array
-        script = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
-        return SubmitDryRun(script, {**spec.params, "map_count": len(calls)}, spec.base)
+        return spec.dry_run(executor, map_count=len(calls))  # submitit's count for an array
     with spec.submitting():
         submitted = executor.submit_array(job_calls)
     handles: list[SubmittedLaunch[T]] = []
-    for job in submitted:
-        handle: SubmittedLaunch[T] = SubmittedLaunch(str(job.job_id), spec.base)
+    for element in submitted:
+        handle: SubmittedLaunch[T] = SubmittedLaunch(str(element.job_id), spec.base)
         handle.files.write_meta(spec.meta(handle.job_id))
         handles.append(handle)
     return handles

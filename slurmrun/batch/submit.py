@@ -9,17 +9,21 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from slurmrun import resources as named_resources
 from slurmrun.batch.call import JobCall
 from slurmrun.batch.folder import base_folder
 from slurmrun.batch.handle import SubmittedLaunch
+from slurmrun.batch.job_resources import JobOptions, JobResources
 from slurmrun.batch.requeue import Requeue
+from slurmrun.batch.sbatch import batch_script
 from slurmrun.launcher import Launcher
 from slurmrun.launcher.checks import check_call
 from slurmrun.pickling import dumps_inband
 from slurmrun.slurm.cluster import check_slurm
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
 __all__ = ["JobSpec", "SubmitDryRun", "submit"]
 
@@ -52,15 +56,8 @@ def submit(
     *,
     launcher: Launcher | None = ...,
     folder: str | os.PathLike[str] = ...,
-    nodes: int | None = ...,
-    gpus_per_node: int | None = ...,
-    workers_per_node: int | None = ...,
-    cpus_per_worker: int | None = ...,
-    time_min: int = ...,
-    slurm_parameters: dict[str, Any] | None = ...,
-    requeue: bool | Requeue = ...,
-    resources: str | None = ...,
     dry_run: Literal[False] = ...,
+    **job: Unpack[JobOptions],
 ) -> SubmittedLaunch[T]: ...
 
 
@@ -72,15 +69,8 @@ def submit(
     *,
     launcher: Launcher | None = ...,
     folder: str | os.PathLike[str] = ...,
-    nodes: int | None = ...,
-    gpus_per_node: int | None = ...,
-    workers_per_node: int | None = ...,
-    cpus_per_worker: int | None = ...,
-    time_min: int = ...,
-    slurm_parameters: dict[str, Any] | None = ...,
-    requeue: bool | Requeue = ...,
-    resources: str | None = ...,
     dry_run: Literal[True],
+    **job: Unpack[JobOptions],
 ) -> SubmitDryRun: ...
 
 
@@ -91,15 +81,8 @@ def submit(
     *,
     launcher: Launcher | None = None,
     folder: str | os.PathLike[str] = "slurmrun_jobs",
-    nodes: int | None = None,
-    gpus_per_node: int | None = None,
-    workers_per_node: int | None = None,
-    cpus_per_worker: int | None = None,
-    time_min: int = 60,
-    slurm_parameters: dict[str, Any] | None = None,
-    requeue: bool | Requeue = True,
-    resources: str | None = None,
     dry_run: bool = False,
+    **job: Unpack[JobOptions],
 ) -> SubmittedLaunch[T] | SubmitDryRun:
     """Submits a batch job that runs `launcher.run(func, ...)` on its nodes; returns at once.
 
@@ -117,20 +100,11 @@ def submit(
         launcher: the launch options (default: ``Launcher()``).
         folder: the folder to submit into; the job's files go to ``folder/<job id>/``
             (a trailing ``/%j`` is accepted). It must be on a filesystem the nodes share.
-        nodes: number of nodes (None: the preset's, else 1).
-        gpus_per_node: GPUs on each node (None: none).
-        workers_per_node: workers on each node (default: `gpus_per_node`, else 1).
-        cpus_per_worker: CPUs for each worker (None: the preset's, else 1).
-        time_min: the job's time limit in minutes.
-        slurm_parameters: more ``submitit.SlurmExecutor`` parameters (``partition``,
-            ``account``, ``mem``, ``job_name``, ``additional_parameters``...).
-        requeue: requeue the job when SLURM signals it (``Requeue.signal_seconds`` before
-            its time limit, or ``scancel --signal=USR2``): the workers get the signal, and
-            the launch runs again in the same job id (``SLURMRUN_REQUEUE_COUNT`` counts the
-            requeues). True: ``Requeue()`` (SIGUSR2, 90 s, at most 3); False: never.
-        resources: a named preset of an installed package (`slurmrun.resources`): its nodes,
-            GPUs, CPUs, memory and partition, for the arguments not given.
         dry_run: return the batch script that would be submitted; submit nothing.
+        **job: what the job asks SLURM for, as keywords: the fields of
+            `slurmrun.batch.JobResources` (which says what each means): ``nodes``,
+            ``gpus_per_node``, ``workers_per_node``, ``cpus_per_worker``, ``time_min``,
+            ``slurm_parameters``, ``requeue`` and ``resources`` (a named preset).
 
     Returns:
         The job's handle (`SubmittedLaunch`), or with `dry_run` a `SubmitDryRun`.
@@ -142,32 +116,17 @@ def submit(
             `slurmrun.slurm.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
             or no controller answers ``scontrol ping``. The message says what to do.
     """
-    nodes, gpus_per_node, cpus_per_worker, slurm_parameters = named_resources.apply(
-        resources, nodes, gpus_per_node, cpus_per_worker, slurm_parameters
-    )
-    job = JobSpec.make(
-        launcher,
-        func,
-        func_args,
-        func_kwargs,
-        folder=folder,
-        nodes=nodes,
-        gpus_per_node=gpus_per_node,
-        workers_per_node=workers_per_node,
-        cpus_per_worker=cpus_per_worker,
-        time_min=time_min,
-        slurm_parameters=slurm_parameters,
-        requeue=requeue,
+    spec = JobSpec.make(
+        launcher, func, func_args, func_kwargs, folder=folder, job=JobResources(**job)
     )
     check_slurm(ping=not dry_run)  # a dry run needs no controller (submitit needs srun)
-    executor = job.executor()
+    executor = spec.executor()
     if dry_run:
-        script = executor._make_submission_file_text(executor._submitit_command_str, "dry-run")
-        return SubmitDryRun(script, job.params, job.base)
-    with job.submitting():
-        submitted = executor.submit(job.call())
-    handle: SubmittedLaunch[T] = SubmittedLaunch(str(submitted.job_id), job.base)
-    handle.files.write_meta(job.meta(handle.job_id))
+        return spec.dry_run(executor)
+    with spec.submitting():
+        submitted = executor.submit(spec.call())
+    handle: SubmittedLaunch[T] = SubmittedLaunch(str(submitted.job_id), spec.base)
+    handle.files.write_meta(spec.meta(handle.job_id))
     return handle
 
 
@@ -193,26 +152,14 @@ class JobSpec:
         func_kwargs: dict[str, Any] | None,
         *,
         folder: str | os.PathLike[str],
-        nodes: int,
-        gpus_per_node: int | None,
-        workers_per_node: int | None,
-        cpus_per_worker: int,
-        time_min: int,
-        slurm_parameters: dict[str, Any] | None,
-        requeue: bool | Requeue,
+        job: JobResources,
     ) -> JobSpec:
         """Checks the options (raises before anything is submitted) and makes the spec."""
         launcher = Launcher() if launcher is None else launcher
         kwargs = {} if func_kwargs is None else func_kwargs
         check_call(launcher, func, tuple(func_args), kwargs)
-        for name, value in (
-            ("nodes", nodes),
-            ("workers_per_node", 1 if workers_per_node is None else workers_per_node),
-            ("cpus_per_worker", cpus_per_worker),
-            ("time_min", time_min),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        job = job.resolved()
+        workers_per_node = job.workers_per_node
         asked = launcher.workers_per_host
         if workers_per_node is not None and asked != "auto":
             raise ValueError(
@@ -226,21 +173,19 @@ class JobSpec:
             )
         if isinstance(asked, int):  # the job's tasks: sbatch must be asked for them
             workers_per_node = asked
-        if not isinstance(requeue, bool | Requeue):
-            raise TypeError(f"requeue must be a bool or a Requeue, got {requeue!r}")
-        policy = Requeue() if requeue is True else requeue or None
-        tasks = workers_per_node or gpus_per_node or 1
+        policy = job.requeue_policy
+        tasks = workers_per_node or job.gpus_per_node or 1
         params: dict[str, Any] = {
-            "nodes": nodes,
+            "nodes": job.nodes,
             "ntasks_per_node": tasks,
-            "cpus_per_task": cpus_per_worker,
-            "time": time_min,
+            "cpus_per_task": job.cpus_per_worker,
+            "time": job.time_min,
             # The launch runs in the batch step: one process, which starts the agents' step.
             "use_srun": False,
             "job_name": "slurmrun",
         }
-        if gpus_per_node:
-            params["gpus_per_node"] = gpus_per_node
+        if job.gpus_per_node:
+            params["gpus_per_node"] = job.gpus_per_node
         if policy is not None:
             params["signal_delay_s"] = policy.signal_seconds
             params["additional_parameters"] = {"requeue": True, "signal": policy.sbatch_signal()}
@@ -249,7 +194,7 @@ class JobSpec:
         if launcher.min_hosts is not None or launcher.hosts is not None:
             # A node that fails must not end the job: the launch restarts without it.
             params["additional_parameters"]["no_kill"] = True
-        extra = dict(slurm_parameters or {})
+        extra = dict(job.slurm_parameters or {})
         params["additional_parameters"].update(extra.pop("additional_parameters", None) or {})
         params.update(extra)
         return cls(
@@ -262,6 +207,12 @@ class JobSpec:
             params=params,
             requeue=policy,
         )
+
+    def dry_run(self, executor: Any, map_count: int | None = None) -> SubmitDryRun:
+        """The batch script that `executor` would submit (`map_count`: an array's elements)."""
+        more = {} if map_count is None else {"map_count": map_count}
+        script = batch_script({**executor.parameters, **more}, executor.folder, executor.python)
+        return SubmitDryRun(script, {**self.params, **more}, self.base)
 
     def executor(self, **more: Any) -> Any:
         """The submitit executor that submits it (``more``: more parameters)."""

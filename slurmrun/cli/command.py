@@ -2,8 +2,9 @@
 
 `split_command` cuts a command line where the launcher's options end (the fields of
 `slurmrun.Launcher`, parsed by tyro in `parse_launcher`) and the script's (or ``-m
-MODULE``'s) begin; `slurmrun.cli.main` (``slurmrun SCRIPT.py``) and `slurmrun.cli.submit`
-(``slurmrun submit SCRIPT.py``) both read it from here.
+MODULE``'s) begin; `slurmrun.cli.run` (``slurmrun SCRIPT.py``) and `slurmrun.cli.submit`
+(``slurmrun submit SCRIPT.py``) both read it from here, and the verbs share the job folder's
+option (`DEFAULT_FOLDER`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ if TYPE_CHECKING:
     from slurmrun.launcher import Launcher
 
 __all__ = [
+    "DEFAULT_FOLDER",
     "DESCRIPTION",
+    "FOLDER_HELP",
     "Command",
     "UsageError",
     "check_target",
@@ -41,6 +44,10 @@ rank raised (its traceback is printed); 128+N when a worker was killed by signal
 Ctrl-C; 2 for bad options. --dry-run prints what would run and starts nothing.
 `slurmrun info` shows what slurmrun detects in this allocation. `slurmrun submit [...]
 SCRIPT.py` submits the script as a batch job; status, logs, cancel and jobs follow it."""
+
+
+DEFAULT_FOLDER = "slurmrun_jobs"
+FOLDER_HELP = f"the folder jobs are submitted into (default: ./{DEFAULT_FOLDER})"
 
 
 class UsageError(Exception):

@@ -15,21 +15,14 @@ import shutil
 import textwrap
 from typing import Any
 
+from slurmrun.cli.verbs import VERBS
+
 __all__ = ["USAGE", "field_docstrings", "help_text", "plain", "usage_text"]
 
 USAGE = [
     "[OPTIONS] SCRIPT [ARGS...]",
     "[OPTIONS] -m MODULE [ARGS...]",
     "--dry-run [OPTIONS] SCRIPT|-m MODULE [ARGS...]",
-]
-VERBS = [
-    ("info [--json]", "show what slurmrun detects in this job"),
-    ("submit ... SCRIPT", "submit SCRIPT (or -m MODULE) as a batch job"),
-    ("status JOB_ID", "print a submitted job's state"),
-    ("logs JOB_ID [-f]", "print a worker's output"),
-    ("cancel JOB_ID", "cancel a submitted job"),
-    ("jobs", "list the jobs submitted"),
-    ("stacks [JOB_ID]", "print the Python stacks of a running launch"),
 ]
 DESCRIPTION = [
     "Runs SCRIPT (or -m MODULE) as __main__ on every worker of the SLURM allocation (one per "
@@ -70,7 +63,7 @@ MAX_WIDTH = 100
 def usage_text() -> str:
     """The usage lines (``usage: slurmrun ...``), one per form and one per verb."""
     lines = [f"slurmrun {form}" for form in USAGE]
-    lines += [f"slurmrun {verb:<18} {text}" for verb, text in VERBS]
+    lines += [f"slurmrun {verb.usage:<18} {verb.help}" for verb in VERBS.values()]
     return "usage: " + "\n       ".join(lines)
 
 

@@ -13,11 +13,10 @@ import sys
 import time
 from typing import Any
 
-__all__ = ["DEFAULT_FOLDER", "FOLDER_HELP", "VERBS", "main"]
+from slurmrun.cli.command import DEFAULT_FOLDER, FOLDER_HELP
 
-VERBS = ("status", "logs", "cancel", "jobs")
-DEFAULT_FOLDER = "slurmrun_jobs"
-FOLDER_HELP = f"the folder jobs are submitted into (default: ./{DEFAULT_FOLDER})"
+__all__ = ["main"]
+
 FOLLOW_POLL = 1.0
 
 

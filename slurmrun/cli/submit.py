@@ -18,16 +18,20 @@ import re
 import shlex
 import sys
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmrun.cli.command import (
+    DEFAULT_FOLDER,
+    FOLDER_HELP,
     UsageError,
     check_target,
     launcher_options,
     parse_launcher,
     split_command,
 )
-from slurmrun.cli.jobs import DEFAULT_FOLDER, FOLDER_HELP
+
+if TYPE_CHECKING:
+    from slurmrun.batch.job_resources import JobOptions
 
 __all__ = ["main", "parse_time", "read_array_file"]
 
@@ -219,18 +223,32 @@ def _submit_job(
     from slurmrun.cli.script import run_script  # noqa: PLC0415
     from slurmrun.slurm.cluster import SlurmUnavailableError, placement  # noqa: PLC0415
 
-    options = _job_options(args, launcher)
+    job = _job_options(args)
     target = ["-m", cmd.target] if cmd.module else [os.path.abspath(cmd.target)]
     kwargs = {"module": cmd.module}
     lines = [[*cmd.script_args, *more] for more in elements or [[]]]  # each element's argv
     calls = [(target[-1], argv) for argv in lines]
     try:
         if elements is None:
-            made = submit(run_script, calls[0], kwargs, dry_run=cmd.dry_run, **options)
+            made = submit(
+                run_script,
+                calls[0],
+                kwargs,
+                launcher=launcher,
+                folder=args.folder,
+                dry_run=cmd.dry_run,
+                **job,
+            )
         else:
-            parallel = args.max_parallel
             made = submit_array(
-                run_script, calls, kwargs, max_parallel=parallel, dry_run=cmd.dry_run, **options
+                run_script,
+                calls,
+                kwargs,
+                launcher=launcher,
+                folder=args.folder,
+                max_parallel=args.max_parallel,
+                dry_run=cmd.dry_run,
+                **job,
             )
     except (ValueError, TypeError) as e:
         return _submit_error(str(e))
@@ -261,8 +279,8 @@ def _submit_job(
     return 0
 
 
-def _job_options(args: argparse.Namespace, launcher: Any) -> dict[str, Any]:
-    """`slurmrun.submit`'s (and `submit_array`'s) keyword arguments from the options."""
+def _job_options(args: argparse.Namespace) -> JobOptions:
+    """What the job asks SLURM for (`slurmrun.submit`'s keywords) from the options."""
     params: dict[str, Any] = {"job_name": args.job_name}
     for name in ("partition", "account", "mem"):
         if getattr(args, name) is not None:
@@ -270,8 +288,6 @@ def _job_options(args: argparse.Namespace, launcher: Any) -> dict[str, Any]:
     if args.sbatch:
         params["additional_parameters"] = dict(args.sbatch)
     return {
-        "launcher": launcher,
-        "folder": args.folder,
         "nodes": args.nodes,
         "gpus_per_node": args.gpus_per_node,
         "workers_per_node": args.workers_per_node,

@@ -55,6 +55,9 @@ assert_type([job.state for job in slurmrun.jobs(folder="slurmrun_jobs")], list[s
 swept = slurmrun.submit_array(double, [(1,), (2,)], nodes=2, requeue=slurmrun.Requeue("USR1"))
 assert_type(swept, list[slurmrun.SubmittedLaunch[int]])
 assert_type(slurmrun.requeue_requested(), bool)
+sized = slurmrun.submit(double, (21,), nodes=2, gpus_per_node=8, time_min=30, resources="gpu_x8")
+assert_type(sized, slurmrun.SubmittedLaunch[int])
+slurmrun.submit(double, (21,), nodes="2")  # type: ignore[call-overload]  # the keywords are typed
 
 handlers = [
     slurmrun.stream_handler(hostname="node1", local_rank=0),
