@@ -16,7 +16,8 @@ import pytest
 import tyro
 
 import slurmrun
-from slurmrun.cli.main import main, parse_launcher, split_command
+from slurmrun.cli.command import parse_launcher, split_command
+from slurmrun.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 180  # seconds for one command; a launch takes a few on a loaded 2-core machine

@@ -15,11 +15,9 @@ from __future__ import annotations
 import importlib
 import sys
 
-# Read from here by tests and users of the run verb's command line (`slurmrun.cli.command`).
-from slurmrun.cli.command import parse_launcher, split_command
 from slurmrun.cli.verbs import RUN, VERBS
 
-__all__ = ["main", "parse_launcher", "split_command"]
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
