@@ -14,7 +14,7 @@ in ``plugins`` (slurmrun's workers look launched by torchrun, so Lightning would
 TorchElasticEnvironment, which sets no USR1 handler: the signal kills the workers): SLURM's
 USR1 reaches the workers (slurmstepd signals every process of the agents' step), Lightning's
 handler saves its hpc checkpoint on every rank and rank 0 runs ``scontrol requeue``; the batch
-script runs again and Lightning resumes from that checkpoint. A requeued job waits ~30 s (the
+script runs again and Lightning resumes from that checkpoint. A requeued job waits ~10 s (the
 test cluster's cred_expire) before it starts again. The ranks take the signal parked at the same
 step: Lightning saves that checkpoint (a collective: it ends in a barrier) inside the signal
 handler, wherever each rank is, and ranks that take it at different points of a DDP step
@@ -352,7 +352,7 @@ def test_lightning_requeues_the_job_on_sigusr1_and_resumes_from_its_hpc_checkpoi
     # As SLURM signals ahead of the time limit: every step of the job, not the batch step.
     subprocess.run(["scancel", "--signal=USR1", job.id], check=True, timeout=30)
     job.wait_for(lambda: job.field("Restarts") == "1", 60, "the requeue")
-    # SLURM holds a requeued job until its credentials expired (cred_expire=30) to restart it.
+    # SLURM holds a requeued job until its credentials expired (cred_expire=10) to restart it.
     assert job.wait(timeout=150) == "COMPLETED", job.output()
     output = job.output()
     assert job.field("Restarts") == "1"  # Lightning's requeue only: slurmrun added none

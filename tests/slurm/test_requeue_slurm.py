@@ -3,8 +3,8 @@
 The functions live in a project module that only the submitter's sys.path has (as in
 test_jobs_slurm.py). A requeued job waits in PENDING until its job credentials expired
 before it may start again (SLURM sets its begin time past the expiry; starting it sooner
-gets it killed with "Job credential revoked"): 120 s by default, 30 s in the test cluster
-(``AuthInfo=cred_expire=30``), so each requeue test takes at least that long.
+gets it killed with "Job credential revoked"): 120 s by default, 10 s in the test cluster
+(``AuthInfo=cred_expire=10``), so each requeue test takes at least that long.
 
 The test cluster preempts as shared GPU clusters do: a job of the `urgent` partition requeues
 the jobs of `debug` (the default) that hold the nodes it needs (PreemptMode=REQUEUE).
