@@ -27,7 +27,7 @@ import slurmrun
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from driver_common import live_descendants, settle
 
-from slurmrun.launcher.warm import warm_of
+from slurmrun.launcher.driver import warm_of
 
 LINES = 20
 FAULTS = (

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import slurmrun
-from slurmrun.launcher.warm import warm_of
+from slurmrun.launcher.driver import warm_of
 from slurmrun.node.agent import connect_with_backoff
 from slurmrun.transport import (
     AuthenticationError,
