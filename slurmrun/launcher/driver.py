@@ -28,13 +28,16 @@ else:  # the oldest Python supported (pyproject.toml)
 if TYPE_CHECKING:
     from slurmrun.stacks import StackReport
 
-__all__ = ["Launcher", "launch", "warm_of"]
+__all__ = ["Launcher", "launch"]
 
 T = TypeVar("T")
 
 
 class Launcher(Options):
     """Options of a launch; `run` starts it. `launch(func, ...)` is `Launcher(...).run(func, ...)`.
+
+    The options are the fields of `slurmrun.launcher.options.Options`, each documented there
+    (docs/api.md has them at a glance).
 
     Example:
         >>> import slurmrun
@@ -184,11 +187,6 @@ class Launcher(Options):
         if self._warm is None:
             self._warm = Warm()
         return self._warm
-
-
-def warm_of(launcher: Launcher) -> Warm | None:
-    """What `launcher` keeps between runs (`Launcher.open`), or None when it is not open."""
-    return launcher._warm
 
 
 def launch(
