@@ -206,7 +206,8 @@ def launch(
         **options: `Launcher`'s fields, by keyword (all but ``keep_workers``, a warm
             launcher's): ``hostnames``, ``workers_per_host``, ``backend``, ``timeout``,
             ``max_restarts``... Each is documented, with its default, in `Launcher`'s fields
-            (`slurmrun.launcher.options.Options`) and docs/api.md's table.
+            (`slurmrun.launcher.options.Options`), and in short in the API page's "Options at a
+            glance".
 
     Returns:
         Every worker's return value, as `Launcher.run`.
