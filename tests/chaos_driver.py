@@ -27,8 +27,6 @@ import slurmrun
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from driver_common import live_descendants, settle
 
-from slurmrun.launcher.warm import warm_of
-
 LINES = 20
 FAULTS = (
     "raise_huge",
@@ -168,7 +166,7 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one scenario, read top to bottom
             if fault == "ctrl_c":
                 timers = [threading.Timer(rng.uniform(0.0, 0.5), os.kill, (pid, signal.SIGINT))]
             if fault == "flood":
-                warm = warm_of(launcher)
+                warm = launcher._warm
                 assert warm is not None and warm.pool is not None
                 host, port = warm.pool.server.getsockname()[:2]
                 host = "127.0.0.1" if host == "0.0.0.0" else host

@@ -20,7 +20,6 @@ from slurmrun.authentication import (
     new_secret,
     server_handshake,
 )
-from slurmrun.launcher.warm import warm_of
 from slurmrun.node.agent import connect_with_backoff
 
 OPTIONS = {"workers_per_host": 2, "backend": "gloo", "timeout": 120}
@@ -36,7 +35,7 @@ def large() -> bytes:
 
 
 def _listener_port(launcher: slurmrun.Launcher) -> int:
-    warm = warm_of(launcher)
+    warm = launcher._warm
     assert warm is not None and warm.pool is not None
     return int(warm.pool.server.getsockname()[1])
 
@@ -45,7 +44,7 @@ def test_an_idle_warm_launcher_does_not_queue_heartbeats() -> None:
     # heartbeat_timeout=1: every agent sends a heartbeat each 0.2 s (HEARTBEATS_PER_TIMEOUT)
     with slurmrun.Launcher(**{**OPTIONS, "heartbeat_timeout": 1.0}) as launcher:
         assert launcher.run(one).values() == [1, 1]
-        warm = warm_of(launcher)
+        warm = launcher._warm
         assert warm is not None and warm.pool is not None
         events = warm.pool.listener.events
         sizes = []
@@ -162,7 +161,7 @@ def _listening(pids: set[int]) -> list[tuple[int, str, int]]:
 def test_every_socket_of_a_localhost_launch_listens_on_loopback() -> None:
     with slurmrun.Launcher(**OPTIONS) as launcher:
         launcher.run(one)  # agents started; each holds the next run's store port
-        warm = warm_of(launcher)
+        warm = launcher._warm
         assert warm is not None and warm.pool is not None
         agents = {a.hello.pid for a in warm.pool.agents.values()}
         family = set(agents)

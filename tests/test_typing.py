@@ -84,13 +84,16 @@ def test_import_slurmrun_does_not_import_torch():
 
 def test_launcher_is_a_dataclass_with_the_launch_keywords():
     import dataclasses
-    import inspect
+    import typing
+
+    from slurmrun.launcher import LaunchOptions
 
     # keep_workers is a warm launcher's (`with Launcher(...)`): launch() makes one run.
     fields = {f.name for f in dataclasses.fields(slurmrun.Launcher)} - {"keep_workers"}
-    params = set(inspect.signature(slurmrun.launch).parameters) - {
-        "func",
-        "func_args",
-        "func_kwargs",
-    }
-    assert fields == params
+    assert fields == set(LaunchOptions.__annotations__)
+    params = inspect.signature(slurmrun.launch).parameters
+    assert list(params) == ["func", "func_args", "func_kwargs", "options"]
+    assert params["options"].kind is inspect.Parameter.VAR_KEYWORD
+    # The same types, but tyro's Suppress markers (mypy checks `Launcher(**options)` too).
+    hints = typing.get_type_hints(slurmrun.Launcher, include_extras=False)
+    assert {name: hints[name] for name in fields} == typing.get_type_hints(LaunchOptions)

@@ -266,12 +266,10 @@ def own_process_group() -> int:
 def test_the_next_runs_store_port_is_listening_before_the_run_starts() -> None:
     """Workers that reach rank 0's store before it serves wait in the backlog of the socket its
     agent holds; refused, torch would retry them only after a backoff of up to a second."""
-    from slurmrun.launcher.warm import warm_of
-
     with slurmrun.Launcher(**OPTIONS) as launcher:
         launcher.run(master_port)  # starts the agents
         for _ in range(2):
-            warm = warm_of(launcher)
+            warm = launcher._warm
             assert warm is not None and warm.pool is not None
             port = warm.pool.agents[0].master_port  # what the agent said in its last IDLE
             with socket.create_connection(("127.0.0.1", port), timeout=5):

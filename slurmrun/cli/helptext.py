@@ -117,11 +117,11 @@ def field_docstrings(cls: type) -> dict[str, str]:
 def _launcher_options() -> list[tuple[str, str]]:
     """(``--option METAVAR``, plain help with the command's default) per launcher option."""
     from slurmrun.cli.command import command_defaults  # noqa: PLC0415
-    from slurmrun.launcher import Launcher  # noqa: PLC0415
+    from slurmrun.launcher.options import Options  # noqa: PLC0415
 
     defaults = command_defaults()
-    docs = field_docstrings(Launcher)
-    shown = [f for f in dataclasses.fields(Launcher) if "Suppress" not in str(f.type)]
+    docs = field_docstrings(Options)  # `Launcher`'s fields are declared in `Options`
+    shown = [f for f in dataclasses.fields(Options) if "Suppress" not in str(f.type)]
     names = frozenset(f.name for f in shown)
     options = []
     for f in shown:

@@ -12,7 +12,7 @@ from slurmrun.logs import log_level
 from slurmrun.pickling import dumps, dumps_inband
 
 if TYPE_CHECKING:
-    from slurmrun.launcher import Launcher
+    from slurmrun.launcher.options import Options
 
 __all__ = ["BACKENDS", "check_call"]
 
@@ -20,14 +20,14 @@ BACKENDS = ("nccl", "gloo", "mpi", "ucc", "auto", None)
 
 
 def check_call(
-    cfg: Launcher, func: Callable[..., Any], func_args: Sequence[Any], func_kwargs: dict[str, Any]
+    cfg: Options, func: Callable[..., Any], func_args: Sequence[Any], func_kwargs: dict[str, Any]
 ) -> bytes:
     """Validates options and the call, and returns the pickled call (before anything starts)."""
     _validate(cfg, func, func_args, func_kwargs)
     return _pickle_call(func, tuple(func_args), func_kwargs)
 
 
-def _validate(cfg: Launcher, func: object, func_args: object, func_kwargs: object) -> None:
+def _validate(cfg: Options, func: object, func_args: object, func_kwargs: object) -> None:
     if not callable(func):
         raise TypeError(f"func must be callable (a function or lambda), got {type(func).__name__}")
     if not isinstance(func_args, Sequence) or isinstance(func_args, str | bytes):
@@ -50,7 +50,7 @@ def _validate(cfg: Launcher, func: object, func_args: object, func_kwargs: objec
             raise ValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
 
 
-def _validate_env_and_logs(cfg: Launcher) -> None:
+def _validate_env_and_logs(cfg: Options) -> None:
     for name in ("default_env_vars", "extra_env_vars"):
         patterns = getattr(cfg, name)
         if name == "extra_env_vars" and isinstance(patterns, Mapping):

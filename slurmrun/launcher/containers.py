@@ -26,7 +26,7 @@ from slurmrun.protocol import SECRET_VAR
 from slurmrun.versions import slurmrun_version
 
 if TYPE_CHECKING:
-    from slurmrun.launcher import Launcher
+    from slurmrun.launcher.options import Options
 
 __all__ = [
     "PLAIN",
@@ -134,7 +134,7 @@ def launcher_path(contained: bool) -> list[str]:
     ]
 
 
-def agent_command_of(cfg: Launcher) -> AgentCommand:
+def agent_command_of(cfg: Options) -> AgentCommand:
     """`cfg`'s agent command, checked.
 
     Raises:

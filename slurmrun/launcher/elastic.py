@@ -20,12 +20,12 @@ from slurmrun.errors import AgentFailedError
 from slurmrun.launcher.plan import Plan, agents_step
 
 if TYPE_CHECKING:
-    from slurmrun.launcher import Launcher
+    from slurmrun.launcher.options import Options
 
 __all__ = ["check_min_hosts", "without_lost_host"]
 
 
-def check_min_hosts(cfg: Launcher, plan: Plan) -> None:
+def check_min_hosts(cfg: Options, plan: Plan) -> None:
     """Raises ValueError for a `min_hosts` or spares that this plan cannot honour (at once)."""
     minimum = cfg.min_hosts
     hosts = len(plan.hostnames)
@@ -44,7 +44,7 @@ def check_min_hosts(cfg: Launcher, plan: Plan) -> None:
         )
 
 
-def without_lost_host(cfg: Launcher, plan: Plan, error: BaseException) -> Plan | None:
+def without_lost_host(cfg: Options, plan: Plan, error: BaseException) -> Plan | None:
     """The plan for the next attempt, without the host that `error` lost.
 
     Returns:

@@ -3,8 +3,9 @@
 `make_plan` reads the allocation (or the hosts given) once per launch, and for srun agents
 resolves their step (`srun.AgentsStep`: CPUs, GPUs per node, task order) there too: what
 follows reads the plan and asks SLURM nothing more. The rest turns a plan into what the agents
-start with: the launcher's address, the agents' environment and their starter (srun, ssh or
-local). A dry run (`plan_dry_run`) takes the same steps and starts nothing.
+start with: their environment and their starter (srun, ssh or local); where they reach the
+launcher is `slurmrun.launcher.address`'s. A dry run (`plan_dry_run`) takes the same steps and
+starts nothing.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from slurmrun import providers
 from slurmrun.devices import visible_gpu_count
 from slurmrun.environment import env_words, matching_env
 from slurmrun.launcher import srun
+from slurmrun.launcher.address import launcher_address, wanted_port
 from slurmrun.launcher.containers import PLAIN, AgentCommand, agent_command_of
 from slurmrun.launcher.dryrun import DryRun, shown_value
-from slurmrun.launcher.listener import LISTEN_BACKLOG
-from slurmrun.launcher.ssh import SshAgents, ssh_hostname
+from slurmrun.launcher.ssh import SshAgents
 from slurmrun.launcher.starters import (
     AgentStarter,
     LocalAgents,
@@ -53,22 +54,18 @@ from slurmrun.slurm.job import (
 from slurmrun.worker_env import job_vars, preview
 
 if TYPE_CHECKING:
-    from slurmrun.launcher import Launcher
+    from slurmrun.launcher.options import Options
 
 __all__ = [
-    "Address",
     "Plan",
     "agent_starter",
     "agents_step",
     "control_env",
-    "launcher_address",
-    "listen",
     "make_plan",
     "plan_dry_run",
     "silence",
     "step_order",
     "user_env",
-    "wanted_port",
 ]
 
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
@@ -108,7 +105,7 @@ def _is_local(host: str) -> bool:
     return host in _LOCAL_NAMES or host == socket.gethostname()
 
 
-def make_plan(cfg: Launcher, *, check_driver_step: bool = True) -> Plan:
+def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
     """The plan for `cfg`'s options and the allocation this process is in.
 
     Raises:
@@ -121,7 +118,7 @@ def make_plan(cfg: Launcher, *, check_driver_step: bool = True) -> Plan:
     return replace(_hosts_plan(cfg, check_driver_step), command=command)
 
 
-def _hosts_plan(cfg: Launcher, check_driver_step: bool) -> Plan:
+def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
     """`make_plan`'s hosts, and how their agents start."""
     alloc = slurm_allocation()
     for name, value in (("hostnames", cfg.hostnames), ("workers_per_host", cfg.workers_per_host)):
@@ -181,7 +178,7 @@ def _hosts_plan(cfg: Launcher, check_driver_step: bool) -> Plan:
     return Plan(hosts, counts, alloc, local, step=agents_step(alloc, hosts), spares=spares)
 
 
-def _spares(cfg: Launcher, hosts: list[str]) -> tuple[list[str], list[str]]:
+def _spares(cfg: Options, hosts: list[str]) -> tuple[list[str], list[str]]:
     """The hosts that run (the first `Launcher.hosts`) and the spares (the rest)."""
     active = cfg.hosts
     if active is None:
@@ -223,7 +220,7 @@ def _counts(w: int | list[int] | str, hosts: list[str]) -> list[int] | None:
     return list(w)
 
 
-def _provided_plan(cfg: Launcher, found: providers.Hosts) -> Plan:
+def _provided_plan(cfg: Options, found: providers.Hosts) -> Plan:
     """The plan for the hosts of an allocation provider whose agents are local or ssh ones."""
     hosts = list(found.hostnames)
     counts = _counts(cfg.workers_per_host, hosts)
@@ -263,7 +260,7 @@ def _check_driver_step(alloc: SlurmAllocation) -> None:
 # ---------------------------------------------------------------------- dry runs
 
 
-def plan_dry_run(cfg: Launcher, plan: Plan, warnings: Sequence[str] = ()) -> DryRun:
+def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryRun:
     """The `DryRun` of `plan`: built by the planning steps `run_attempt` takes, starting nothing."""
     address = launcher_address(plan)
     port = wanted_port()
@@ -358,49 +355,7 @@ def _expected_workers(plan: Plan, env: Mapping[str, str], gpus: int) -> tuple[li
 # ---------------------------------------------------------------------- the agents' start
 
 
-@dataclass(frozen=True)
-class Address:
-    """Where the launcher listens, and the address its agents are given."""
-
-    bind: str
-    advertise: str  # what agents connect to
-    reason: str  # why, for people (dry runs, `slurmrun info`)
-
-
-def launcher_address(plan: Plan) -> Address:
-    """The launcher's address for `plan`'s agents: loopback, the override, or the route's.
-
-    The launcher listens on that address alone when it is one of this machine's (always, but
-    for an override that is not: a forwarded or NAT address), so that no other interface
-    offers its port.
-    """
-    if plan.local:
-        return Address("127.0.0.1", "127.0.0.1", "loopback: the agents run on this machine")
-    override = os.environ.get(LAUNCHER_ADDR_VAR)
-    if override:
-        return Address(_bind_for(override), override, f"{LAUNCHER_ADDR_VAR} is set")
-    first = plan.hostnames[0]
-    # An ssh host may be an alias of the ssh config: route toward the name it stands for.
-    target = ssh_hostname(first, plan.ssh_config_file) if plan.ssh else first
-    advertise = srun.address_toward(target)
-    return Address(
-        _bind_for(advertise),
-        advertise,
-        f"this machine's address on the route toward {first}, the first node",
-    )
-
-
-def _bind_for(advertise: str) -> str:
-    """`advertise` if this machine can listen on it, else every interface (``0.0.0.0``)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((advertise, 0))
-    except (OSError, OverflowError):  # not ours (EADDRNOTAVAIL), a name, or not IPv4
-        return "0.0.0.0"  # noqa: S104 - agents connect to an address forwarded to us
-    return advertise
-
-
-def user_env(cfg: Launcher, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def user_env(cfg: Options, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The user's part of what agents and workers get: the matching variables, the given ones.
 
     A warm launcher reads it again at every run (`slurmrun.launcher.warm`).
@@ -413,13 +368,13 @@ def user_env(cfg: Launcher, environ: Mapping[str, str] | None = None) -> dict[st
 
 
 def _agent_env(
-    cfg: Launcher, control: dict[str, str], environ: Mapping[str, str] | None = None
+    cfg: Options, control: dict[str, str], environ: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """What agents start with: the matching variables of ours, the given ones, the launch's."""
     return user_env(cfg, environ) | control
 
 
-def silence(cfg: Launcher) -> float:
+def silence(cfg: Options) -> float:
     """How long an agent may be silent before it counts as dead, and the launcher for agents.
 
     Heartbeats must come often enough for the shorter of the two timeouts.
@@ -427,9 +382,7 @@ def silence(cfg: Launcher) -> float:
     return float(min(cfg.timeout, cfg.heartbeat_timeout))
 
 
-def control_env(
-    cfg: Launcher, plan: Plan, secret: str, advertise: str, port: str
-) -> dict[str, str]:
+def control_env(cfg: Options, plan: Plan, secret: str, advertise: str, port: str) -> dict[str, str]:
     """The variables the launcher sets for its agents (`agent_starter` adds the job's tasks)."""
     # Modules the spawner imports before forking workers (the command's script mode asks for
     # torch although it initialises no process group). Without a process group torch is
@@ -453,7 +406,7 @@ def control_env(
 
 
 def agent_starter(
-    cfg: Launcher, plan: Plan, log_dir: LogDir, control: dict[str, str]
+    cfg: Options, plan: Plan, log_dir: LogDir, control: dict[str, str]
 ) -> tuple[AgentStarter, dict[str, str]]:
     """The agents' starter, and the environment to start them with."""
     if plan.alloc is not None and plan.alloc.tasks_per_node is not None:
@@ -482,33 +435,3 @@ def agent_starter(
 def step_order(plan: Plan) -> list[str]:
     """The agents' step's nodes in SLURM's task order (the job's node order)."""
     return list(plan.step.task_order) if plan.step else list(plan.hostnames)
-
-
-def wanted_port() -> int | None:
-    """The port asked for in ``SLURMRUN_LAUNCHER_PORT``; None: any free one."""
-    wanted = os.environ.get(PORT_VAR, "")
-    if not wanted:
-        return None
-    if not wanted.isdigit() or not 0 < int(wanted) < 65536:
-        raise ValueError(f"{PORT_VAR}={wanted!r} is not a TCP port number (1-65535)")
-    return int(wanted)
-
-
-def listen(bind: str) -> socket.socket:
-    """The launcher's listening socket (on ``SLURMRUN_LAUNCHER_PORT`` if it is set).
-
-    Raises:
-        OSError: the port asked for is taken (the message says what to do).
-    """
-    wanted = wanted_port()
-    if wanted is None:
-        return socket.create_server((bind, 0), backlog=LISTEN_BACKLOG)
-    try:
-        return socket.create_server((bind, wanted), backlog=LISTEN_BACKLOG)
-    except OSError as e:
-        raise OSError(
-            e.errno,
-            f"the launcher cannot listen on {PORT_VAR}={wanted} ({e.strerror}): another "
-            "process (or a launch not yet finished) holds it. Free it, pick another port, or "
-            f"unset {PORT_VAR} to let slurmrun choose a free one.",
-        ) from e

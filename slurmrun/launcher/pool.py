@@ -10,7 +10,7 @@ failed, the pool is `PoolState.BROKEN`: the launcher closes it, and the next run
 agents.
 
 Threads only move bytes (`slurmrun.launcher.listener`): every decision is taken by the calling
-thread, in `slurmrun.launcher.pump.pump`.
+thread, in `slurmrun.launcher.pump.pump`. Closing the agents is `slurmrun.launcher.closing`'s.
 """
 
 from __future__ import annotations
@@ -19,17 +19,16 @@ import contextlib
 import enum
 import logging
 import shutil
-import signal
 import socket
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError, VersionMismatchError
 from slurmrun.events import AgentConnected, Trace
+from slurmrun.launcher.closing import close_agents
 from slurmrun.launcher.health import AgentHealth, StepEndings
 from slurmrun.launcher.listener import Listener
 from slurmrun.launcher.pump import Closed, Event, Local, Received, all_of, drain, pump
@@ -40,8 +39,6 @@ from slurmrun.versions import mismatch
 
 __all__ = ["AgentPool", "PoolAgent", "PoolBroken", "PoolState", "RunOwner"]
 
-# Once agents closed their connections, how long their processes (or srun) may take to exit.
-STOP_WAIT = 1.0
 # Beyond the workers' grace period: how long agents may take to say IDLE after END.
 IDLE_WAIT = 5.0
 log = logging.getLogger("slurmrun")
@@ -177,7 +174,7 @@ class AgentPool:
         self.run = None
         try:
             if opened:
-                _close_agents(self, grace)
+                close_agents(self, grace)
         finally:
             with contextlib.suppress(OSError):
                 self.server.close()
@@ -439,69 +436,3 @@ def _rank_of(hello: protocol.Hello, hostnames: Sequence[str]) -> int:
         candidates = [i for i, h in enumerate(hostnames) if h == hello.hostname]
         rank = candidates[0] if len(candidates) == 1 else -1
     return rank if rank < len(hostnames) else -1
-
-
-def _close_agents(pool: AgentPool, grace: float) -> None:
-    """Tells every live agent of `pool` to exit, waits (bounded), then stops what is left."""
-    pool.listener.close()
-    live = [a for a in pool.agents.values() if not a.closed and a.node_rank not in pool.dead]
-    close = protocol.Close().header()
-    for agent in live:
-        with contextlib.suppress(OSError):
-            agent.conn.send(close)
-    deadline = time.monotonic() + pool.endings.stop_wait(grace) + 3.0
-
-    all_closed = False
-    try:
-        all_gone = all_of(live, lambda agent: agent.closed)
-        all_closed = pump(pool.events, _Closing(pool), all_gone, deadline)
-    finally:  # also on Ctrl-C during a long wait for SLURM: nothing may be left running
-        with interrupts_held():  # a second Ctrl-C must not cut this short
-            pool.starter.stop(STOP_WAIT if all_closed else 0.0)
-            for agent in pool.agents.values():
-                agent.conn.close()
-            drain(pool.events, _Closing(pool))  # connections still in the accept queue
-            pool.listener.join()
-
-
-@contextlib.contextmanager
-def interrupts_held() -> Iterator[None]:
-    """Holds Ctrl-C (SIGINT) back until the block is done, then raises KeyboardInterrupt.
-
-    For what stops processes: interrupted, it would leave them running. Only the main
-    thread can install the handler; elsewhere this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _: held.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if held:
-        raise KeyboardInterrupt
-
-
-@dataclass
-class _Closing:
-    """The pool's loop while it closes: connections end, late ones are turned away."""
-
-    pool: AgentPool
-
-    def on_event(self, event: Event, now: float) -> None:
-        if isinstance(event, Local):
-            event.unowned()
-            return
-        agent = self.pool.agent_of(event.conn)
-        if isinstance(event, Closed):
-            if agent is not None:
-                agent.closed = True
-        elif agent is None:
-            event.conn.close()  # authenticated, but too late to take part
-        elif event.frame.header.get("t") == protocol.TERMINATING:
-            self.pool.endings.note(agent, self.pool.trace)
-
-    def on_tick(self, now: float) -> None:
-        """Nothing to judge: the pool is going."""

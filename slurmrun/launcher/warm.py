@@ -23,13 +23,12 @@ from slurmrun.control import ControlServer
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace
 from slurmrun.launcher import srun
+from slurmrun.launcher.address import launcher_address, listen
 from slurmrun.launcher.containers import launcher_path
 from slurmrun.launcher.plan import (
     Plan,
     agent_starter,
     control_env,
-    launcher_address,
-    listen,
     silence,
     step_order,
     user_env,
@@ -45,10 +44,10 @@ from slurmrun.result import LaunchResult
 from slurmrun.worker_env import flight_recorder_vars, restart_vars
 
 if TYPE_CHECKING:
-    from slurmrun.launcher import Launcher
+    from slurmrun.launcher.options import Options
     from slurmrun.stacks import StackReport
 
-__all__ = ["WARM_ATTR", "Warm", "run_attempt", "sigterm_as_exit", "warm_of"]
+__all__ = ["Warm", "run_attempt", "sigterm_as_exit"]
 
 log = logging.getLogger("slurmrun")
 
@@ -72,7 +71,6 @@ def sigterm_as_exit() -> Iterator[None]:
 
 # Beyond a stacks request's own timeout: how long its asker waits for the run's loop.
 ANSWER_SLACK = 5.0
-WARM_ATTR = "_slurmrun_warm"
 # What the agents were started with: changing one between runs would need new agents.
 _AGENT_OPTIONS = (
     "hostnames",
@@ -90,13 +88,7 @@ _AGENT_OPTIONS = (
 )
 
 
-def warm_of(cfg: Launcher) -> Warm | None:
-    """The agents `cfg` keeps (`Launcher.open`), or None for a launcher that is not open."""
-    warm: Warm | None = getattr(cfg, WARM_ATTR, None)
-    return warm
-
-
-def _agent_options(cfg: Launcher, plan: Plan) -> dict[str, object]:
+def _agent_options(cfg: Options, plan: Plan) -> dict[str, object]:
     options: dict[str, object] = {name: repr(getattr(cfg, name)) for name in _AGENT_OPTIONS}
     options["hosts"] = plan.hostnames
     options["backend is None"] = cfg.backend is None  # the spawner imports torch or not
@@ -104,7 +96,7 @@ def _agent_options(cfg: Launcher, plan: Plan) -> dict[str, object]:
 
 
 class Warm:
-    """The agents a launcher keeps between runs (`Launcher.__enter__`), once started."""
+    """The agents a launcher keeps between runs (`Launcher.open` to `close`), once started."""
 
     def __init__(self) -> None:
         self.pool: AgentPool | None = None
@@ -112,7 +104,7 @@ class Warm:
         self.env: dict[str, str] = {}  # the user's variables, as the pool's agents got them
         self.control: ControlServer | None = None  # ``slurmrun stacks``'s way in
 
-    def env_changes(self, cfg: Launcher) -> tuple[dict[str, str], list[str]]:
+    def env_changes(self, cfg: Options) -> tuple[dict[str, str], list[str]]:
         """The user's variables that changed since the agents started, and those now unset.
 
         A warm launcher's agents keep the environment they started with; each run's workers
@@ -123,7 +115,7 @@ class Warm:
         changed = {k: v for k, v in now.items() if self.env.get(k) != v}
         return changed, sorted(k for k in self.env if k not in now)
 
-    def check_unchanged(self, cfg: Launcher, plan: Plan) -> None:
+    def check_unchanged(self, cfg: Options, plan: Plan) -> None:
         """Raises ValueError when what the agents started with changed since the first run."""
         options = _agent_options(cfg, plan)
         if self.options is None:
@@ -190,7 +182,7 @@ class Warm:
         if pool is not None:
             pool.close()
 
-    def ready_pool(self, cfg: Launcher, plan: Plan, trace: Trace | None = None) -> AgentPool:
+    def ready_pool(self, cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool:
         """The pool for the next run: the kept one, or new agents if it broke or died idle."""
         if self.pool is not None and list(self.pool.hostnames) != list(plan.hostnames):
             self.close_pool()  # it runs without a host lost in an earlier launch: plan again
@@ -210,7 +202,7 @@ class Warm:
         return self.pool
 
 
-def open_pool(cfg: Launcher, plan: Plan, trace: Trace | None = None) -> AgentPool:
+def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool:
     """Starts and connects the agents of `plan`."""
     address = launcher_address(plan)
     server = listen(address.bind)
@@ -265,7 +257,7 @@ def explained(e: AgentFailedError, pool: AgentPool, plan: Plan) -> AgentFailedEr
 
 
 def run_attempt(  # noqa: PLR0917 - private, called once
-    cfg: Launcher, warm: Warm, plan: Plan, payload: bytes, attempt: int, trace: Trace
+    cfg: Options, warm: Warm, plan: Plan, payload: bytes, attempt: int, trace: Trace
 ) -> LaunchResult[Any]:
     """One attempt: a run on the kept agents (new ones if there are none, or they broke)."""
     pool = warm.ready_pool(cfg, plan, trace)
@@ -280,7 +272,7 @@ def run_attempt(  # noqa: PLR0917 - private, called once
 
 
 def _run(  # noqa: PLR0917 - private, called once
-    cfg: Launcher,
+    cfg: Options,
     warm: Warm,
     plan: Plan,
     pool: AgentPool,

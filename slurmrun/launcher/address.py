@@ -1,0 +1,95 @@
+"""Where a launch's agents reach the launcher: its address (`launcher_address`), its socket.
+
+Loopback when every agent runs on this machine; else ``SLURMRUN_LAUNCHER_ADDR`` if set, or
+this machine's address on the route toward the first node. The port is any free one, or
+``SLURMRUN_LAUNCHER_PORT``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from slurmrun.launcher import srun
+from slurmrun.launcher.listener import LISTEN_BACKLOG
+from slurmrun.launcher.ssh import ssh_hostname
+from slurmrun.protocol import LAUNCHER_ADDR_VAR, PORT_VAR
+
+if TYPE_CHECKING:
+    from slurmrun.launcher.plan import Plan
+
+__all__ = ["Address", "launcher_address", "listen", "wanted_port"]
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where the launcher listens, and the address its agents are given."""
+
+    bind: str
+    advertise: str  # what agents connect to
+    reason: str  # why, for people (dry runs, `slurmrun info`)
+
+
+def launcher_address(plan: Plan) -> Address:
+    """The launcher's address for `plan`'s agents: loopback, the override, or the route's.
+
+    The launcher listens on that address alone when it is one of this machine's (always, but
+    for an override that is not: a forwarded or NAT address), so that no other interface
+    offers its port.
+    """
+    if plan.local:
+        return Address("127.0.0.1", "127.0.0.1", "loopback: the agents run on this machine")
+    override = os.environ.get(LAUNCHER_ADDR_VAR)
+    if override:
+        return Address(_bind_for(override), override, f"{LAUNCHER_ADDR_VAR} is set")
+    first = plan.hostnames[0]
+    # An ssh host may be an alias of the ssh config: route toward the name it stands for.
+    target = ssh_hostname(first, plan.ssh_config_file) if plan.ssh else first
+    advertise = srun.address_toward(target)
+    return Address(
+        _bind_for(advertise),
+        advertise,
+        f"this machine's address on the route toward {first}, the first node",
+    )
+
+
+def _bind_for(advertise: str) -> str:
+    """`advertise` if this machine can listen on it, else every interface (``0.0.0.0``)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((advertise, 0))
+    except (OSError, OverflowError):  # not ours (EADDRNOTAVAIL), a name, or not IPv4
+        return "0.0.0.0"  # noqa: S104 - agents connect to an address forwarded to us
+    return advertise
+
+
+def wanted_port() -> int | None:
+    """The port asked for in ``SLURMRUN_LAUNCHER_PORT``; None: any free one."""
+    wanted = os.environ.get(PORT_VAR, "")
+    if not wanted:
+        return None
+    if not wanted.isdigit() or not 0 < int(wanted) < 65536:
+        raise ValueError(f"{PORT_VAR}={wanted!r} is not a TCP port number (1-65535)")
+    return int(wanted)
+
+
+def listen(bind: str) -> socket.socket:
+    """The launcher's listening socket (on ``SLURMRUN_LAUNCHER_PORT`` if it is set).
+
+    Raises:
+        OSError: the port asked for is taken (the message says what to do).
+    """
+    wanted = wanted_port()
+    if wanted is None:
+        return socket.create_server((bind, 0), backlog=LISTEN_BACKLOG)
+    try:
+        return socket.create_server((bind, wanted), backlog=LISTEN_BACKLOG)
+    except OSError as e:
+        raise OSError(
+            e.errno,
+            f"the launcher cannot listen on {PORT_VAR}={wanted} ({e.strerror}): another "
+            "process (or a launch not yet finished) holds it. Free it, pick another port, or "
+            f"unset {PORT_VAR} to let slurmrun choose a free one.",
+        ) from e

@@ -1,0 +1,104 @@
+"""A launch's attempts: the run, and again after a failure, up to `Options.max_restarts` times.
+
+Each attempt is one run on the kept agents (`slurmrun.launcher.warm.run_attempt`); after a
+lost host, the next runs without it (`slurmrun.launcher.elastic`). A preemption, a version
+mismatch and the last attempt's failure are raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from slurmrun.errors import AgentFailedError, VersionMismatchError
+from slurmrun.events import AgentFailed, LaunchStarted, Restarting, Trace
+from slurmrun.launcher.elastic import check_min_hosts, without_lost_host
+from slurmrun.launcher.failures import note_preemption
+from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
+from slurmrun.result import LaunchResult
+
+if TYPE_CHECKING:
+    from slurmrun.launcher.options import Options
+    from slurmrun.launcher.plan import Plan
+
+__all__ = ["run_launch"]
+
+log = logging.getLogger("slurmrun")
+
+
+def run_launch(cfg: Options, warm: Warm, plan: Plan, payload: bytes) -> LaunchResult[Any]:
+    """Runs a launch on the agents `warm` keeps (or new ones), with its restarts and events.
+
+    Raises:
+        Exception: the last attempt's error, with the launch's ``timings``.
+    """
+    warm.check_unchanged(cfg, plan)
+    check_min_hosts(cfg, plan)
+    trace = Trace(cfg.on_event)
+    counts = plan.workers_per_host
+    trace.emit(
+        LaunchStarted,
+        hosts=tuple(plan.hostnames),
+        world_size=None if counts is None else sum(counts),
+    )
+    error: BaseException | None = None
+    try:
+        result = _attempts(cfg, warm, plan, payload, trace)
+    except BaseException as e:
+        error = e
+        if isinstance(e, AgentFailedError):
+            trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
+        raise
+    finally:
+        timings = trace.finish(error)
+        if error is not None:
+            with contextlib.suppress(AttributeError, TypeError):
+                error.timings = timings  # type: ignore[attr-defined]
+    return replace(result, timings=timings)
+
+
+def _attempts(
+    cfg: Options, warm: Warm, plan: Plan, payload: bytes, trace: Trace
+) -> LaunchResult[Any]:
+    """Runs the call, and again after a failure, up to `Options.max_restarts` times."""
+    lost: dict[str, str] = {}  # hosts lost (`Options.min_hosts`), and why
+    with sigterm_as_exit():
+        for attempt in range(cfg.max_restarts + 1):
+            try:
+                result = run_attempt(cfg, warm, plan, payload, attempt, trace)
+                return replace(result, lost_hosts=dict(lost))
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as e:
+                if (
+                    note_preemption(e, plan.alloc)
+                    or attempt == cfg.max_restarts
+                    or isinstance(e, VersionMismatchError)  # the same agents would start again
+                ):
+                    raise
+                if isinstance(e, AgentFailedError):
+                    trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
+                smaller = without_lost_host(cfg, plan, e)
+                where = ""
+                if smaller is not None and isinstance(e, AgentFailedError):
+                    lost[e.hostname] = str(e).split("\n", 1)[0][:500]
+                    plan = smaller
+                    where = f" on {', '.join(plan.hostnames)} (lost: {', '.join(lost)})"
+                trace.emit(
+                    Restarting,
+                    attempt=attempt + 1,
+                    error=type(e).__name__,
+                    hosts=tuple(plan.hostnames),
+                    lost=tuple(lost),
+                )
+                log.warning(
+                    "slurmrun: attempt %d of %d failed (%s: %s); restarting the workers%s",
+                    attempt + 1,
+                    cfg.max_restarts + 1,
+                    type(e).__name__,
+                    e,
+                    where,
+                )
+    raise AssertionError("unreachable")  # pragma: no cover

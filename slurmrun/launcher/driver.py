@@ -1,0 +1,224 @@
+"""`Launcher`: a launch's options that run it, and `launch`, one call of it.
+
+`Launcher` is `Options` (the fields, `slurmrun.launcher.options`) with the running: the checks
+of the call (`checks`), the plan (`plan`), the attempts (`attempts`), and the agents it keeps
+between runs once open (`warm`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from slurmrun.launcher.attempts import run_launch
+from slurmrun.launcher.checks import check_call
+from slurmrun.launcher.dryrun import DryRun, describe_call
+from slurmrun.launcher.options import LaunchOptions, Options
+from slurmrun.launcher.plan import make_plan, plan_dry_run
+from slurmrun.launcher.warm import Warm
+from slurmrun.result import LaunchResult
+
+if sys.version_info >= (3, 11):
+    from typing import Unpack
+else:  # the oldest Python supported (pyproject.toml)
+    from typing_extensions import Unpack
+
+if TYPE_CHECKING:
+    from slurmrun.stacks import StackReport
+
+__all__ = ["Launcher", "launch"]
+
+T = TypeVar("T")
+
+
+class Launcher(Options):
+    """Options of a launch; `run` starts it. `launch(func, ...)` is `Launcher(...).run(func, ...)`.
+
+    The options are the fields of `slurmrun.launcher.options.Options`, each documented there
+    (docs/api.md has them at a glance).
+
+    Example:
+        >>> import slurmrun
+        >>> result = slurmrun.Launcher(workers_per_host=2, backend="gloo").run(
+        ...     lambda: __import__("os").environ["RANK"])
+        >>> result.rank(1)
+        '1'
+    """
+
+    # Not a dataclass of its own: its fields are `Options`', what tyro and the command read.
+    # What it keeps between runs (`open` to `close`) is state, not an option: None when closed.
+    _warm: Warm | None = None
+
+    def run(
+        self,
+        func: Callable[..., T],
+        func_args: Sequence[Any] = (),
+        func_kwargs: dict[str, Any] | None = None,
+    ) -> LaunchResult[T]:
+        """Runs ``func(*func_args, **func_kwargs)`` on every worker and returns all results.
+
+        Args:
+            func: the function; shipped with cloudpickle, so lambdas and closures work.
+            func_args: positional arguments for every worker.
+            func_kwargs: keyword arguments for every worker.
+
+        Returns:
+            Every worker's return value (`LaunchResult.rank`, `LaunchResult.index`).
+
+        Raises:
+            ValueError, TypeError: bad options, before anything starts.
+            RuntimeError: ``"slurm"`` was asked for outside a SLURM job.
+            WorkerFailedError: a worker died without returning.
+            AgentFailedError: an agent died, went silent, or never started.
+            Exception: whatever a worker raised, re-raised with its traceback as ``__cause__``.
+        """
+        kwargs = {} if func_kwargs is None else func_kwargs
+        payload = check_call(self, func, func_args, kwargs)
+        plan = make_plan(self)
+        if self._warm is not None:
+            return run_launch(self, self._warm, plan, payload)
+        with self:  # a cold launch is a warm launcher used once
+            return run_launch(self, self._opened(), plan, payload)
+
+    def stacks(self, timeout: float = 10.0) -> StackReport | None:
+        """Every rank's Python stacks (all threads) during a run, from another thread.
+
+        Workers answer themselves; one stuck in C code holding the GIL is dumped by
+        faulthandler. The report is also written to the launch's log directory.
+
+        Args:
+            timeout: seconds to wait for the answers (ranks without one say so).
+
+        Returns:
+            The report (`print(report.format())`, `report.summary()`), or None when no run
+            is in progress. docs/debugging.md shows one.
+        """
+        warm = self._warm  # read once: `close` may drop it meanwhile
+        return None if warm is None else warm.stacks(timeout)
+
+    def dry_run(
+        self,
+        func: Callable[..., Any],
+        func_args: Sequence[Any] = (),
+        func_kwargs: dict[str, Any] | None = None,
+    ) -> DryRun:
+        """What `run` would start, without starting anything (no process, socket or file).
+
+        Checks the options and the call as `run` does, and plans the launch the way `run`
+        does: where `run` would raise before starting, this raises the same error.
+
+        Args:
+            func: the function `run` would run (checked, not called).
+            func_args: positional arguments for every worker.
+            func_kwargs: keyword arguments for every worker.
+
+        Returns:
+            The plan: `str()` prints it (hosts, workers, the srun command line, the names of
+            the variables agents get); `DryRun.as_dict` and `DryRun.to_json` for scripts.
+
+        Raises:
+            ValueError, TypeError, RuntimeError: as `run`, before anything starts.
+        """
+        kwargs = {} if func_kwargs is None else func_kwargs
+        check_call(self, func, func_args, kwargs)
+        plan = plan_dry_run(self, make_plan(self))
+        return replace(plan, workers_run=describe_call(func, func_args, kwargs))
+
+    def __enter__(self) -> Launcher:
+        """Keeps the agents (and their imports) from one `run` to the next until `close`.
+
+        Each `run` inside the ``with`` block still forks fresh workers in a new process group;
+        only the agents, with their spawners and imports, are kept. See `close` for the rules.
+
+        Example:
+            >>> import slurmrun
+            >>> with slurmrun.Launcher(workers_per_host=2, backend="gloo") as launcher:
+            ...     first = launcher.run(lambda: 1)
+            ...     second = launcher.run(lambda: 2)  # ~10x faster: no agent starts
+        """
+        return self.open()
+
+    def open(self) -> Launcher:
+        """Keeps the agents from one `run` to the next until `close`: a ``with`` block's start.
+
+        For a notebook, where a ``with`` block cannot span cells: open the launcher in one
+        cell, run in the next ones, close it at the end (a kernel that exits or restarts ends
+        the agents too). The agents start with the first `run`.
+
+        Example:
+            >>> import slurmrun
+            >>> launcher = slurmrun.Launcher(workers_per_host=2, backend="gloo").open()
+            >>> launcher.run(lambda: 1).rank(0)
+            1
+            >>> launcher.run(lambda: 2).rank(1)  # the same agents
+            2
+            >>> launcher.close()
+        """
+        self._opened()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Closes the agents (`close`)."""
+        self.close()
+
+    def close(self) -> None:
+        """Stops the agents kept by a ``with`` block (workers first); does nothing otherwise.
+
+        Rules of a warm launcher: an agent that fails during a run (its process, its node,
+        its heartbeats) fails that run with AgentFailedError and the next run starts every
+        agent again (one new srun step), as does an agent that died between runs (with a
+        warning); a failed worker or a Ctrl-C ends only that run's workers (and every process
+        they started). Changing ``hostnames``, ``workers_per_host`` or what agents start with
+        (the variable patterns, env file, heartbeat and connect timeouts, backend None)
+        between runs is a ValueError: close the launcher first. The variables that
+        ``default_env_vars`` and ``extra_env_vars`` select are read at every run: a change of
+        ``os.environ`` between runs (``OMP_NUM_THREADS``, ``HF_HOME``) reaches the next run's
+        workers, and a variable unset since is unset there. After `close`, `run` is a cold
+        launch again.
+        """
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            warm.close()
+
+    def _opened(self) -> Warm:
+        """The agents kept (`open`): those kept already, or a new `Warm` (none started yet)."""
+        if self._warm is None:
+            self._warm = Warm()
+        return self._warm
+
+
+def launch(
+    func: Callable[..., T],
+    func_args: Sequence[Any] = (),
+    func_kwargs: dict[str, Any] | None = None,
+    **options: Unpack[LaunchOptions],
+) -> LaunchResult[T]:
+    """Runs ``func(*func_args, **func_kwargs)`` on every worker of every host.
+
+    ``launch(func, args, kwargs, **options)`` is ``Launcher(**options).run(func, args, kwargs)``.
+
+    Args:
+        func: the function; shipped with cloudpickle, so lambdas and closures work.
+        func_args: positional arguments for every worker.
+        func_kwargs: keyword arguments for every worker.
+        **options: `Launcher`'s fields, by keyword (all but ``keep_workers``, a warm
+            launcher's): ``hostnames``, ``workers_per_host``, ``backend``, ``timeout``,
+            ``max_restarts``... Each is documented, with its default, in `Launcher`'s fields
+            (`slurmrun.launcher.options.Options`), and in short in the API page's "Options at a
+            glance".
+
+    Returns:
+        Every worker's return value, as `Launcher.run`.
+
+    Raises:
+        ValueError, TypeError: bad options, before anything starts.
+        Exception: what `Launcher.run` raises.
+
+    Example:
+        >>> import slurmrun
+        >>> slurmrun.launch(lambda x: x * 2, (21,), workers_per_host=1).rank(0)
+        42
+    """
+    return Launcher(**options).run(func, func_args, func_kwargs)
