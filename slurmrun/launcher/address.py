@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from slurmrun.launcher import srun
 from slurmrun.launcher.listener import LISTEN_BACKLOG
 from slurmrun.launcher.ssh import ssh_hostname
 from slurmrun.protocol import LAUNCHER_ADDR_VAR, PORT_VAR
-
-if TYPE_CHECKING:
-    from slurmrun.launcher.plan import Plan
 
 __all__ = ["Address", "launcher_address", "listen", "wanted_port"]
 
@@ -32,21 +29,25 @@ class Address:
     reason: str  # why, for people (dry runs, `slurmrun info`)
 
 
-def launcher_address(plan: Plan) -> Address:
-    """The launcher's address for `plan`'s agents: loopback, the override, or the route's.
+def launcher_address(
+    hostnames: Sequence[str], *, local: bool, ssh: bool = False, ssh_config_file: str | None = None
+) -> Address:
+    """The launcher's address for agents on `hostnames`: loopback, the override, or the route's.
+
+    As a plan says how they start (`Plan.local`, `Plan.ssh`, `Plan.ssh_config_file`).
 
     The launcher listens on that address alone when it is one of this machine's (always, but
     for an override that is not: a forwarded or NAT address), so that no other interface
     offers its port.
     """
-    if plan.local:
+    if local:
         return Address("127.0.0.1", "127.0.0.1", "loopback: the agents run on this machine")
     override = os.environ.get(LAUNCHER_ADDR_VAR)
     if override:
         return Address(_bind_for(override), override, f"{LAUNCHER_ADDR_VAR} is set")
-    first = plan.hostnames[0]
+    first = hostnames[0]
     # An ssh host may be an alias of the ssh config: route toward the name it stands for.
-    target = ssh_hostname(first, plan.ssh_config_file) if plan.ssh else first
+    target = ssh_hostname(first, ssh_config_file) if ssh else first
     advertise = srun.address_toward(target)
     return Address(
         _bind_for(advertise),

@@ -11,23 +11,61 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from slurmrun import protocol
-from slurmrun.launcher.pump import Closed, Event, Local, all_of, drain, pump
+from slurmrun.events import Trace
+from slurmrun.launcher.health import StepEndings
+from slurmrun.launcher.listener import Listener
+from slurmrun.launcher.pump import Closed, Event, Events, Local, all_of, drain, pump
+from slurmrun.launcher.share import PoolAgent
+from slurmrun.launcher.starters import AgentStarter
+from slurmrun.transport import Connection
 
-if TYPE_CHECKING:
-    from slurmrun.launcher.pool import AgentPool
-
-__all__ = ["close_agents", "interrupts_held"]
+__all__ = ["Closable", "close_agents", "interrupts_held"]
 
 # Once agents closed their connections, how long their processes (or srun) may take to exit.
 STOP_WAIT = 1.0
 
 
-def close_agents(pool: AgentPool, grace: float) -> None:
+class Closable(Protocol):
+    """What closing takes of a pool of agents (`slurmrun.launcher.pool.AgentPool`)."""
+
+    @property
+    def listener(self) -> Listener:
+        """Its listener, closed first: no agent connects any more."""
+
+    @property
+    def events(self) -> Events:
+        """The listener's events, pumped until every agent's connection ended."""
+
+    @property
+    def starter(self) -> AgentStarter:
+        """What started the agents, stopped last."""
+
+    @property
+    def endings(self) -> StepEndings:
+        """The agents SLURM is ending the step of: their workers may take longer."""
+
+    @property
+    def trace(self) -> Trace | None:
+        """The launch's events."""
+
+    @property
+    def agents(self) -> Mapping[int, PoolAgent]:
+        """Its agents by node rank."""
+
+    @property
+    def dead(self) -> set[int]:
+        """The node ranks of agents known dead: nothing is sent to them."""
+
+    def agent_of(self, conn: Connection) -> PoolAgent | None:
+        """The agent of a connection; None for another (a late one, turned away)."""
+
+
+def close_agents(pool: Closable, grace: float) -> None:
     """Tells every live agent of `pool` to exit, waits (bounded), then stops what is left."""
     pool.listener.close()
     live = [a for a in pool.agents.values() if not a.closed and a.node_rank not in pool.dead]
@@ -74,7 +112,7 @@ def interrupts_held() -> Iterator[None]:
 class _Closing:
     """The pool's loop while it closes: connections end, late ones are turned away."""
 
-    pool: AgentPool
+    pool: Closable
 
     def on_event(self, event: Event, now: float) -> None:
         if isinstance(event, Local):

@@ -262,7 +262,9 @@ def _check_driver_step(alloc: SlurmAllocation) -> None:
 
 def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryRun:
     """The `DryRun` of `plan`: built by the planning steps `run_attempt` takes, starting nothing."""
-    address = launcher_address(plan)
+    address = launcher_address(
+        plan.hostnames, local=plan.local, ssh=plan.ssh, ssh_config_file=plan.ssh_config_file
+    )
     port = wanted_port()
     log_dir = resolve_log_dir(create=False)
     control = control_env(cfg, plan, "", address.advertise, str(port or 0))

@@ -32,12 +32,13 @@ from slurmrun.launcher.closing import close_agents
 from slurmrun.launcher.health import AgentHealth, StepEndings
 from slurmrun.launcher.listener import Listener
 from slurmrun.launcher.pump import Closed, Event, Local, Received, all_of, drain, pump
+from slurmrun.launcher.share import PoolAgent
 from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import LogDir
 from slurmrun.transport import Connection, Frame
 from slurmrun.versions import mismatch
 
-__all__ = ["AgentPool", "PoolAgent", "PoolBroken", "PoolState", "RunOwner"]
+__all__ = ["AgentPool", "PoolBroken", "PoolState", "RunOwner"]
 
 # Beyond the workers' grace period: how long agents may take to say IDLE after END.
 IDLE_WAIT = 5.0
@@ -61,19 +62,6 @@ class PoolState(enum.Enum):
 
 class PoolBroken(AgentFailedError):
     """The pool's agents cannot take another run (it broke earlier, or was closed)."""
-
-
-@dataclass
-class PoolAgent:
-    """One connected agent, as long as the pool lives."""
-
-    node_rank: int
-    hostname: str
-    conn: Connection
-    hello: protocol.Hello
-    master_port: int  # for the next run's rank 0, if this agent hosts it
-    closed: bool = False  # its connection ended
-    run: int | None = None  # the run whose workers it has (until its IDLE)
 
 
 class RunOwner(Protocol):

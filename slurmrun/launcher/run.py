@@ -19,9 +19,9 @@ from typing import Any
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace, WorkersStarted
-from slurmrun.launcher.pool import IDLE_WAIT, AgentPool, PoolAgent
+from slurmrun.launcher.pool import IDLE_WAIT, AgentPool
 from slurmrun.launcher.pump import Local, all_of, pump
-from slurmrun.launcher.share import Share
+from slurmrun.launcher.share import PoolAgent, Share
 from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.launcher.watch import RunWatch
 from slurmrun.logs import RunOutput, default_handlers, host_labels

@@ -1,13 +1,30 @@
-"""One agent's part of a run: its workers, their ranks, and what came back from them."""
+"""One agent as the pool holds it, and its part of a run.
+
+`PoolAgent` is a connected agent for as long as the pool lives; `Share`, its part of one run:
+its workers, their ranks, and what came back from them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slurmrun.launcher.pool import PoolAgent
-from slurmrun.transport import Frame
+from slurmrun import protocol
+from slurmrun.transport import Connection, Frame
 
-__all__ = ["Share"]
+__all__ = ["PoolAgent", "Share"]
+
+
+@dataclass
+class PoolAgent:
+    """One connected agent, as long as the pool lives."""
+
+    node_rank: int
+    hostname: str
+    conn: Connection
+    hello: protocol.Hello
+    master_port: int  # for the next run's rank 0, if this agent hosts it
+    closed: bool = False  # its connection ended
+    run: int | None = None  # the run whose workers it has (until its IDLE)
 
 
 @dataclass

@@ -204,7 +204,9 @@ class Warm:
 
 def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool:
     """Starts and connects the agents of `plan`."""
-    address = launcher_address(plan)
+    address = launcher_address(
+        plan.hostnames, local=plan.local, ssh=plan.ssh, ssh_config_file=plan.ssh_config_file
+    )
     server = listen(address.bind)
     log_dir: LogDir | None = None
     try:
