@@ -35,6 +35,7 @@ from slurmrun.node.agent import Backoff
 from slurmrun.output import log_frame
 from slurmrun.pickling import dumps
 from slurmrun.transport import PREFIX_BYTES, encode_frame, parse_header, parse_lengths, parse_prefix
+from slurmrun.versions import protocol_fingerprint, slurmrun_version
 
 CONNECT_TIMEOUT = 120.0  # the fake agents' connect budget (a real agent's default is 60 s)
 LOOP_LIMIT = 900.0  # a process of fake agents never runs longer than this
@@ -185,6 +186,8 @@ class FakeAgent:
                 auto_workers=self.spec.workers,
                 master_port=1234,
                 pid=0,
+                version=slurmrun_version(),  # the launcher refuses another slurmrun's agents
+                protocol=protocol_fingerprint(),
             )
             self._send(hello.header())
         while self._state == "frames":

@@ -7,6 +7,7 @@ agent process and real files.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -176,3 +177,22 @@ def test_a_launch_writes_every_line_of_every_rank_to_its_file(
         with open(path) as f:
             lines = f.read().splitlines()
         assert lines == [f"rank {local_rank} line {i}" for i in range(200)]
+
+
+def test_the_scale_benchmark_runs_its_fake_agents_against_a_real_launcher() -> None:
+    # benchmarks/scale.py speaks the protocol by hand: a change to it (a hello's fields) must
+    # not leave the benchmark failing unseen.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "benchmarks", "scale.py")
+    cp = subprocess.run(
+        [sys.executable, script, "--agents", "16", "--workers", "2", "--logs"],
+        capture_output=True,
+        text=True,
+        timeout=AGENT_EXIT_WITHIN,
+        check=False,
+    )
+    lines = [line for line in cp.stdout.splitlines() if line.startswith("BENCH_JSON ")]
+    assert lines, cp.stdout + cp.stderr
+    report = json.loads(lines[-1].removeprefix("BENCH_JSON "))
+    assert report["ok"], report["error"]
+    assert report["log_lines"] == report["log_lines_expected"] > 0
