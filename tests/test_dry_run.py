@@ -17,7 +17,8 @@ import pytest
 
 import slurmrun
 from slurmrun.devices import usable_cpu_count
-from slurmrun.launcher.plan import agent_starter, control_env, make_plan, plan_dry_run
+from slurmrun.launcher.dryrun import plan_dry_run
+from slurmrun.launcher.plan import agent_starter, control_env, make_plan
 from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import LogDir
 

@@ -22,8 +22,8 @@ from slurmrun import launcher
 from slurmrun.cli.command import SHELL_WORDS
 from slurmrun.devices import usable_cpu_count, visible_gpu_count
 from slurmrun.launcher.containers import driver_container
-from slurmrun.launcher.dryrun import DryRun
-from slurmrun.launcher.plan import make_plan, plan_dry_run
+from slurmrun.launcher.dryrun import DryRun, plan_dry_run
+from slurmrun.launcher.plan import make_plan
 from slurmrun.slurm.job import SlurmAllocation, own_job_id, slurm_allocation
 from slurmrun.slurm.job_end import job_end
 from slurmrun.slurm.scontrol import SCONTROL_SOURCE, scontrol_gpus

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from slurmrun.launcher.attempts import run_launch
 from slurmrun.launcher.checks import check_call
-from slurmrun.launcher.dryrun import DryRun, describe_call
+from slurmrun.launcher.dryrun import DryRun, describe_call, plan_dry_run
 from slurmrun.launcher.options import LaunchOptions, Options
-from slurmrun.launcher.plan import make_plan, plan_dry_run
+from slurmrun.launcher.plan import make_plan
 from slurmrun.launcher.warm import Warm
 from slurmrun.result import LaunchResult
 

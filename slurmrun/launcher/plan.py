@@ -4,8 +4,8 @@
 resolves their step (`srun.AgentsStep`: CPUs, GPUs per node, task order) there too: what
 follows reads the plan and asks SLURM nothing more. The rest turns a plan into what the agents
 start with: their environment and their starter (srun, ssh or local); where they reach the
-launcher is `slurmrun.launcher.address`'s. A dry run (`plan_dry_run`) takes the same steps and
-starts nothing.
+launcher is `slurmrun.launcher.address`'s. A dry run (`slurmrun.launcher.dryrun.plan_dry_run`)
+takes the same steps and starts nothing.
 """
 
 from __future__ import annotations
@@ -17,21 +17,16 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from slurmrun import providers
-from slurmrun.devices import visible_gpu_count
 from slurmrun.environment import env_words, matching_env
 from slurmrun.launcher import srun
-from slurmrun.launcher.address import launcher_address, wanted_port
 from slurmrun.launcher.containers import PLAIN, AgentCommand, agent_command_of
-from slurmrun.launcher.dryrun import DryRun, shown_value
 from slurmrun.launcher.ssh import SshAgents
 from slurmrun.launcher.starters import (
     AgentStarter,
     LocalAgents,
-    SrunAgents,
-    local_agent_env,
     package_pythonpath,
 )
-from slurmrun.log_dirs import LogDir, resolve_log_dir
+from slurmrun.log_dirs import LogDir
 from slurmrun.protocol import (
     ENV_FILE_VAR,
     HEARTBEAT_VAR,
@@ -47,11 +42,10 @@ from slurmrun.protocol import (
 )
 from slurmrun.slurm.job import (
     SlurmAllocation,
-    agent_auto_workers,
     job_gpus_per_node,
     slurm_allocation,
 )
-from slurmrun.worker_env import job_vars, preview
+from slurmrun.worker_env import job_vars
 
 if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
@@ -62,7 +56,6 @@ __all__ = [
     "agents_step",
     "control_env",
     "make_plan",
-    "plan_dry_run",
     "silence",
     "step_order",
     "user_env",
@@ -254,103 +247,6 @@ def _check_driver_step(alloc: SlurmAllocation) -> None:
         f"job {alloc.job_id}, and they would fight over its GPUs and CPUs. Start the script "
         "that calls launch() once: `python train.py` in the batch script or the salloc "
         "shell, or `srun -N1 -n1 python train.py`. slurmrun starts one agent per node itself."
-    )
-
-
-# ---------------------------------------------------------------------- dry runs
-
-
-def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryRun:
-    """The `DryRun` of `plan`: built by the planning steps `run_attempt` takes, starting nothing."""
-    address = launcher_address(
-        plan.hostnames, local=plan.local, ssh=plan.ssh, ssh_config_file=plan.ssh_config_file
-    )
-    port = wanted_port()
-    log_dir = resolve_log_dir(create=False)
-    control = control_env(cfg, plan, "", address.advertise, str(port or 0))
-    starter, env = agent_starter(cfg, plan, log_dir, control)
-    hosts = plan.hostnames
-    if isinstance(starter, SrunAgents):
-        commands = [tuple(starter.command)]
-        export = next(a for a in starter.command if a.startswith("--export="))
-        names = export.removeprefix("--export=").split(",")
-        assert plan.step is not None  # noqa: S101 - srun agents come with their step
-        gpus = plan.step.gpus_per_node
-    elif isinstance(starter, SshAgents):
-        commands = [tuple(command) for command in starter.commands()]
-        names = sorted({*env, *local_agent_env(0, hosts[0])} - {SECRET_VAR})
-        gpus = 0  # each host's own: unknown here
-    else:
-        per_agent = [local_agent_env(rank, host) for rank, host in enumerate(hosts)]
-        commands = [
-            (*(f"{k}={v}" for k, v in extra.items()), *plan.command.agent()) for extra in per_agent
-        ]
-        names = sorted({*env, *per_agent[0]})
-        gpus = visible_gpu_count(env)  # local agents see this machine's GPUs
-    if plan.ssh and plan.workers_per_host is None:
-        counts, reason = [0] * len(hosts), "each agent decides on its host (0: unknown here)"
-    else:
-        counts, reason = _expected_workers(plan, env, gpus)
-    backend = cfg.backend
-    if backend == "auto":
-        backend = "nccl" if gpus > 0 else "gloo"
-    worker_env: list[tuple[str, str]] = []
-    worker_unset: list[str] = []
-    if counts and all(counts):  # unknown counts (ssh, auto) show no worker's environment
-        worker_env, worker_unset = preview(env, counts, env.get(JOB_ENV_VAR))
-    return DryRun(
-        job_id=plan.alloc.job_id if plan.alloc is not None else None,
-        hosts=tuple(hosts),
-        agents="local" if plan.local else "ssh" if plan.ssh else "srun",
-        workers_per_host=None if plan.workers_per_host is None else tuple(plan.workers_per_host),
-        expected_workers=tuple(counts),
-        workers_reason=reason,
-        backend=cfg.backend,
-        expected_backend=backend,
-        launcher_address=address.advertise,
-        bind_address=address.bind,
-        address_reason=address.reason,
-        port=port,
-        commands=tuple(commands),
-        env_names=tuple(names),
-        env_shown=tuple((n, shown_value(n, _dry_value(n, env, hosts))) for n in names),
-        log_dir=log_dir.path if log_dir.keep else None,
-        warnings=tuple(warnings),
-        worker_env=tuple((n, shown_value(n, v)) for n, v in worker_env),
-        worker_unset=tuple(worker_unset),
-        spares=tuple(plan.spares),
-        min_hosts=cfg.min_hosts,
-        max_restarts=cfg.max_restarts,
-    )
-
-
-def _dry_value(name: str, env: Mapping[str, str], hosts: Sequence[str]) -> str:
-    """A variable's value in a dry run (the first agent's, for those that differ by agent)."""
-    return {**env, **local_agent_env(0, hosts[0])}.get(name, "")
-
-
-def _expected_workers(plan: Plan, env: Mapping[str, str], gpus: int) -> tuple[list[int], str]:
-    """Workers per host, and why: as set, or as each agent is expected to decide on its node."""
-    if plan.workers_per_host is not None:
-        return plan.workers_per_host, "set by workers_per_host"
-    if gpus > 0:
-        where = "it sees" if plan.local else f"of its step (--gres=gpu:{gpus})"
-        return [gpus] * len(plan.hostnames), f"one per GPU {where}"
-    if plan.local:
-        counts = [
-            agent_auto_workers({**env, **local_agent_env(rank, host)}, host)
-            for rank, host in enumerate(plan.hostnames)
-        ]
-        if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
-            return counts, "no GPU: one per CPU the agent may use"
-        return counts, "no GPU: the job's tasks on the node, else 1"
-    alloc = plan.alloc
-    assert alloc is not None  # noqa: S101 - srun agents run in a job
-    if alloc.tasks_per_node is None:
-        return [1] * len(plan.hostnames), "no GPU, and the job's tasks per node are unknown: 1"
-    source = alloc.sources.get("tasks_per_node", "the job")
-    return [alloc.tasks_per_node[alloc.node_index(h)] for h in plan.hostnames], (
-        f"no GPU in its step: the job's tasks on its node ({source}, passed on as {JOB_TASKS_VAR})"
     )
 
 
