@@ -123,8 +123,8 @@ class Launcher(Options):
         """
         kwargs = {} if func_kwargs is None else func_kwargs
         check_call(self, func, func_args, kwargs)
-        plan = plan_dry_run(self, make_plan(self))
-        return replace(plan, workers_run=describe_call(func, func_args, kwargs))
+        plan = make_plan(self)
+        return replace(plan_dry_run(self, plan), workers_run=describe_call(func, func_args, kwargs))
 
     def __enter__(self) -> Launcher:
         """Keeps the agents (and their imports) from one `run` to the next until `close`.

@@ -265,13 +265,6 @@ def user_env(cfg: Options, environ: Mapping[str, str] | None = None) -> dict[str
     return env
 
 
-def _agent_env(
-    cfg: Options, control: dict[str, str], environ: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """What agents start with: the matching variables of ours, the given ones, the launch's."""
-    return user_env(cfg, environ) | control
-
-
 def silence(cfg: Options) -> float:
     """How long an agent may be silent before it counts as dead, and the launcher for agents.
 
@@ -309,21 +302,22 @@ def agent_starter(
     """The agents' starter, and the environment to start them with."""
     if plan.alloc is not None and plan.alloc.tasks_per_node is not None:
         control[JOB_TASKS_VAR] = ",".join(map(str, plan.alloc.tasks_per_node))
+    environ: Mapping[str, str] = os.environ
+    if not plan.local and not plan.ssh:
+        # srun runs with our environment less what would reshape the agents' step (the driver's
+        # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
+        # with their values taken from srun's environment, so no value is on a command line.
+        environ = srun.srun_environment(os.environ)
+        control[JOB_ENV_VAR] = job_vars(os.environ)  # the workers' SLURM_JOB_NAME, ...
+    agent_env = user_env(cfg, environ) | control
     if plan.local:
-        local = LocalAgents(plan.hostnames, log_dir.path, command=plan.command.agent())
-        return local, _agent_env(cfg, control)
+        return LocalAgents(plan.hostnames, log_dir.path, command=plan.command.agent()), agent_env
     if plan.ssh:
         ssh = SshAgents(
             plan.hostnames, log_dir.path, config_file=cfg.ssh_config_file, command=plan.command
         )
-        return ssh, _agent_env(cfg, control)
+        return ssh, agent_env
     assert plan.step is not None  # noqa: S101 - make_plan resolves srun agents' step
-    # srun runs with our environment less what would reshape the agents' step (the driver's
-    # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
-    # with their values taken from srun's environment, so no value is on a command line.
-    environ = srun.srun_environment(os.environ)
-    control[JOB_ENV_VAR] = job_vars(os.environ)  # the workers' SLURM_JOB_NAME, ...
-    agent_env = _agent_env(cfg, control, environ)
     starter = srun.srun_agents(
         plan.step, log_dir.path, sorted(agent_env), node_logs=log_dir.keep, command=plan.command
     )
