@@ -241,3 +241,21 @@ def test_the_flight_recorder_switch_reaches_workers_and_gloo_runs_on(tmp_path: P
         assert seen["TORCH_FR_DUMP_TEMP_FILE"] == f"{where}/nccl_trace_rank_"
     unset = slurmrun.launch(recorder_env, workers_per_host=1, backend="gloo")
     assert "TORCH_FR_BUFFER_SIZE" not in unset.rank(0)
+
+
+def test_no_quiet_spell_counts_while_the_spawner_imports_before_forking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The spawner imports SLURMRUN_PRELOAD's modules before it forks the first run's workers:
+    # here one that takes 3 s, longer than the stall timeout. The run is not stalled meanwhile.
+    (tmp_path / "slow_preload.py").write_text("import time\ntime.sleep(3)\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(REPO)]))
+    monkeypatch.setenv("SLURMRUN_PRELOAD", "slow_preload")
+    events: list[Event] = []
+    result = slurmrun.launch(
+        quiet, (0.5,), workers_per_host=1, backend=None, stall_timeout=1.5, on_event=events.append
+    )
+    assert result.return_values == [[1]]
+    kinds = [e.kind for e in events]
+    assert "stalled" not in kinds, kinds
+    assert kinds.index("workers_started") > kinds.index("launch_started")

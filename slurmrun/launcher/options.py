@@ -128,10 +128,11 @@ class Options:
     or raising handler never stalls the launch). ``$SLURMRUN_EVENTS_FILE`` also gets them."""
 
     stall_timeout: float | None = None
-    """Seconds without output, a result or a failure from any rank after which every rank's
-    stacks are dumped once (printed, written to the log directory, a `slurmrun.events.Stalled`
-    event); the run goes on. None (the default): never, as runs are often silent for long on
-    purpose; set it a little above your longest quiet stretch."""
+    """Seconds without output, a result or a failure from any rank (counted from its workers'
+    start, not while they start) after which every rank's stacks are dumped once (printed,
+    written to the log directory, a `slurmrun.events.Stalled` event); the run goes on. None
+    (the default): never, as runs are often silent for long on purpose; set it a little above
+    your longest quiet stretch."""
 
     flight_recorder: bool = False
     """Turns on torch's NCCL flight recorder: each rank's last collectives are dumped, on a

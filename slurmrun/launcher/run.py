@@ -87,7 +87,7 @@ class Run:
         try:
             try:
                 self._hand_out()
-                self.watch.begin(self.id, time.monotonic())
+                self.watch.begin(self.id)
                 pump(self.pool.events, self.pool.router, self._finished)
                 result = self._collect()
             except (KeyboardInterrupt, Exception) as e:
@@ -214,6 +214,7 @@ class Run:
             share.done = True
         elif isinstance(message, protocol.Started):
             _on_started(self.id, self.trace, self._shares, share, message)
+            self.watch.heard(now)  # a first word: a quiet spell counts from here
         elif isinstance(message, protocol.Error | protocol.Died):
             self.watch.sessions.rank_ended((agent.node_rank, message.local_rank))
             self.verdicts.worker_failed(share, message, frame, now)

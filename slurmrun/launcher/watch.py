@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -96,16 +97,20 @@ class RunWatch:
         self.trace = trace
         self.run = 0
         self.gather: Gather | None = None
-        self.last_word = 0.0  # when a rank last wrote, returned or failed (monotonic)
+        self.last_word = math.inf  # when a rank last started, wrote, returned or failed
         self._stalled_at: float | None = None  # the quiet spell already reported
         self.sessions = Sessions(
             self._send_input, TerminalReader(pool.events) if has_terminal() else None
         )
 
-    def begin(self, run: int, now: float) -> None:
-        """The run's workers were handed out."""
+    def begin(self, run: int) -> None:
+        """The run's workers were handed out.
+
+        No quiet spell counts before they start: an agent may still be importing what its
+        workers need (torch) and fork them seconds later. Its ``started`` is a first word.
+        """
         self.run = run
-        self.last_word = now
+        self.last_word = math.inf
 
     def heard(self, now: float) -> None:
         """A rank wrote, returned or failed: the run is not stalled."""
