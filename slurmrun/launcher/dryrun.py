@@ -21,7 +21,7 @@ from slurmrun.launcher.ssh import SshAgents
 from slurmrun.launcher.starters import SrunAgents, local_agent_env
 from slurmrun.log_dirs import resolve_log_dir
 from slurmrun.protocol import JOB_ENV_VAR, JOB_TASKS_VAR, SECRET_VAR
-from slurmrun.slurm.job import agent_auto_workers
+from slurmrun.slurm.job import agent_auto_workers, env_job_id
 from slurmrun.worker_env import preview
 
 if TYPE_CHECKING:
@@ -341,7 +341,7 @@ def _expected_workers(plan: Plan, env: Mapping[str, str], gpus: int) -> tuple[li
             agent_auto_workers({**env, **local_agent_env(rank, host)}, host)
             for rank, host in enumerate(plan.hostnames)
         ]
-        if not (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")):
+        if env_job_id(env) is None:
             return counts, "no GPU: one per CPU the agent may use"
         return counts, "no GPU: the job's tasks on the node, else 1"
     alloc = plan.alloc

@@ -28,6 +28,7 @@ __all__ = [
     "SlurmAllocation",
     "agent_auto_workers",
     "auto_workers_per_host",
+    "env_job_id",
     "job_gpus_per_node",
     "job_hostnames",
     "job_node_index",
@@ -136,7 +137,7 @@ def slurm_allocation(
         ValueError: if a SLURM variable is missing or malformed; the message names it.
     """
     env = os.environ if environ is None else environ
-    job_id = _job_id(env)
+    job_id = env_job_id(env)
     if job_id is None:
         return None
     hostnames = _hostnames(env)
@@ -162,27 +163,20 @@ def slurm_allocation(
             sources["tasks_per_node"] = "SLURM_TASKS_PER_NODE"
         if gpu_source is not None:
             sources["gpus_per_node"] = gpu_source
-        return SlurmAllocation(
-            job_id=job_id,
-            hostnames=hostnames,
-            cpus_per_node=cpus_per_node,
-            tasks_per_node=tasks,
-            gpus_per_node=gpus,
-            sources=sources,
-        )
-    sources["driver_step"] = "SLURM_STEP_ID, SLURM_STEP_NUM_TASKS, SLURM_PROCID"
-    text = (scontrol or scontrol_show_job)(job_id)
-    tasks = None
-    gpus = None
-    if text:
-        with contextlib.suppress(ValueError):  # unreadable output: as if scontrol said nothing
-            tasks = job_tasks_per_node(text, cpus_per_node)
-            per_host = parse_scontrol_gpus(text)
-            if all(h in per_host for h in hostnames):
-                gpus = [per_host[h] for h in hostnames]
-    for name, value in (("tasks_per_node", tasks), ("gpus_per_node", gpus)):
-        if value is not None:
-            sources[name] = SCONTROL_SOURCE
+    else:
+        sources["driver_step"] = "SLURM_STEP_ID, SLURM_STEP_NUM_TASKS, SLURM_PROCID"
+        text = (scontrol or scontrol_show_job)(job_id)
+        tasks = None
+        gpus = None
+        if text:
+            with contextlib.suppress(ValueError):  # unreadable output: as if scontrol said nothing
+                tasks = job_tasks_per_node(text, cpus_per_node)
+                per_host = parse_scontrol_gpus(text)
+                if all(h in per_host for h in hostnames):
+                    gpus = [per_host[h] for h in hostnames]
+        for name, value in (("tasks_per_node", tasks), ("gpus_per_node", gpus)):
+            if value is not None:
+                sources[name] = SCONTROL_SOURCE
     return SlurmAllocation(
         job_id=job_id,
         hostnames=hostnames,
@@ -234,7 +228,7 @@ def job_hostnames(environ: Mapping[str, str]) -> list[str] | None:
     Raises:
         ValueError: if the node list is missing or malformed.
     """
-    return None if _job_id(environ) is None else _hostnames(environ)
+    return None if env_job_id(environ) is None else _hostnames(environ)
 
 
 def job_node_index(environ: Mapping[str, str], hostname: str) -> int | None:
@@ -269,7 +263,7 @@ def own_job_id(env: Mapping[str, str] | None = None) -> str | None:
     task = env.get("SLURM_ARRAY_TASK_ID")
     if task and env.get("SLURM_ARRAY_JOB_ID"):
         return f"{env['SLURM_ARRAY_JOB_ID']}_{task}"
-    return _job_id(env)
+    return env_job_id(env)
 
 
 def auto_workers_per_host(
@@ -304,7 +298,7 @@ def auto_workers_per_host(
     gpus = visible_gpu_count(env, dev_dir=dev_dir)
     if gpus > 0:
         return gpus
-    if _job_id(env) is None:
+    if env_job_id(env) is None:
         return usable_cpu_count()
     value = env.get("SLURM_TASKS_PER_NODE")
     if value is None or node_index is None:
@@ -335,7 +329,8 @@ def agent_auto_workers(environ: Mapping[str, str], hostname: str) -> int:
     return auto_workers_per_host(environ, job_node_index(environ, hostname))
 
 
-def _job_id(env: Mapping[str, str]) -> str | None:
+def env_job_id(env: Mapping[str, str]) -> str | None:
+    """The job id that `env` names (``SLURM_JOB_ID``); None outside a job."""
     # SLURM_JOBID is the older spelling; SLURM still sets both.
     return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or None
 
