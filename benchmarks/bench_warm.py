@@ -383,18 +383,13 @@ def suite(a: argparse.Namespace) -> None:
         + "\n\n"
         + "\n".join(f"- {n}" for n in notes)
     )
-    from report import machine  # the description of the machine that latest.json holds
+    from report import machine, slurmrun_commit  # as latest.json describes them
 
     facts = machine(sys.executable)
     vers = versions(sys.executable, ["torch", "transformers"])
     if monarch_python:
         vers["torchmonarch"] = versions(monarch_python, ["torchmonarch"]).get("torchmonarch", "")
-    commit = subprocess.run(
-        ["git", "-C", REPO, "describe", "--always", "--dirty"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
+    commit = slurmrun_commit()
     date = datetime.datetime.now().isoformat(timespec="seconds")
     table = {"title": TITLE, "headers": headers, "rows": rows, "notes": notes}
     if a.json:

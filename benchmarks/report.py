@@ -245,12 +245,6 @@ def meta(cfg: Config) -> dict[str, Any]:
         )
         return cp.stdout.strip()
 
-    commit = subprocess.run(
-        ["git", "-C", REPO, "describe", "--always", "--dirty"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
     return {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": machine(cfg.python),
@@ -260,7 +254,17 @@ def meta(cfg: Config) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": version(cfg.python, "torch"),
         "torchrunx": version(cfg.torchrunx_python, "torchrunx"),
-        "slurmrun_commit": commit,
+        "slurmrun_commit": slurmrun_commit(),
         "quick": cfg.quick,
         "rounds": cfg.rounds,
     }
+
+
+def slurmrun_commit() -> str:
+    """The checkout's commit (``git describe --always --dirty``) that the figures are of."""
+    return subprocess.run(
+        ["git", "-C", REPO, "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
