@@ -20,7 +20,14 @@ if TYPE_CHECKING:
     from slurmrun.batch.listing import jobs
     from slurmrun.batch.requeue import Requeue, requeue_requested
     from slurmrun.batch.submit import submit
-    from slurmrun.errors import AgentFailedError, VersionMismatchError, WorkerFailedError
+    from slurmrun.errors import (
+        AgentFailedError,
+        OptionsError,
+        OptionsTypeError,
+        OptionsValueError,
+        VersionMismatchError,
+        WorkerFailedError,
+    )
     from slurmrun.launcher import Launcher, launch
     from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
     from slurmrun.node.debugger import breakpoint
@@ -33,6 +40,9 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "AgentFailedError": "slurmrun.errors",
     "LaunchResult": "slurmrun.result",
+    "OptionsError": "slurmrun.errors",
+    "OptionsTypeError": "slurmrun.errors",
+    "OptionsValueError": "slurmrun.errors",
     "Launcher": "slurmrun.launcher",
     "SlurmAllocation": "slurmrun.slurm.job",
     "SubmittedLaunch": "slurmrun.batch",
@@ -57,6 +67,9 @@ __all__ = [
     "AgentFailedError",
     "LaunchResult",
     "Launcher",
+    "OptionsError",
+    "OptionsTypeError",
+    "OptionsValueError",
     "Requeue",
     "SlurmAllocation",
     "SubmittedLaunch",

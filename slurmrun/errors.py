@@ -7,12 +7,31 @@ import sys
 
 __all__ = [
     "AgentFailedError",
+    "OptionsError",
+    "OptionsTypeError",
+    "OptionsValueError",
     "RemoteTraceback",
     "VersionMismatchError",
     "WorkerFailedError",
     "add_note",
     "signal_name",
 ]
+
+
+class OptionsError(Exception):
+    """A launch's options or call are wrong: raised before anything starts.
+
+    Raised as `OptionsValueError` (a ValueError) or `OptionsTypeError` (a TypeError); the
+    ``slurmrun`` command answers it as a usage error (exit status 2).
+    """
+
+
+class OptionsValueError(OptionsError, ValueError):
+    """An option or argument of the launch has a wrong value (`OptionsError`)."""
+
+
+class OptionsTypeError(OptionsError, TypeError):
+    """An option or argument of the launch has a wrong type, or cannot be pickled."""
 
 
 class WorkerFailedError(RuntimeError):

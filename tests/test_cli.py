@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -261,6 +262,8 @@ def test_bad_options_exit_2_before_anything_starts(
     # Values tyro accepts but the launcher refuses; a missing script; no script at all.
     assert main(["--workers-per-host", "0", str(script)]) == 2
     assert "workers_per_host must be at least 1" in capsys.readouterr().err
+    assert main(["--dry-run", "--max-restarts", "-1", str(script)]) == 2
+    assert "max_restarts must be an int >= 0" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.py")]) == 2
     assert "can't open file" in capsys.readouterr().err
     assert main(["--workers-per-host", "2"]) == 2
@@ -411,3 +414,22 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path: Path) -> None:
     assert "slurmrun.node.agent_main" in out.stdout  # the agent command it would run
     assert not marker.exists()
     assert not (tmp_path / "logs").exists()
+
+
+def test_bad_options_and_calls_raise_one_typed_error_before_anything_starts() -> None:
+    """`OptionsError` is the condition the command answers with status 2; it stays a
+    ValueError or TypeError for callers that catch those."""
+    cases = [
+        ({"workers_per_host": 0}, (), slurmrun.OptionsValueError),
+        ({"backend": "fast"}, (), slurmrun.OptionsValueError),
+        ({"log_handlers": ["not a handler"]}, (), slurmrun.OptionsTypeError),
+        ({}, ("a", threading.Lock()), slurmrun.OptionsTypeError),  # a lock cannot be pickled
+    ]
+    for options, args, error in cases:
+        with pytest.raises(error) as raised:
+            slurmrun.launch(print, args, **options)  # type: ignore[arg-type]
+        assert isinstance(raised.value, slurmrun.OptionsError), options
+        with pytest.raises(error):
+            slurmrun.Launcher(**options).dry_run(print, args)  # type: ignore[arg-type]
+    assert issubclass(slurmrun.OptionsValueError, ValueError)
+    assert issubclass(slurmrun.OptionsTypeError, TypeError)

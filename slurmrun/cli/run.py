@@ -3,33 +3,17 @@
 The launcher options are the fields of `slurmrun.Launcher`, parsed by tyro
 (`slurmrun.cli.command.parse_launcher`); everything from the script's path (or ``-m MODULE``)
 on belongs to the script, as with ``python`` and ``torchrun``. The script runs on every
-worker through `slurmrun.cli.script.run_script`. See ``docs/cli.md``.
+worker through `slurmrun.cli.script.run_script` (`slurmrun.cli.launching`). See ``docs/cli.md``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import os
-import shlex
-import sys
-from typing import TYPE_CHECKING, Any
-
-from slurmrun.cli.command import Command, UsageError, check_target, parse_launcher, split_command
-from slurmrun.cli.helptext import help_text, usage_text
-from slurmrun.protocol import PRELOAD_VAR
+from slurmrun.cli.command import UsageError, check_target, parse_launcher, split_command
+from slurmrun.cli.helptext import help_text
+from slurmrun.cli.launching import run_command, usage_error
 from slurmrun.versions import slurmrun_version
 
-if TYPE_CHECKING:
-    from slurmrun.launcher import Launcher
-
-__all__ = ["main", "run_command"]
-
-SIGTERM_STATUS = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
-
-
-def _usage_error(message: str) -> int:
-    print(f"{usage_text()}\nslurmrun: error: {message}", file=sys.stderr)
-    return 2
+__all__ = ["main"]
 
 
 def main(argv: list[str]) -> int:
@@ -46,7 +30,7 @@ def main(argv: list[str]) -> int:
     try:
         cmd = split_command(argv)
     except UsageError as e:
-        return _usage_error(str(e))
+        return usage_error(str(e))
     # Only before the script: `slurmrun train.py --help` gives --help to the script.
     if {"-h", "--help", "--version"} & set(cmd.launcher_args):
         asked_help = {"-h", "--help"} & set(cmd.launcher_args)
@@ -56,109 +40,5 @@ def main(argv: list[str]) -> int:
     try:
         check_target(cmd)
     except UsageError as e:
-        return _usage_error(str(e))
+        return usage_error(str(e))
     return run_command(launcher, cmd)
-
-
-def run_command(launcher: Launcher, cmd: Command) -> int:
-    """Runs (or, for ``--dry-run``, shows) the script on every worker; returns the exit status."""
-    from slurmrun.cli.script import run_script  # noqa: PLC0415
-    from slurmrun.launcher.checks import check_call  # noqa: PLC0415
-
-    target = cmd.target if cmd.module else os.path.abspath(cmd.target)
-    func_args = (target, cmd.script_args)
-    func_kwargs = {"module": cmd.module}
-    try:
-        check_call(launcher, run_script, func_args, func_kwargs)
-    except (ValueError, TypeError) as e:
-        return _usage_error(str(e))
-    if cmd.dry_run:
-        return _dry_run(launcher, func_args, func_kwargs)
-    # Workers need torch (the script imports it) even without a pre-initialised group: the
-    # spawner imports it once per node, before forking them.
-    os.environ.setdefault(PRELOAD_VAR, "torch")
-    try:
-        launcher.run(run_script, func_args, func_kwargs)
-    except KeyboardInterrupt:
-        print("slurmrun: interrupted; every agent and worker was stopped", file=sys.stderr)
-        return 130
-    except SystemExit as e:
-        # SIGTERM (the launcher's handler exits with 143): a command run in a job step is
-        # terminated with the job's other steps when SLURM preempts the job.
-        if e.code == SIGTERM_STATUS:
-            return _requeue_if_preempted(SIGTERM_STATUS)
-        raise
-    except Exception as e:
-        return _requeue_if_preempted(_report_failure(e))
-    return 0
-
-
-def _dry_run(launcher: Launcher, func_args: tuple[Any, ...], func_kwargs: dict[str, Any]) -> int:
-    """Prints the plan, or (status 1) the one-line error that `run` would raise before starting."""
-    from slurmrun.cli.script import run_script  # noqa: PLC0415
-
-    try:
-        plan = launcher.dry_run(run_script, func_args, func_kwargs)
-    except Exception as e:  # a host it cannot resolve, a node not in the job...
-        return _report_failure(e)
-    target, args = func_args
-    if func_kwargs["module"]:
-        what = f"{shlex.join(['-m', target, *args])} (module mode: as python -m would"
-    else:
-        what = f"{shlex.join([target, *args])} (script mode: as python would"
-    print(dataclasses.replace(plan, workers_run=f"{what}, sys.argv set)"))
-    return 0
-
-
-def _requeue_if_preempted(status: int) -> int:
-    """Requeues this job if SLURM preempts it (the launch failed for that); returns `status`.
-
-    With a partition's ``GraceTime``, SLURM terminates a preempted job's steps, and requeues
-    the job only if its batch script still runs when the grace ends: were this command to
-    return, the script would end and the job with it. So it requeues the job now, as SLURM
-    would then (only a requeueable job), and SLURM ends this process.
-    """
-    from slurmrun.batch.requeue import requeue_this_job  # noqa: PLC0415
-    from slurmrun.slurm.job import own_job_id  # noqa: PLC0415
-    from slurmrun.slurm.job_end import preemption  # noqa: PLC0415
-
-    job_id = own_job_id()
-    preempted = preemption(job_id) if job_id else None
-    if preempted is None:
-        return status
-    if not preempted.requeueable:
-        print(f"slurmrun: job {job_id} was preempted (not requeueable)", file=sys.stderr)
-        return status
-    print(
-        f"slurmrun: job {job_id} was preempted at {preempted.time}: requeueing it",
-        file=sys.stderr,
-        flush=True,
-    )
-    print(f"slurmrun: {requeue_this_job(preempted.job_id)}", file=sys.stderr)
-    return status
-
-
-def _report_failure(e: Exception) -> int:
-    """Prints why the launch failed (a rank's traceback, a dead worker...); returns the status."""
-    from slurmrun.cli.script import ScriptExit  # noqa: PLC0415
-    from slurmrun.errors import RemoteTraceback, WorkerFailedError  # noqa: PLC0415
-
-    notes = [str(n) for n in getattr(e, "__notes__", ())]
-    where = " ".join(n.removeprefix("slurmrun: raised on ") for n in notes)
-    if isinstance(e, ScriptExit):
-        print(f"slurmrun: exit status {e.code} on {where}", file=sys.stderr)
-        return e.code
-    if isinstance(e.__cause__, RemoteTraceback):
-        print(e.__cause__.text.rstrip(), file=sys.stderr)
-        for note in notes:
-            print(note, file=sys.stderr)
-        return 1
-    print(f"slurmrun: {type(e).__name__}: {e}", file=sys.stderr)
-    for note in notes:
-        print(note, file=sys.stderr)
-    log_file = getattr(e, "log_file", None)  # WorkerFailedError, AgentFailedError
-    if log_file and log_file not in str(e):
-        print(f"slurmrun: its log: {log_file}", file=sys.stderr)
-    if isinstance(e, WorkerFailedError) and e.exitcode:
-        return 128 - e.exitcode if e.exitcode < 0 else e.exitcode
-    return 1
