@@ -18,7 +18,7 @@ import pytest
 import slurmrun
 from slurmrun.devices import usable_cpu_count
 from slurmrun.launcher.dryrun import plan_dry_run
-from slurmrun.launcher.plan import agent_starter, control_env, make_plan
+from slurmrun.launcher.plan import agent_start, make_plan
 from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import LogDir
 
@@ -260,7 +260,7 @@ def test_a_launch_asks_scontrol_once_from_plan_to_dry_run_and_agent_starts(
     plan = make_plan(cfg)
     dry = plan_dry_run(cfg, plan)
     starts = [
-        agent_starter(cfg, plan, log_dir, control_env(cfg, plan, "s", "10.0.0.1", "1"))[0]
+        agent_start(cfg, plan, log_dir, secret="s", advertise="10.0.0.1", port="1")[0]
         for _attempt in range(2)
     ]
     assert calls.read_text().splitlines() == ["show job -d 4242"]

@@ -13,7 +13,7 @@ import pytest
 
 from slurmrun import launcher, protocol
 from slurmrun.launcher import srun
-from slurmrun.launcher.plan import Plan, agent_starter, agents_step
+from slurmrun.launcher.plan import Plan, agent_start, agents_step
 from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import LogDir
 from slurmrun.slurm.job import SlurmAllocation
@@ -140,9 +140,8 @@ def _launch_starter(monkeypatch, tmp_path, log_dir_keep=True):
     hosts = ["node1", "node2", "node3"]
     plan = Plan(hosts, None, alloc, local=False, step=agents_step(alloc, hosts))
     secret = "5ec7e7" * 10
-    control = {"SLURMRUN_SECRET": secret, "SLURMRUN_LAUNCHER_PORT": "1234"}
     log_dir = LogDir(str(tmp_path), keep=log_dir_keep)
-    starter, env = agent_starter(cfg, plan, log_dir, control)
+    starter, env = agent_start(cfg, plan, log_dir, secret=secret, advertise="10.0.0.1", port="1234")
     assert isinstance(starter, SrunAgents)
     return starter, env, secret
 

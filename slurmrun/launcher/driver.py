@@ -68,7 +68,8 @@ class Launcher(Options):
             Every worker's return value (`LaunchResult.rank`, `LaunchResult.index`).
 
         Raises:
-            ValueError, TypeError: bad options, before anything starts.
+            OptionsValueError, OptionsTypeError: bad options or a bad call, before anything
+                starts (a ValueError and a TypeError; both `slurmrun.OptionsError`).
             RuntimeError: ``"slurm"`` was asked for outside a SLURM job.
             WorkerFailedError: a worker died without returning.
             AgentFailedError: an agent died, went silent, or never started.
@@ -119,7 +120,7 @@ class Launcher(Options):
             the variables agents get); `DryRun.as_dict` and `DryRun.to_json` for scripts.
 
         Raises:
-            ValueError, TypeError, RuntimeError: as `run`, before anything starts.
+            OptionsError, ValueError, RuntimeError: as `run`, before anything starts.
         """
         kwargs = {} if func_kwargs is None else func_kwargs
         check_call(self, func, func_args, kwargs)

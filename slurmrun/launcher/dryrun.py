@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.devices import visible_gpu_count
 from slurmrun.launcher.address import launcher_address, wanted_port
-from slurmrun.launcher.plan import Plan, agent_starter, control_env
+from slurmrun.launcher.plan import Plan, agent_start
 from slurmrun.launcher.ssh import SshAgents
 from slurmrun.launcher.starters import SrunAgents, local_agent_env
 from slurmrun.log_dirs import resolve_log_dir
@@ -267,8 +267,9 @@ def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryR
     )
     port = wanted_port()
     log_dir = resolve_log_dir(create=False)
-    control = control_env(cfg, plan, "", address.advertise, str(port or 0))
-    starter, env = agent_starter(cfg, plan, log_dir, control)
+    starter, env = agent_start(
+        cfg, plan, log_dir, secret="", advertise=address.advertise, port=str(port or 0)
+    )
     hosts = plan.hostnames
     if isinstance(starter, SrunAgents):
         commands = [tuple(starter.command)]

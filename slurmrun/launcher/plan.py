@@ -2,10 +2,10 @@
 
 `make_plan` reads the allocation (or the hosts given) once per launch, and for srun agents
 resolves their step (`srun.AgentsStep`: CPUs, GPUs per node, task order) there too: what
-follows reads the plan and asks SLURM nothing more. The rest turns a plan into what the agents
-start with: their environment and their starter (srun, ssh or local); where they reach the
-launcher is `slurmrun.launcher.address`'s. A dry run (`slurmrun.launcher.dryrun.plan_dry_run`)
-takes the same steps and starts nothing.
+follows reads the plan and asks SLURM nothing more. The rest (`agent_start`) turns a plan
+into what the agents start with: their environment and their starter (srun, ssh or local);
+where they reach the launcher is `slurmrun.launcher.address`'s. A dry run
+(`slurmrun.launcher.dryrun.plan_dry_run`) takes the same steps and starts nothing.
 """
 
 from __future__ import annotations
@@ -52,9 +52,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Plan",
-    "agent_starter",
+    "agent_start",
     "agents_step",
-    "control_env",
     "make_plan",
     "silence",
     "step_order",
@@ -107,8 +106,8 @@ def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
         ValueError: hosts that are not the job's, a node listed twice, or an srun option
             that slurmrun sets itself (`slurmrun.launcher.containers`).
     """
-    command = agent_command_of(cfg)
-    return replace(_hosts_plan(cfg, check_driver_step), command=command)
+    plan = _hosts_plan(cfg, check_driver_step)
+    return replace(plan, command=agent_command_of(cfg))
 
 
 def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
@@ -273,8 +272,10 @@ def silence(cfg: Options) -> float:
     return float(min(cfg.timeout, cfg.heartbeat_timeout))
 
 
-def control_env(cfg: Options, plan: Plan, secret: str, advertise: str, port: str) -> dict[str, str]:
-    """The variables the launcher sets for its agents (`agent_starter` adds the job's tasks)."""
+def _control_env(
+    cfg: Options, plan: Plan, secret: str, advertise: str, port: str
+) -> dict[str, str]:
+    """The variables the launcher sets for its agents (`_agent_starter` adds the job's tasks)."""
     # Modules the spawner imports before forking workers (the command's script mode asks for
     # torch although it initialises no process group). Without a process group torch is
     # imported after the first run instead: a one-shot launch never waits for it, and later
@@ -296,10 +297,29 @@ def control_env(cfg: Options, plan: Plan, secret: str, advertise: str, port: str
     return control
 
 
-def agent_starter(
+def agent_start(
+    cfg: Options, plan: Plan, log_dir: LogDir, *, secret: str, advertise: str, port: str
+) -> tuple[AgentStarter, dict[str, str]]:
+    """The agents' starter, and the environment to start them with.
+
+    What a run starts its agents with (`slurmrun.launcher.warm.open_pool`), and what a dry
+    run shows (`slurmrun.launcher.dryrun.plan_dry_run`, with no secret and port 0).
+
+    Args:
+        cfg: the launch's options.
+        plan: the launch's plan.
+        log_dir: the launch's log directory.
+        secret: the launch's secret (hex), which agents prove they know.
+        advertise: the launcher's address the agents connect to.
+        port: the launcher's port.
+    """
+    control = _control_env(cfg, plan, secret, advertise, port)
+    return _agent_starter(cfg, plan, log_dir, control)
+
+
+def _agent_starter(
     cfg: Options, plan: Plan, log_dir: LogDir, control: dict[str, str]
 ) -> tuple[AgentStarter, dict[str, str]]:
-    """The agents' starter, and the environment to start them with."""
     if plan.alloc is not None and plan.alloc.tasks_per_node is not None:
         control[JOB_TASKS_VAR] = ",".join(map(str, plan.alloc.tasks_per_node))
     environ: Mapping[str, str] = os.environ

@@ -27,8 +27,7 @@ from slurmrun.launcher.address import launcher_address, listen
 from slurmrun.launcher.containers import launcher_path
 from slurmrun.launcher.plan import (
     Plan,
-    agent_starter,
-    control_env,
+    agent_start,
     silence,
     step_order,
     user_env,
@@ -212,10 +211,14 @@ def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool
     try:
         log_dir = resolve_log_dir()
         secret = new_secret()
-        control = control_env(
-            cfg, plan, secret.hex(), address.advertise, str(server.getsockname()[1])
+        starter, env = agent_start(
+            cfg,
+            plan,
+            log_dir,
+            secret=secret.hex(),
+            advertise=address.advertise,
+            port=str(server.getsockname()[1]),
         )
-        starter, env = agent_starter(cfg, plan, log_dir, control)
     except BaseException:
         server.close()
         if log_dir is not None and not log_dir.keep:

@@ -39,6 +39,8 @@ kept.close()
 error: type[Exception] = slurmrun.WorkerFailedError
 agent_error: type[Exception] = slurmrun.AgentFailedError
 version_error: type[slurmrun.AgentFailedError] = slurmrun.VersionMismatchError
+bad_value: type[slurmrun.OptionsError] = slurmrun.OptionsValueError
+bad_type: type[TypeError] = slurmrun.OptionsTypeError
 
 allocation = slurmrun.slurm_allocation()
 assert_type(allocation, slurmrun.SlurmAllocation | None)
