@@ -214,7 +214,7 @@ def launch(
         Every worker's return value, as `Launcher.run`.
 
     Raises:
-        ValueError, TypeError: bad options, before anything starts.
+        OptionsValueError, OptionsTypeError: bad options or a bad call, before anything starts.
         Exception: what `Launcher.run` raises.
 
     Example:
