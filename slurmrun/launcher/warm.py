@@ -103,14 +103,13 @@ class Warm:
         self.env: dict[str, str] = {}  # the user's variables, as the pool's agents got them
         self.control: ControlServer | None = None  # ``slurmrun stacks``'s way in
 
-    def env_changes(self, cfg: Options) -> tuple[dict[str, str], list[str]]:
+    def env_changes(self, now: dict[str, str]) -> tuple[dict[str, str], list[str]]:
         """The user's variables that changed since the agents started, and those now unset.
 
         A warm launcher's agents keep the environment they started with; each run's workers
         get the variables that `default_env_vars` and `extra_env_vars` select as they are at
-        that run (`os.environ` changed between runs included).
+        that run (`now`, read once per run: `os.environ` changed between runs included).
         """
-        now = user_env(cfg)
         changed = {k: v for k, v in now.items() if self.env.get(k) != v}
         return changed, sorted(k for k in self.env if k not in now)
 
@@ -181,8 +180,13 @@ class Warm:
         if pool is not None:
             pool.close()
 
-    def ready_pool(self, cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool:
-        """The pool for the next run: the kept one, or new agents if it broke or died idle."""
+    def ready_pool(
+        self, cfg: Options, plan: Plan, env: dict[str, str], trace: Trace | None = None
+    ) -> AgentPool:
+        """The pool for the next run: the kept one, or new agents if it broke or died idle.
+
+        `env` is the user's variables read for this run (`user_env`): new agents start with it.
+        """
         if self.pool is not None and list(self.pool.hostnames) != list(plan.hostnames):
             self.close_pool()  # it runs without a host lost in an earlier launch: plan again
         if self.pool is not None:
@@ -194,7 +198,7 @@ class Warm:
                 log.warning("slurmrun: agents failed between runs (%s); starting new ones", e)
                 self.close_pool()
         if self.pool is None:
-            self.env = user_env(cfg)
+            self.env = env
             self.pool = open_pool(cfg, plan, trace)
         self.pool.trace = trace
         self.start_control()
@@ -265,10 +269,11 @@ def run_attempt(  # noqa: PLR0917 - private, called once
     cfg: Options, warm: Warm, plan: Plan, payload: bytes, attempt: int, trace: Trace
 ) -> LaunchResult[Any]:
     """One attempt: a run on the kept agents (new ones if there are none, or they broke)."""
-    pool = warm.ready_pool(cfg, plan, trace)
+    env = user_env(cfg)  # once per run: what new agents start with, and what changed since
+    pool = warm.ready_pool(cfg, plan, env, trace)
     trace.mark("agents_connected")
     try:
-        return _run(cfg, warm, plan, pool, payload, attempt, trace)
+        return _run(cfg, plan, pool, payload, attempt, trace, warm.env_changes(env))
     except AgentFailedError as e:
         raise explained(e, pool, plan) from e.__cause__
     finally:
@@ -278,16 +283,16 @@ def run_attempt(  # noqa: PLR0917 - private, called once
 
 def _run(  # noqa: PLR0917 - private, called once
     cfg: Options,
-    warm: Warm,
     plan: Plan,
     pool: AgentPool,
     payload: bytes,
     attempt: int,
     trace: Trace,
+    env_changes: tuple[dict[str, str], list[str]],
 ) -> LaunchResult[Any]:
     log_dir = pool.log_dir
     kept = log_dir.path if log_dir is not None and log_dir.keep else None
-    changed, unset = warm.env_changes(cfg)
+    changed, unset = env_changes
     if cfg.flight_recorder:
         recorder_dir = os.path.join(kept or os.getcwd(), "flight_recorder")
         os.makedirs(recorder_dir, exist_ok=True)  # torch writes its dumps there, not makes it
