@@ -123,7 +123,12 @@ class FakeAgent:
         self._watch(selectors.EVENT_WRITE)
 
     def _retry(self, error: OSError) -> None:
+        # A new connection starts a new handshake: nothing of the broken one may carry over
+        # (a stale state would take the next server's greeting for its proof).
         self._drop_socket()
+        self._state = "connecting"
+        self._in.clear()
+        self._out.clear()
         try:
             wait = self._backoff.failed(error)
         except ConnectionError as e:

@@ -14,14 +14,21 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
 import slurmrun
 from slurmrun import protocol
-from slurmrun.authentication import client_handshake, new_secret, server_handshake
+from slurmrun.authentication import (
+    ServerChallenge,
+    client_handshake,
+    new_secret,
+    server_handshake,
+)
 from slurmrun.logs import default_handlers, dispatch, make_record
 from slurmrun.node.agent import CONNECT_RETRY_VAR, connect_with_backoff
+from slurmrun.transport import Connection, recv_exact
 
 AGENT_EXIT_WITHIN = 120.0  # a bound for a loaded 2-core machine, not a speed claim
 
@@ -196,3 +203,45 @@ def test_the_scale_benchmark_runs_its_fake_agents_against_a_real_launcher() -> N
     report = json.loads(lines[-1].removeprefix("BENCH_JSON "))
     assert report["ok"], report["error"]
     assert report["log_lines"] == report["log_lines_expected"] > 0
+
+
+def test_a_fake_agent_retries_a_broken_handshake_from_the_start() -> None:
+    """The scale benchmark's fake agents, after a handshake broke off once they had answered
+    the challenge, start the next connection's handshake afresh: the new greeting is read as
+    a greeting, not taken for the old connection's proof ("server failed the HMAC challenge")."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    try:
+        import fake_agents  # the benchmark's module, not the package's
+    finally:
+        sys.path.pop(0)
+    secret = new_secret()
+    server = socket.create_server(("127.0.0.1", 0))
+    hellos: list[dict[str, object]] = []
+
+    def serve() -> None:
+        first, _ = server.accept()
+        with first:  # greets, takes the agent's answer, and breaks off before its proof
+            first.sendall(ServerChallenge(secret).greeting)
+            with contextlib.suppress(EOFError):
+                recv_exact(first, ServerChallenge.REPLY_BYTES)
+        second, _ = server.accept()
+        with second:
+            server_handshake(second, secret, 10)
+            frame = Connection(second).recv()
+            hellos.append({} if frame is None else frame.header)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    loop, tally = fake_agents.Loop(), fake_agents.Tally()
+    spec = fake_agents.FakeSpec(
+        port=server.getsockname()[1], secret=secret, workers=1, logs=False, retry=True
+    )
+    with server:
+        fake_agents.FakeAgent(loop, 0, spec, tally).connect()
+        deadline = time.monotonic() + 30
+        while not hellos and not tally.failures and time.monotonic() < deadline:
+            loop.run_once(0.05)
+        thread.join(timeout=30)
+    assert not tally.failures, tally.failures
+    assert tally.retries >= 1
+    assert [h["t"] for h in hellos] == ["hello"]
