@@ -310,7 +310,7 @@ FAULTS = [
     Fault(
         "unpicklable_func",
         threading.Lock().locked,
-        TypeError,
+        slurmrun.OptionsTypeError,
         (r"func could not be pickled", r"lock"),
         1,
         timed="call",

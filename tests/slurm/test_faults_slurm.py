@@ -377,7 +377,7 @@ FAULTS = [
     ),
     Fault(
         "unpicklable_func",
-        "TypeError",
+        "OptionsTypeError",  # a TypeError; the launch's checks raise it before anything starts
         (r"func could not be pickled", r"lock"),
         1,
         timed="call",
