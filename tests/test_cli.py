@@ -264,6 +264,13 @@ def test_bad_options_exit_2_before_anything_starts(
     assert "workers_per_host must be at least 1" in capsys.readouterr().err
     assert main(["--dry-run", "--max-restarts", "-1", str(script)]) == 2
     assert "max_restarts must be an int >= 0" in capsys.readouterr().err
+    # Options refused by planning (the hosts found, the agents' srun options): usage errors too,
+    # in the dry run as in the run.
+    for dry in (["--dry-run"], []):
+        assert main([*dry, "--min-hosts", "5", "--max-restarts", "1", str(script)]) == 2
+        assert "min_hosts must be an int from 1 to the launch's 1" in capsys.readouterr().err
+        assert main([*dry, "--srun-args", "--nodes=2", str(script)]) == 2
+        assert "conflicts with slurmrun's own --nodes" in capsys.readouterr().err
     assert main([str(tmp_path / "missing.py")]) == 2
     assert "can't open file" in capsys.readouterr().err
     assert main(["--workers-per-host", "2"]) == 2

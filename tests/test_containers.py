@@ -41,19 +41,19 @@ from slurmrun.versions import mismatch, protocol_fingerprint, slurmrun_version
     ],
 )
 def test_an_srun_option_slurmrun_sets_is_refused_before_anything_starts(arg, own):
-    with pytest.raises(ValueError, match=f"conflicts with slurmrun's own {own}") as info:
+    with pytest.raises(slurmrun.OptionsValueError, match=f"conflicts with slurmrun's own {own}") as info:
         slurmrun.Launcher(srun_args=(arg,), workers_per_host=1).dry_run(print)
     assert repr(arg) in str(info.value)
 
 
 @pytest.mark.parametrize("arg", ["none", "--cpu-bind none"])
 def test_an_srun_option_must_be_one_word(arg):
-    with pytest.raises(ValueError, match=r"one word|its own item"):
+    with pytest.raises(slurmrun.OptionsValueError, match=r"one word|its own item"):
         slurmrun.Launcher(srun_args=("--cpu-bind", arg)).dry_run(print)
 
 
 def test_a_string_where_words_are_wanted_says_how_to_write_them():
-    with pytest.raises(TypeError, match=r"agent_prefix=\('ch-run'"):
+    with pytest.raises(slurmrun.OptionsTypeError, match=r"agent_prefix=\('ch-run'"):
         slurmrun.Launcher(agent_prefix="ch-run /img --").dry_run(print)  # type: ignore[arg-type]
 
 

@@ -150,11 +150,11 @@ def test_changing_hosts_or_workers_on_an_open_launcher_is_a_clear_error() -> Non
     with slurmrun.Launcher(**OPTIONS) as launcher:
         launcher.run(pids)
         launcher.workers_per_host = 1
-        with pytest.raises(ValueError, match=r"workers_per_host changed .* close"):
+        with pytest.raises(slurmrun.OptionsValueError, match=r"workers_per_host changed .* close"):
             launcher.run(pids)
         launcher.workers_per_host = 2
         launcher.hostnames = ["localhost", "localhost"]
-        with pytest.raises(ValueError, match=r"hostnames, hosts changed"):
+        with pytest.raises(slurmrun.OptionsValueError, match=r"hostnames, hosts changed"):
             launcher.run(pids)
         launcher.hostnames = "auto"
         launcher.run(pids)  # unchanged again: the same agents serve

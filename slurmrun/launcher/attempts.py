@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.errors import AgentFailedError, VersionMismatchError
 from slurmrun.events import AgentFailed, LaunchStarted, Restarting, Trace
-from slurmrun.launcher.elastic import check_min_hosts, without_lost_host
+from slurmrun.launcher.elastic import without_lost_host
 from slurmrun.launcher.failures import note_preemption
 from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
 from slurmrun.result import LaunchResult
@@ -35,7 +35,6 @@ def run_launch(cfg: Options, warm: Warm, plan: Plan, payload: bytes) -> LaunchRe
         Exception: the last attempt's error, with the launch's ``timings``.
     """
     warm.check_unchanged(cfg, plan)
-    check_min_hosts(cfg, plan)
     trace = Trace(cfg.on_event)
     counts = plan.workers_per_host
     trace.emit(

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from slurmrun.errors import OptionsTypeError, OptionsValueError
 from slurmrun.protocol import SECRET_VAR
 from slurmrun.versions import slurmrun_version
 
@@ -138,17 +139,19 @@ def agent_command_of(cfg: Options) -> AgentCommand:
     """`cfg`'s agent command, checked.
 
     Raises:
-        ValueError: an srun option slurmrun sets itself, an option not given as one word, or
-            a malformed prefix; the message says what to do.
+        OptionsValueError, OptionsTypeError: an srun option slurmrun sets itself, an option not
+            given as one word, or a malformed prefix; the message says what to do.
     """
     srun_args = _words("srun_args", cfg.srun_args)
     prefix = _words("agent_prefix", cfg.agent_prefix)
     for arg in srun_args:
         _check_srun_arg(arg)
     if prefix.count(PYTHON) > 1:
-        raise ValueError(f"agent_prefix {list(prefix)} names {PYTHON} more than once")
+        raise OptionsValueError(f"agent_prefix {list(prefix)} names {PYTHON} more than once")
     if cfg.agent_python is not None and not cfg.agent_python.strip():
-        raise ValueError("agent_python is empty: give an interpreter, or None for the default")
+        raise OptionsValueError(
+            "agent_python is empty: give an interpreter, or None for the default"
+        )
     command = AgentCommand(prefix=prefix, srun_args=srun_args)
     # The launcher's path means nothing inside a container.
     default = "python3" if command.contained else command.python
@@ -157,7 +160,7 @@ def agent_command_of(cfg: Options) -> AgentCommand:
 
 def _words(name: str, value: Iterable[object]) -> tuple[str, ...]:
     if isinstance(value, str):
-        raise TypeError(
+        raise OptionsTypeError(
             f"{name} must be a sequence of words, one per argument, not the string {value!r} "
             f"(e.g. {name}=({value.split()[0]!r}, ...))"
             if value.split()
@@ -166,7 +169,9 @@ def _words(name: str, value: Iterable[object]) -> tuple[str, ...]:
     words: list[str] = []
     for word in value:
         if not isinstance(word, str) or not word:
-            raise TypeError(f"{name} must hold non-empty strings, got {word!r} in {list(value)}")
+            raise OptionsTypeError(
+                f"{name} must hold non-empty strings, got {word!r} in {list(value)}"
+            )
         words.append(word)
     return tuple(words)
 
@@ -178,13 +183,13 @@ def _name(arg: str) -> str:
 def _check_srun_arg(arg: str) -> None:
     """Refuses an srun option that is not one word, or one that slurmrun sets itself."""
     if not arg.startswith("-"):
-        raise ValueError(
+        raise OptionsValueError(
             f"srun_args item {arg!r} is not an option: give each option as one word, its value "
             "after '=' ('--cpu-bind=none', '--reservation=maint'), not as a word of its own"
         )
     name = _name(arg)
     if any(c.isspace() for c in name):
-        raise ValueError(
+        raise OptionsValueError(
             f"srun_args item {arg!r} holds several words: give each option as its own item"
         )
     if arg.startswith("--"):
@@ -193,7 +198,7 @@ def _check_srun_arg(arg: str) -> None:
     else:
         own = [_OWN_SHORT[arg[:2]]] if arg[:2] in _OWN_SHORT else []
     if own:
-        raise ValueError(
+        raise OptionsValueError(
             f"srun_args item {arg!r} conflicts with slurmrun's own {own[0]}: slurmrun starts "
             "one agent per node with --nodes/--ntasks/--nodelist/--cpus-per-task/--gres from "
             "the job, names the step, exports the agents' variables and writes their output. "

@@ -22,26 +22,7 @@ from slurmrun.launcher.plan import Plan, agents_step
 if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
 
-__all__ = ["check_min_hosts", "without_lost_host"]
-
-
-def check_min_hosts(cfg: Options, plan: Plan) -> None:
-    """Raises ValueError for a `min_hosts` or spares that this plan cannot honour (at once)."""
-    minimum = cfg.min_hosts
-    hosts = len(plan.hostnames)
-    if minimum is not None and (
-        isinstance(minimum, bool) or not isinstance(minimum, int) or not 1 <= minimum <= hosts
-    ):
-        raise ValueError(
-            f"min_hosts must be an int from 1 to the launch's {hosts} host(s), got {minimum!r}"
-        )
-    elastic = plan.spares or (minimum is not None and minimum < hosts)
-    if elastic and cfg.max_restarts < 1:
-        what = f"min_hosts={minimum}" if not plan.spares else f"hosts={hosts} (with spares)"
-        raise ValueError(
-            f"{what} restarts without a host that is lost, which takes a restart: set "
-            "max_restarts >= 1 (each lost host uses one)"
-        )
+__all__ = ["without_lost_host"]
 
 
 def without_lost_host(cfg: Options, plan: Plan, error: BaseException) -> Plan | None:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from slurmrun import providers
 from slurmrun.environment import env_words, matching_env
+from slurmrun.errors import OptionsValueError
 from slurmrun.launcher import srun
 from slurmrun.launcher.containers import PLAIN, AgentCommand, agent_command_of
 from slurmrun.launcher.ssh import SshAgents
@@ -103,10 +104,12 @@ def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
     Raises:
         RuntimeError: ``"slurm"`` asked for outside a job, or a step of several tasks runs
             the launcher (unless `check_driver_step` is False: `slurmrun info` shows it).
-        ValueError: hosts that are not the job's, a node listed twice, or an srun option
-            that slurmrun sets itself (`slurmrun.launcher.containers`).
+        OptionsValueError, OptionsTypeError: hosts that are not the job's, a node listed
+            twice, ``hosts`` or ``min_hosts`` out of range or without a restart, or an srun
+            option that slurmrun sets itself (`slurmrun.launcher.containers`).
     """
     plan = _hosts_plan(cfg, check_driver_step)
+    _check_elastic(cfg, plan)
     return replace(plan, command=agent_command_of(cfg))
 
 
@@ -156,12 +159,14 @@ def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
                 spares=spares,
             )
         unknown = [h for h in hosts if h not in alloc.hostnames]
-        raise ValueError(
+        raise OptionsValueError(
             f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
             f"{alloc.hostnames}"
         )
     if not local and len(set(hosts)) != len(hosts):
-        raise ValueError(f"hostnames lists a node twice ({hosts}); srun starts one agent per node")
+        raise OptionsValueError(
+            f"hostnames lists a node twice ({hosts}); srun starts one agent per node"
+        )
     if not local and alloc is not None and check_driver_step:
         _check_driver_step(alloc)
     counts = _counts(cfg.workers_per_host, hosts)
@@ -176,11 +181,33 @@ def _spares(cfg: Options, hosts: list[str]) -> tuple[list[str], list[str]]:
     if active is None:
         return hosts, []
     if isinstance(active, bool) or not isinstance(active, int) or not 1 <= active <= len(hosts):
-        raise ValueError(
+        raise OptionsValueError(
             f"hosts must be an int from 1 to the {len(hosts)} host(s) found ({hosts}), "
             f"got {active!r}"
         )
     return hosts[:active], hosts[active:]
+
+
+def _check_elastic(cfg: Options, plan: Plan) -> None:
+    """Refuses a `min_hosts`, or spares, that the plan cannot honour.
+
+    Planning checks it, so that a dry run refuses what the run would.
+    """
+    minimum = cfg.min_hosts
+    hosts = len(plan.hostnames)
+    if minimum is not None and (
+        isinstance(minimum, bool) or not isinstance(minimum, int) or not 1 <= minimum <= hosts
+    ):
+        raise OptionsValueError(
+            f"min_hosts must be an int from 1 to the launch's {hosts} host(s), got {minimum!r}"
+        )
+    elastic = plan.spares or (minimum is not None and minimum < hosts)
+    if elastic and cfg.max_restarts < 1:
+        what = f"min_hosts={minimum}" if not plan.spares else f"hosts={hosts} (with spares)"
+        raise OptionsValueError(
+            f"{what} restarts without a host that is lost, which takes a restart: set "
+            "max_restarts >= 1 (each lost host uses one)"
+        )
 
 
 def agents_step(alloc: SlurmAllocation, hostnames: Sequence[str]) -> srun.AgentsStep:
@@ -205,7 +232,7 @@ def _counts(w: int | list[int] | str, hosts: list[str]) -> list[int] | None:
     if isinstance(w, int):
         return [w] * len(hosts)
     if len(w) != len(hosts):
-        raise ValueError(
+        raise OptionsValueError(
             f"workers_per_host has {len(w)} entries but there are {len(hosts)} hosts "
             f"({hosts}): give one count per host, or a single int"
         )
@@ -219,7 +246,7 @@ def _provided_plan(cfg: Options, found: providers.Hosts) -> Plan:
     if counts is None and found.workers_per_host is not None:
         counts = list(found.workers_per_host)
     if found.agents == "local" and not all(_is_local(h) for h in hosts):
-        raise ValueError(
+        raise OptionsValueError(
             f"the allocation provider {found.provider!r} found hosts {hosts} and asks for local "
             "agents, but not all of them are this machine"
         )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.authentication import new_secret
 from slurmrun.control import ControlServer
-from slurmrun.errors import AgentFailedError
+from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.events import Trace
 from slurmrun.launcher import srun
 from slurmrun.launcher.address import launcher_address, listen
@@ -114,14 +114,14 @@ class Warm:
         return changed, sorted(k for k in self.env if k not in now)
 
     def check_unchanged(self, cfg: Options, plan: Plan) -> None:
-        """Raises ValueError when what the agents started with changed since the first run."""
+        """Raises OptionsValueError when what the agents started with changed since then."""
         options = _agent_options(cfg, plan)
         if self.options is None:
             self.options = options
             return
         changed = [name for name in options if options[name] != self.options[name]]
         if changed:
-            raise ValueError(
+            raise OptionsValueError(
                 f"{', '.join(changed)} changed since this launcher started its agents "
                 f"({'; '.join(f'{n}: {self.options[n]} -> {options[n]}' for n in changed)}): "
                 "its agents keep what they started with. Close it (end the `with` block, or "
