@@ -41,7 +41,8 @@ from slurmrun.versions import mismatch, protocol_fingerprint, slurmrun_version
     ],
 )
 def test_an_srun_option_slurmrun_sets_is_refused_before_anything_starts(arg, own):
-    with pytest.raises(slurmrun.OptionsValueError, match=f"conflicts with slurmrun's own {own}") as info:
+    own_option = f"conflicts with slurmrun's own {own}"
+    with pytest.raises(slurmrun.OptionsValueError, match=own_option) as info:
         slurmrun.Launcher(srun_args=(arg,), workers_per_host=1).dry_run(print)
     assert repr(arg) in str(info.value)
 

@@ -17,7 +17,9 @@ import pytest
 
 import slurmrun
 from slurmrun.devices import usable_cpu_count
+from slurmrun.errors import AgentFailedError
 from slurmrun.launcher.dryrun import plan_dry_run
+from slurmrun.launcher.elastic import without_lost_host
 from slurmrun.launcher.plan import agent_start, make_plan
 from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import LogDir
@@ -232,11 +234,11 @@ DRIVER_STEP = {"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID"
 
 @pytest.mark.skipif(sys.platform == "win32", reason="uses shell scripts as scontrol and srun")
 @pytest.mark.parametrize("where", ["job_shell", "driver_step"])
-def test_a_launch_asks_scontrol_once_from_plan_to_dry_run_and_agent_starts(
+def test_scontrol_is_asked_once_by_plan_dry_run_agent_starts_and_a_smaller_restart(
     monkeypatch, tmp_path, where
 ):
-    # What run does after make_plan: a dry run, then one agents' start per attempt; none of them
-    # asks SLURM again (the fake scontrol counts its calls, one line each).
+    # What run does after make_plan: a dry run, one agents' start per attempt, the plan without a
+    # lost node; none of them asks SLURM again (the fake scontrol counts its calls, one line each).
     fake = tmp_path / "fakebin"
     fake.mkdir()
     calls = tmp_path / "calls"
@@ -255,7 +257,7 @@ def test_a_launch_asks_scontrol_once_from_plan_to_dry_run_and_agent_starts(
         **JOB,
         **step,
     )
-    cfg = slurmrun.Launcher()
+    cfg = slurmrun.Launcher(min_hosts=2, max_restarts=1)
     log_dir = LogDir(str(tmp_path / "logs"), keep=True)
     plan = make_plan(cfg)
     dry = plan_dry_run(cfg, plan)
@@ -263,7 +265,13 @@ def test_a_launch_asks_scontrol_once_from_plan_to_dry_run_and_agent_starts(
         agent_start(cfg, plan, log_dir, secret="s", advertise="10.0.0.1", port="1")[0]
         for _attempt in range(2)
     ]
+    # The next attempt's plan after node3 is lost: its step from the facts read at planning.
+    lost = AgentFailedError("the agent on node3 sent nothing for 5 s", hostname="node3")
+    smaller = without_lost_host(cfg, plan, lost)
     assert calls.read_text().splitlines() == ["show job -d 4242"]
+    assert smaller is not None and smaller.step is not None
+    assert smaller.step.gpus_per_node == 2  # node1 and node2 have 2 each: node3 had 1
+    assert smaller.step.hostnames == smaller.step.task_order == ("node1", "node2")
     # scontrol's answer reaches the step: the fewest GPUs of any node, asked on every node.
     (command,) = dry.commands
     assert "--gres=gpu:1" in command

@@ -13,7 +13,7 @@ import pytest
 
 from slurmrun import launcher, protocol
 from slurmrun.launcher import srun
-from slurmrun.launcher.plan import Plan, agent_start, agents_step
+from slurmrun.launcher.plan import Plan, agent_start, job_nodes
 from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import LogDir
 from slurmrun.slurm.job import SlurmAllocation
@@ -46,7 +46,8 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_agents_step_command_matches_golden_file(name):
     alloc, hosts, log_dir = CASES[name]
-    cmd = srun.agents_step_command(agents_step(alloc, hosts), log_dir, EXPORT, srun="srun")
+    step = job_nodes(alloc, hosts).step(hosts)
+    cmd = srun.agents_step_command(step, log_dir, EXPORT, srun="srun")
     assert cmd[-3:] == [sys.executable, "-m", "slurmrun.node.agent_main"]
     text = (
         shlex.join([*cmd[:-3], "PYTHON", "-m", "slurmrun.node.agent_main"]).replace(
@@ -138,7 +139,7 @@ def _launch_starter(monkeypatch, tmp_path, log_dir_keep=True):
     cfg = launcher.Launcher(extra_env_vars={"FROM_MAPPING": "mapped value"})
     alloc = _alloc([2, 2, 2], [4, 4, 4])
     hosts = ["node1", "node2", "node3"]
-    plan = Plan(hosts, None, alloc, local=False, step=agents_step(alloc, hosts))
+    plan = Plan(hosts, None, alloc, local=False, step=job_nodes(alloc, hosts).step(hosts))
     secret = "5ec7e7" * 10
     log_dir = LogDir(str(tmp_path), keep=log_dir_keep)
     starter, env = agent_start(cfg, plan, log_dir, secret=secret, advertise="10.0.0.1", port="1234")

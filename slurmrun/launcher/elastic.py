@@ -17,10 +17,10 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from slurmrun.errors import AgentFailedError
-from slurmrun.launcher.plan import Plan, agents_step
 
 if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
+    from slurmrun.launcher.plan import Plan
 
 __all__ = ["without_lost_host"]
 
@@ -52,9 +52,8 @@ def without_lost_host(cfg: Options, plan: Plan, error: BaseException) -> Plan | 
 
 
 def _with_hosts(plan: Plan, hosts: list[str], counts: list[int] | None, spares: list[str]) -> Plan:
-    step = None
-    if plan.step is not None and plan.alloc is not None:
-        step = agents_step(plan.alloc, hosts)
+    # The job's nodes as planning read them: SLURM is not asked again.
+    step = None if plan.nodes is None else plan.nodes.step(hosts)
     return dataclasses.replace(
         plan, hostnames=hosts, workers_per_host=counts, step=step, spares=spares
     )

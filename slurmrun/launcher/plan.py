@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Plan",
     "agent_start",
-    "agents_step",
+    "job_nodes",
     "make_plan",
     "silence",
     "step_order",
@@ -77,6 +77,8 @@ class Plan:
         provider: the allocation provider that found the hosts (``hostnames="auto"``).
         ssh_config_file: the ssh config file for ssh agents.
         step: the agents' srun step, resolved; None unless the agents start with srun.
+        nodes: what the job has on the hosts and spares, read once: a restart without a lost
+            host makes its step from it (`slurmrun.launcher.elastic`); None with `step`.
         spares: hosts of the allocation kept out of the run, to replace a lost one
             (`Launcher.hosts`; `slurmrun.launcher.elastic`).
         command: how each agent starts on its node (a container, srun options).
@@ -91,6 +93,7 @@ class Plan:
     ssh_config_file: str | None = None
     step: srun.AgentsStep | None = None
     spares: list[str] = field(default_factory=list)
+    nodes: srun.JobNodes | None = None
     command: AgentCommand = PLAIN
 
 
@@ -145,7 +148,7 @@ def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
     # A job's nodes, one of them this machine included, get their agents from srun: the agents
     # then live in the job (its SLURM_* variables, its GPUs and CPUs, its accounting) just
     # as on several nodes. Local agents are for hosts that are not the job's ("localhost").
-    local = alloc is None or not all(h in alloc.hostnames for h in hosts)
+    local = alloc is None or not all(h in alloc.hostnames for h in [*hosts, *spares])
     if local and not all(_is_local(h) for h in hosts):
         if alloc is None:  # hosts outside any scheduler: their agents start over ssh
             counts = _counts(cfg.workers_per_host, hosts)
@@ -172,7 +175,8 @@ def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
     counts = _counts(cfg.workers_per_host, hosts)
     if local or alloc is None:
         return Plan(hosts, counts, alloc, local, spares=spares)
-    return Plan(hosts, counts, alloc, local, step=agents_step(alloc, hosts), spares=spares)
+    nodes = job_nodes(alloc, [*hosts, *spares])
+    return Plan(hosts, counts, alloc, local, step=nodes.step(hosts), spares=spares, nodes=nodes)
 
 
 def _spares(cfg: Options, hosts: list[str]) -> tuple[list[str], list[str]]:
@@ -210,19 +214,19 @@ def _check_elastic(cfg: Options, plan: Plan) -> None:
         )
 
 
-def agents_step(alloc: SlurmAllocation, hostnames: Sequence[str]) -> srun.AgentsStep:
-    """The srun step of one agent on each of `hostnames`, nodes of job `alloc`.
+def job_nodes(alloc: SlurmAllocation, hostnames: Sequence[str]) -> srun.JobNodes:
+    """What job `alloc` has on each of `hostnames`, its nodes (`srun.JobNodes`).
 
     Asks ``scontrol`` for the job's GPUs per node only when neither SLURM's variables nor
-    `slurm_allocation` told (`job_gpus_per_node`).
+    `slurm_allocation` told (`job_gpus_per_node`): once per launch, at planning.
     """
     gpus = job_gpus_per_node(alloc)
-    index = [alloc.node_index(h) for h in hostnames]
-    return srun.AgentsStep(
-        hostnames=tuple(hostnames),
-        cpus_per_task=min(alloc.cpus_per_node[i] for i in index),
-        gpus_per_node=min(gpus[i] for i in index),
-        task_order=tuple(sorted(hostnames, key=alloc.node_index)),
+    order = sorted(hostnames, key=alloc.node_index)
+    index = [alloc.node_index(h) for h in order]
+    return srun.JobNodes(
+        order=tuple(order),
+        cpus=tuple(alloc.cpus_per_node[i] for i in index),
+        gpus=tuple(gpus[i] for i in index),
     )
 
 

@@ -15,6 +15,7 @@ from slurmrun.logs import agent_log_path
 
 __all__ = [
     "AgentsStep",
+    "JobNodes",
     "address_toward",
     "agent_start_failure",
     "agents_step_command",
@@ -182,6 +183,37 @@ class AgentsStep:
     cpus_per_task: int
     gpus_per_node: int
     task_order: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class JobNodes:
+    """What the job has on each node a launch may run on (its hosts and spares), read once.
+
+    `slurmrun.launcher.plan.make_plan` reads it from SLURM (scontrol where no variable tells);
+    the step on any of these nodes (`step`), after a lost node too, is built from it alone.
+
+    Attributes:
+        order: the nodes in SLURM's task order (the job's node order).
+        cpus: each node's CPUs, in `order`.
+        gpus: each node's GPUs (0 where nothing tells), in `order`.
+    """
+
+    order: tuple[str, ...]
+    cpus: tuple[int, ...]
+    gpus: tuple[int, ...]
+
+    def step(self, hostnames: Sequence[str]) -> AgentsStep:
+        """The step of one agent on each of `hostnames` (nodes of `order`, in the launch's order).
+
+        It asks the fewest CPUs and GPUs of any of them: a step asks the same on every node.
+        """
+        index = {self.order.index(host) for host in hostnames}
+        return AgentsStep(
+            hostnames=tuple(hostnames),
+            cpus_per_task=min(self.cpus[i] for i in index),
+            gpus_per_node=min(self.gpus[i] for i in index),
+            task_order=tuple(self.order[i] for i in sorted(index)),
+        )
 
 
 def address_toward(host: str) -> str:
