@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from slurmrun.cli.verbs import RUN, VERBS
+from slurmrun.cli.verbs import VERBS
 
 __all__ = ["main"]
 
@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     verb = VERBS.get(argv[0]) if argv else None
+    # Only the module that runs is imported (here, not at the top): each pays for its own imports.
     if verb is None:
-        return int(importlib.import_module(RUN).main(argv))
-    # Only a verb's module is imported: each verb pays for its own imports alone.
+        from slurmrun.cli.run import main as run_main  # noqa: PLC0415
+
+        return run_main(argv)
     return int(importlib.import_module(verb.module).main(argv if verb.named else argv[1:]))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RUN", "VERBS", "Verb"]
+__all__ = ["VERBS", "Verb"]
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,6 @@ class Verb:
     help: str
     named: bool = False
 
-
-RUN = "slurmrun.cli.run"
-"""Without a verb, ``slurmrun [OPTIONS] SCRIPT.py [ARGS...]`` (or ``-m MODULE``): its module."""
 
 _JOBS = "slurmrun.cli.jobs"
 VERBS = {
