@@ -279,6 +279,18 @@ def test_bad_options_exit_2_before_anything_starts(
     assert "No module named 'no_such_module_here'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("port", ["http", "0", "70000"])
+def test_a_bad_launcher_port_variable_is_a_usage_error_in_the_dry_run_and_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, port: str
+) -> None:
+    script = _write(tmp_path / "never.py", "raise AssertionError('must not run')\n")
+    monkeypatch.setenv("SLURMRUN_LAUNCHER_PORT", port)
+    for dry in (["--dry-run"], []):
+        assert main([*dry, "--workers-per-host", "1", str(script)]) == 2
+        err = capsys.readouterr().err
+        assert f"SLURMRUN_LAUNCHER_PORT={port!r} is not a TCP port number" in err
+
+
 def test_help_documents_each_option_from_the_field_docstrings(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

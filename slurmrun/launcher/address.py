@@ -12,6 +12,7 @@ import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from slurmrun.errors import OptionsValueError
 from slurmrun.launcher import srun
 from slurmrun.launcher.listener import LISTEN_BACKLOG
 from slurmrun.launcher.ssh import ssh_hostname
@@ -67,12 +68,19 @@ def _bind_for(advertise: str) -> str:
 
 
 def wanted_port() -> int | None:
-    """The port asked for in ``SLURMRUN_LAUNCHER_PORT``; None: any free one."""
+    """The port asked for in ``SLURMRUN_LAUNCHER_PORT``; None: any free one.
+
+    Raises:
+        OptionsValueError: the variable is set to something else than a port number.
+    """
     wanted = os.environ.get(PORT_VAR, "")
     if not wanted:
         return None
     if not wanted.isdigit() or not 0 < int(wanted) < 65536:
-        raise ValueError(f"{PORT_VAR}={wanted!r} is not a TCP port number (1-65535)")
+        raise OptionsValueError(
+            f"{PORT_VAR}={wanted!r} is not a TCP port number (1-65535): set a port, or unset it "
+            "for a free one"
+        )
     return int(wanted)
 
 
