@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Literal, Protocol
 
+from slurmrun.errors import OptionsValueError
 from slurmrun.slurm.job import job_hostnames
 
 __all__ = [
@@ -100,7 +101,7 @@ def read_hostfile(path: str) -> Hosts:
     """Reads a hostfile: one host per line, optionally ``slots=N``; ``#`` starts a comment.
 
     Raises:
-        ValueError: the file is empty or a line is malformed.
+        OptionsValueError: the file is empty or a line is malformed.
     """
     hosts: list[str] = []
     slots: list[int | None] = []
@@ -113,14 +114,14 @@ def read_hostfile(path: str) -> Hosts:
             for word in words[1:]:
                 key, _, value = word.partition("=")
                 if key != "slots" or not value.isdigit() or int(value) < 1:
-                    raise ValueError(
+                    raise OptionsValueError(
                         f"{path}:{number}: expected 'HOST' or 'HOST slots=N', got {raw.strip()!r}"
                     )
                 count = int(value)
             hosts.append(words[0])
             slots.append(count)
     if not hosts:
-        raise ValueError(f"the hostfile {path} lists no host")
+        raise OptionsValueError(f"the hostfile {path} lists no host")
     counts = None if any(c is None for c in slots) else tuple(c for c in slots if c is not None)
     return Hosts(tuple(hosts), counts, "ssh")
 

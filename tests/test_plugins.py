@@ -195,5 +195,8 @@ def test_a_hostfile_outside_slurm_plans_ssh_agents(
     assert plan.commands[0][:2] == ("ssh", "-T") and plan.commands[1][-2] == "hostB"
     assert "SLURMRUN_SECRET=" not in " ".join(plan.commands[0])
     hostfile.write_text("hostA slots=x\n")
-    with pytest.raises(ValueError, match="slots=N"):
+    with pytest.raises(slurmrun.OptionsValueError, match="slots=N"):
         slurmrun.Launcher().dry_run(print)
+    hostfile.write_text("# nobody yet\n")
+    with pytest.raises(slurmrun.OptionsValueError, match="lists no host"):
+        slurmrun.Launcher().run(print)
