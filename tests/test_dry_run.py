@@ -277,3 +277,12 @@ def test_scontrol_is_asked_once_by_plan_dry_run_agent_starts_and_a_smaller_resta
     assert "--gres=gpu:1" in command
     assert all(isinstance(s, SrunAgents) and "--gres=gpu:1" in s.command for s in starts)
     assert dry.expected_workers == (1, 1, 1)
+
+
+def test_every_hostname_given_spares_too_must_be_a_node_of_the_job(monkeypatch, tmp_path):
+    _environ(monkeypatch, tmp_path, SLURMRUN_LAUNCHER_ADDR="127.0.0.1", **JOB)
+    good = slurmrun.Launcher(hostnames=["node1", "node2", "node3"], hosts=2, max_restarts=1)
+    assert good.dry_run(print).spares == ("node3",)
+    bad = slurmrun.Launcher(hostnames=["node1", "node2", "elsewhere"], hosts=2, max_restarts=1)
+    with pytest.raises(slurmrun.OptionsValueError, match=r"\['elsewhere'\] are not nodes of SLURM"):
+        bad.dry_run(print)

@@ -78,7 +78,7 @@ class Plan:
         ssh_config_file: the ssh config file for ssh agents.
         step: the agents' srun step, resolved; None unless the agents start with srun.
         nodes: what the job has on the hosts and spares, read once: a restart without a lost
-            host makes its step from it (`slurmrun.launcher.elastic`); None with `step`.
+            host makes its step from it (`slurmrun.launcher.elastic`); None when `step` is.
         spares: hosts of the allocation kept out of the run, to replace a lost one
             (`Launcher.hosts`; `slurmrun.launcher.elastic`).
         command: how each agent starts on its node (a container, srun options).
@@ -161,7 +161,7 @@ def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
                 ssh_config_file=cfg.ssh_config_file,
                 spares=spares,
             )
-        unknown = [h for h in hosts if h not in alloc.hostnames]
+        unknown = [h for h in [*hosts, *spares] if h not in alloc.hostnames]
         raise OptionsValueError(
             f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
             f"{alloc.hostnames}"
@@ -250,7 +250,7 @@ def _provided_plan(cfg: Options, found: providers.Hosts) -> Plan:
     if counts is None and found.workers_per_host is not None:
         counts = list(found.workers_per_host)
     if found.agents == "local" and not all(_is_local(h) for h in hosts):
-        raise OptionsValueError(
+        raise ValueError(
             f"the allocation provider {found.provider!r} found hosts {hosts} and asks for local "
             "agents, but not all of them are this machine"
         )
