@@ -173,7 +173,7 @@ class Launcher(Options):
         warning); a failed worker or a Ctrl-C ends only that run's workers (and every process
         they started). Changing ``hostnames``, ``workers_per_host`` or what agents start with
         (the variable patterns, env file, heartbeat and connect timeouts, backend None)
-        between runs is a ValueError: close the launcher first. The variables that
+        between runs is an OptionsValueError: close the launcher first. The variables that
         ``default_env_vars`` and ``extra_env_vars`` select are read at every run: a change of
         ``os.environ`` between runs (``OMP_NUM_THREADS``, ``HF_HOME``) reaches the next run's
         workers, and a variable unset since is unset there. After `close`, `run` is a cold
