@@ -475,8 +475,8 @@ def test_agent_whose_heartbeats_stop_is_declared_dead_after_heartbeat_timeout(
     assert info.value.hostname == "localhost"
     assert not left
     # declared dead after heartbeat_timeout, long before timeout=60; the stopped agent is
-    # then killed (SIGKILL works on a stopped process) after the agents' grace period
-    assert 2.0 - 0.2 <= detected < CATCH_ALL / 2, f"{detected:.2f} s"
+    # then killed (SIGKILL works on a stopped process) without waiting for an answer from it
+    assert 2.0 - 0.2 <= detected <= 2.0 + SLACK, f"{detected:.2f} s"
     assert slurmrun.launch(trivial, workers_per_host=1).values() == [0]
 
 

@@ -114,6 +114,8 @@ class Run:
         `ready` waits for them (bounded).
         """
         self.ending = True
+        if self.pool.dead:  # silent agents answer nothing: waiting for them would only delay
+            self.pool.breaks(f"agents declared dead: node ranks {sorted(self.pool.dead)}")
         busy = [s.agent for s in self._shares.values() if s.agent.run == self.id]
         end = protocol.End(run=self.id, keep=self.keep_workers and self._succeeded).header()
         for agent in busy:

@@ -29,7 +29,7 @@ worker_sigkill                        2 s     0.21 - 0.28 s
 worker_sigsegv                        2 s     0.21 - 0.29 s
 worker_hangs_in_a_collective          2 s     (see printed table) 1 s root-cause wait
 agent_sigkill                         5 s     0.24 - 0.28 s
-node_loss                             10 s    12.40 - 13.17 s    FAILS the 10 s bound (srun)
+node_loss                             10 s    4.26 - 4.31 s      srun's verdict on the node
 launcher_sigint                       5 s     0.22 - 0.28 s      nodes clean 1.4 - 2.1 s
 launcher_sigterm                      5 s     0.22 - 0.28 s
 scancel_job                           5 s     0.32 - 0.43 s      message flaky (CANCELLED)
@@ -37,7 +37,7 @@ unpicklable_func                      1 s     0.00 s             refused in the 
 unpicklable_return_value              2 s     0.17 - 0.28 s
 launcher_port_taken                   1 s     0.00 - 0.01 s      refused in the call
 worker_ignores_sigterm                5 s     3.09 - 3.18 s      2 s + 3 s grace
-agent SIGSTOP, heartbeat_timeout=2    < 60 s  7.71 - 8.00 s      dead at 2 s + 6 s shutdown
+agent SIGSTOP, heartbeat_timeout=2    5 s     3.07 s             dead at 2 s + 1 s shutdown
 ====================================  ======  =================  ===========================
 """
 
@@ -690,7 +690,8 @@ def test_agent_whose_heartbeats_stop_on_node2_is_declared_dead_after_heartbeat_t
         "detected": round(detected, 3),
         "gone": None,
     }
-    assert 2.0 - 0.2 <= detected < 60, f"{detected:.2f} s (timeout=60)"
+    # nothing waits for an answer from the stopped agent: its step is ended without one
+    assert 2.0 - 0.2 <= detected <= 2.0 + SLACK, f"{detected:.2f} s (timeout=60)"
     assert node_processes() == {}
 
 
