@@ -139,7 +139,7 @@ def _launch_starter(monkeypatch, tmp_path, log_dir_keep=True):
     cfg = launcher.Launcher(extra_env_vars={"FROM_MAPPING": "mapped value"})
     alloc = _alloc([2, 2, 2], [4, 4, 4])
     hosts = ["node1", "node2", "node3"]
-    plan = Plan(hosts, None, alloc, local=False, step=job_nodes(alloc, hosts).step(hosts))
+    plan = Plan(hosts, None, alloc, local=False, nodes=job_nodes(alloc, hosts))
     secret = "5ec7e7" * 10
     log_dir = LogDir(str(tmp_path), keep=log_dir_keep)
     starter, env = agent_start(cfg, plan, log_dir, secret=secret, advertise="10.0.0.1", port="1234")

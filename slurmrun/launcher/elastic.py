@@ -52,8 +52,5 @@ def without_lost_host(cfg: Options, plan: Plan, error: BaseException) -> Plan | 
 
 
 def _with_hosts(plan: Plan, hosts: list[str], counts: list[int] | None, spares: list[str]) -> Plan:
-    # The job's nodes as planning read them: SLURM is not asked again.
-    step = None if plan.nodes is None else plan.nodes.step(hosts)
-    return dataclasses.replace(
-        plan, hostnames=hosts, workers_per_host=counts, step=step, spares=spares
-    )
+    # Its step is made from the job's nodes as planning read them: SLURM is not asked again.
+    return dataclasses.replace(plan, hostnames=hosts, workers_per_host=counts, spares=spares)

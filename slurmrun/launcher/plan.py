@@ -76,9 +76,9 @@ class Plan:
         ssh: whether the agents start over ssh (hosts outside SLURM).
         provider: the allocation provider that found the hosts (``hostnames="auto"``).
         ssh_config_file: the ssh config file for ssh agents.
-        step: the agents' srun step, resolved; None unless the agents start with srun.
-        nodes: what the job has on the hosts and spares, read once: a restart without a lost
-            host makes its step from it (`slurmrun.launcher.elastic`); None when `step` is.
+        nodes: what the job has on the hosts and spares, read once, which `step` is made
+            from (after a lost host too: `slurmrun.launcher.elastic`); None unless the agents
+            start with srun.
         spares: hosts of the allocation kept out of the run, to replace a lost one
             (`Launcher.hosts`; `slurmrun.launcher.elastic`).
         command: how each agent starts on its node (a container, srun options).
@@ -91,10 +91,14 @@ class Plan:
     ssh: bool = False
     provider: str = ""
     ssh_config_file: str | None = None
-    step: srun.AgentsStep | None = None
     spares: list[str] = field(default_factory=list)
     nodes: srun.JobNodes | None = None
     command: AgentCommand = PLAIN
+
+    @property
+    def step(self) -> srun.AgentsStep | None:
+        """The agents' srun step on `hostnames`, from `nodes`; None unless they start with srun."""
+        return None if self.nodes is None else self.nodes.step(self.hostnames)
 
 
 def _is_local(host: str) -> bool:
@@ -176,7 +180,7 @@ def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
     if local or alloc is None:
         return Plan(hosts, counts, alloc, local, spares=spares)
     nodes = job_nodes(alloc, [*hosts, *spares])
-    return Plan(hosts, counts, alloc, local, step=nodes.step(hosts), spares=spares, nodes=nodes)
+    return Plan(hosts, counts, alloc, local, spares=spares, nodes=nodes)
 
 
 def _spares(cfg: Options, hosts: list[str]) -> tuple[list[str], list[str]]:
@@ -221,12 +225,11 @@ def job_nodes(alloc: SlurmAllocation, hostnames: Sequence[str]) -> srun.JobNodes
     `slurm_allocation` told (`job_gpus_per_node`): once per launch, at planning.
     """
     gpus = job_gpus_per_node(alloc)
-    order = sorted(hostnames, key=alloc.node_index)
-    index = [alloc.node_index(h) for h in order]
+    nodes = sorted((alloc.node_index(h), h) for h in hostnames)
     return srun.JobNodes(
-        order=tuple(order),
-        cpus=tuple(alloc.cpus_per_node[i] for i in index),
-        gpus=tuple(gpus[i] for i in index),
+        order=tuple(h for _, h in nodes),
+        cpus=tuple(alloc.cpus_per_node[i] for i, _ in nodes),
+        gpus=tuple(gpus[i] for i, _ in nodes),
     )
 
 
