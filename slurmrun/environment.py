@@ -15,6 +15,7 @@ __all__ = [
     "env_words",
     "matching_env",
     "source_env_file",
+    "user_env",
 ]
 
 # Signals SLURM sends ahead of a time limit (`--signal=USR1@60`): they are for the workers.
@@ -84,6 +85,26 @@ def matching_env(environ: Mapping[str, str], patterns: Iterable[str]) -> dict[st
     """The variables of `environ` whose names match any of the fnmatch `patterns`."""
     pats = list(patterns)
     return {k: v for k, v in environ.items() if any(fnmatch.fnmatchcase(k, p) for p in pats)}
+
+
+def user_env(
+    default: Iterable[str],
+    extra: Iterable[str] | Mapping[str, str],
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The user's part of what agents and workers get: the matching variables, the given ones.
+
+    Args:
+        default: `Options.default_env_vars`, fnmatch patterns of variables to pass on.
+        extra: `Options.extra_env_vars`: more patterns, and ``NAME=value`` words (`env_words`).
+        environ: the variables to match (``os.environ`` if None). A warm launcher reads them
+            again at every run (`slurmrun.launcher.warm`).
+    """
+    environ = os.environ if environ is None else environ
+    patterns, values = env_words(extra)
+    env = matching_env(environ, [*default, *patterns])
+    env.update(values)
+    return env
 
 
 def source_env_file(

@@ -20,8 +20,9 @@ from slurmrun.devices import usable_cpu_count
 from slurmrun.errors import AgentFailedError
 from slurmrun.launcher.dryrun import plan_dry_run
 from slurmrun.launcher.elastic import without_lost_host
-from slurmrun.launcher.plan import agent_start, make_plan
+from slurmrun.launcher.plan import make_plan
 from slurmrun.launcher.starters import SrunAgents
+from slurmrun.launcher.startup import agent_start
 from slurmrun.logs import LogDir
 
 GOLDEN = Path(__file__).parent / "golden"

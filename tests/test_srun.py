@@ -13,8 +13,9 @@ import pytest
 
 from slurmrun import launcher, protocol
 from slurmrun.launcher import srun
-from slurmrun.launcher.plan import Plan, agent_start, job_nodes
+from slurmrun.launcher.plan import Plan, job_nodes
 from slurmrun.launcher.starters import SrunAgents
+from slurmrun.launcher.startup import agent_start
 from slurmrun.logs import LogDir
 from slurmrun.slurm.job import SlurmAllocation
 

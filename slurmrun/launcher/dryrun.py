@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.devices import visible_gpu_count
 from slurmrun.launcher.address import launcher_address, wanted_port
-from slurmrun.launcher.plan import Plan, agent_start
+from slurmrun.launcher.plan import Plan
 from slurmrun.launcher.ssh import SshAgents
 from slurmrun.launcher.starters import SrunAgents, local_agent_env
+from slurmrun.launcher.startup import agent_start
 from slurmrun.log_dirs import resolve_log_dir
 from slurmrun.protocol import JOB_ENV_VAR, JOB_TASKS_VAR, SECRET_VAR
 from slurmrun.slurm.job import agent_auto_workers, env_job_id
@@ -345,11 +346,13 @@ def _expected_workers(plan: Plan, env: Mapping[str, str], gpus: int) -> tuple[li
         if env_job_id(env) is None:
             return counts, "no GPU: one per CPU the agent may use"
         return counts, "no GPU: the job's tasks on the node, else 1"
-    alloc = plan.alloc
+    alloc, nodes = plan.alloc, plan.nodes
     assert alloc is not None  # noqa: S101 - srun agents run in a job
-    if alloc.tasks_per_node is None:
+    assert nodes is not None  # noqa: S101 - make_plan reads a job's nodes for srun agents
+    if nodes.tasks is None:
         return [1] * len(plan.hostnames), "no GPU, and the job's tasks per node are unknown: 1"
     source = alloc.sources.get("tasks_per_node", "the job")
-    return [alloc.tasks_per_node[alloc.node_index(h)] for h in plan.hostnames], (
+    tasks = dict(zip(nodes.order, nodes.tasks, strict=True))
+    return [tasks[h] for h in plan.hostnames], (
         f"no GPU in its step: the job's tasks on its node ({source}, passed on as {JOB_TASKS_VAR})"
     )

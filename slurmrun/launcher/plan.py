@@ -1,65 +1,33 @@
-"""A launch's plan: its hosts, how their agents start, and where they reach the launcher.
+"""A launch's plan: its hosts, and how their agents start (srun, ssh, local; a container).
 
 `make_plan` reads the allocation (or the hosts given) once per launch, and for srun agents
-resolves their step (`srun.AgentsStep`: CPUs, GPUs per node, task order) there too: what
-follows reads the plan and asks SLURM nothing more. The rest (`agent_start`) turns a plan
-into what the agents start with: their environment and their starter (srun, ssh or local);
-where they reach the launcher is `slurmrun.launcher.address`'s. A dry run
-(`slurmrun.launcher.dryrun.plan_dry_run`) takes the same steps and starts nothing.
+the job's nodes (`srun.JobNodes`: CPUs, GPUs per node, task order) there too: what follows
+reads the plan and asks SLURM nothing more. `slurmrun.launcher.startup` turns a plan into
+what the agents start with; where they reach the launcher is `slurmrun.launcher.address`'s.
+A dry run (`slurmrun.launcher.dryrun.plan_dry_run`) takes the same steps and starts nothing.
 """
 
 from __future__ import annotations
 
-import os
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from slurmrun import providers
-from slurmrun.environment import env_words, matching_env
 from slurmrun.errors import OptionsValueError
 from slurmrun.launcher import srun
 from slurmrun.launcher.containers import PLAIN, AgentCommand, agent_command_of
-from slurmrun.launcher.ssh import SshAgents
-from slurmrun.launcher.starters import (
-    AgentStarter,
-    LocalAgents,
-    package_pythonpath,
-)
-from slurmrun.log_dirs import LogDir
-from slurmrun.protocol import (
-    ENV_FILE_VAR,
-    HEARTBEAT_VAR,
-    HEARTBEATS_PER_TIMEOUT,
-    JOB_ENV_VAR,
-    JOB_TASKS_VAR,
-    LAUNCHER_ADDR_VAR,
-    LEARN_PRELOADS_VAR,
-    PORT_VAR,
-    PRELOAD_LATER_VAR,
-    PRELOAD_VAR,
-    SECRET_VAR,
-)
 from slurmrun.slurm.job import (
     SlurmAllocation,
     job_gpus_per_node,
     slurm_allocation,
 )
-from slurmrun.worker_env import job_vars
 
 if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
 
-__all__ = [
-    "Plan",
-    "agent_start",
-    "job_nodes",
-    "make_plan",
-    "silence",
-    "step_order",
-    "user_env",
-]
+__all__ = ["Plan", "job_nodes", "make_plan"]
 
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -99,6 +67,12 @@ class Plan:
     def step(self) -> srun.AgentsStep | None:
         """The agents' srun step on `hostnames`, from `nodes`; None unless they start with srun."""
         return None if self.nodes is None else self.nodes.step(self.hostnames)
+
+    @property
+    def task_order(self) -> list[str]:
+        """The agents' nodes in their srun step's task order (the job's), else `hostnames`."""
+        step = self.step
+        return list(step.task_order) if step else list(self.hostnames)
 
 
 def _is_local(host: str) -> bool:
@@ -225,11 +199,13 @@ def job_nodes(alloc: SlurmAllocation, hostnames: Sequence[str]) -> srun.JobNodes
     `slurm_allocation` told (`job_gpus_per_node`): once per launch, at planning.
     """
     gpus = job_gpus_per_node(alloc)
+    tasks = alloc.tasks_per_node
     nodes = sorted((alloc.node_index(h), h) for h in hostnames)
     return srun.JobNodes(
         order=tuple(h for _, h in nodes),
         cpus=tuple(alloc.cpus_per_node[i] for i, _ in nodes),
         gpus=tuple(gpus[i] for i, _ in nodes),
+        tasks=None if tasks is None else tuple(tasks[i] for i, _ in nodes),
     )
 
 
@@ -281,103 +257,3 @@ def _check_driver_step(alloc: SlurmAllocation) -> None:
         "that calls launch() once: `python train.py` in the batch script or the salloc "
         "shell, or `srun -N1 -n1 python train.py`. slurmrun starts one agent per node itself."
     )
-
-
-# ---------------------------------------------------------------------- the agents' start
-
-
-def user_env(cfg: Options, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The user's part of what agents and workers get: the matching variables, the given ones.
-
-    A warm launcher reads it again at every run (`slurmrun.launcher.warm`).
-    """
-    environ = os.environ if environ is None else environ
-    patterns, values = env_words(cfg.extra_env_vars)
-    env = matching_env(environ, [*cfg.default_env_vars, *patterns])
-    env.update(values)
-    return env
-
-
-def silence(cfg: Options) -> float:
-    """How long an agent may be silent before it counts as dead, and the launcher for agents.
-
-    Heartbeats must come often enough for the shorter of the two timeouts.
-    """
-    return float(min(cfg.timeout, cfg.heartbeat_timeout))
-
-
-def _control_env(
-    cfg: Options, plan: Plan, secret: str, advertise: str, port: str
-) -> dict[str, str]:
-    """The variables the launcher sets for its agents (`_agent_starter` adds the job's tasks)."""
-    # Modules the spawner imports before forking workers (the command's script mode asks for
-    # torch although it initialises no process group). Without a process group torch is
-    # imported after the first run instead: a one-shot launch never waits for it, and later
-    # runs of a warm launcher find it loaded. A value the user set is taken as it is.
-    preload = os.environ.get(PRELOAD_VAR)
-    control = {
-        SECRET_VAR: secret,
-        LAUNCHER_ADDR_VAR: advertise,
-        PORT_VAR: port,
-        PRELOAD_VAR: preload or ("" if cfg.backend is None else "torch"),
-        PRELOAD_LATER_VAR: "torch" if not preload and cfg.backend is None else "",
-        LEARN_PRELOADS_VAR: "1" if cfg.learn_preloads else "0",
-        HEARTBEAT_VAR: str(max(0.05, silence(cfg) / HEARTBEATS_PER_TIMEOUT)),
-    }
-    if not plan.command.contained:  # this slurmrun; a container has its own
-        control["PYTHONPATH"] = package_pythonpath(os.environ)
-    if cfg.env_file:
-        control[ENV_FILE_VAR] = os.path.abspath(cfg.env_file)
-    return control
-
-
-def agent_start(
-    cfg: Options, plan: Plan, log_dir: LogDir, *, secret: str, advertise: str, port: str
-) -> tuple[AgentStarter, dict[str, str]]:
-    """The agents' starter, and the environment to start them with.
-
-    What a run starts its agents with (`slurmrun.launcher.warm.open_pool`), and what a dry
-    run shows (`slurmrun.launcher.dryrun.plan_dry_run`, with no secret and port 0).
-
-    Args:
-        cfg: the launch's options.
-        plan: the launch's plan.
-        log_dir: the launch's log directory.
-        secret: the launch's secret (hex), which agents prove they know.
-        advertise: the launcher's address the agents connect to.
-        port: the launcher's port.
-    """
-    control = _control_env(cfg, plan, secret, advertise, port)
-    return _agent_starter(cfg, plan, log_dir, control)
-
-
-def _agent_starter(
-    cfg: Options, plan: Plan, log_dir: LogDir, control: dict[str, str]
-) -> tuple[AgentStarter, dict[str, str]]:
-    if plan.alloc is not None and plan.alloc.tasks_per_node is not None:
-        control[JOB_TASKS_VAR] = ",".join(map(str, plan.alloc.tasks_per_node))
-    environ: Mapping[str, str] = os.environ
-    if not plan.local and not plan.ssh:
-        # srun runs with our environment less what would reshape the agents' step (the driver's
-        # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
-        # with their values taken from srun's environment, so no value is on a command line.
-        environ = srun.srun_environment(os.environ)
-        control[JOB_ENV_VAR] = job_vars(os.environ)  # the workers' SLURM_JOB_NAME, ...
-    agent_env = user_env(cfg, environ) | control
-    if plan.local:
-        return LocalAgents(plan.hostnames, log_dir.path, command=plan.command.agent()), agent_env
-    if plan.ssh:
-        ssh = SshAgents(
-            plan.hostnames, log_dir.path, config_file=cfg.ssh_config_file, command=plan.command
-        )
-        return ssh, agent_env
-    assert plan.step is not None  # noqa: S101 - make_plan resolves srun agents' step
-    starter = srun.srun_agents(
-        plan.step, log_dir.path, sorted(agent_env), node_logs=log_dir.keep, command=plan.command
-    )
-    return starter, {**environ, **agent_env}
-
-
-def step_order(plan: Plan) -> list[str]:
-    """The agents' step's nodes in SLURM's task order (the job's node order)."""
-    return list(plan.step.task_order) if plan.step else list(plan.hostnames)

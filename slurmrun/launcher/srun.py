@@ -196,11 +196,13 @@ class JobNodes:
         order: the nodes in SLURM's task order (the job's node order).
         cpus: each node's CPUs, in `order`.
         gpus: each node's GPUs (0 where nothing tells), in `order`.
+        tasks: the job's tasks on each node, in `order`; None where nothing tells.
     """
 
     order: tuple[str, ...]
     cpus: tuple[int, ...]
     gpus: tuple[int, ...]
+    tasks: tuple[int, ...] | None = None
 
     def step(self, hostnames: Sequence[str]) -> AgentsStep:
         """The step of one agent on each of `hostnames` (nodes of `order`, in the launch's order).

@@ -20,21 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.authentication import new_secret
 from slurmrun.control import ControlServer
+from slurmrun.environment import user_env
 from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.events import Trace
 from slurmrun.launcher import srun
 from slurmrun.launcher.address import launcher_address, listen
 from slurmrun.launcher.containers import launcher_path
-from slurmrun.launcher.plan import (
-    Plan,
-    agent_start,
-    silence,
-    step_order,
-    user_env,
-)
+from slurmrun.launcher.plan import Plan
 from slurmrun.launcher.pool import AgentPool, PoolBroken
 from slurmrun.launcher.run import Run
 from slurmrun.launcher.starters import LocalAgents, SrunAgents
+from slurmrun.launcher.startup import agent_start, silence
 from slurmrun.launcher.watch import StacksWanted
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.logs import log_level
@@ -215,6 +211,7 @@ def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool
     try:
         log_dir = resolve_log_dir()
         secret = new_secret()
+        agent_silence = silence(cfg)
         starter, env = agent_start(
             cfg,
             plan,
@@ -234,7 +231,7 @@ def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool
         server=server,
         secret=secret,
         connect_timeout=float(cfg.timeout),
-        silence=silence(cfg),
+        silence=agent_silence,
         log_dir=log_dir,
         trace=trace,
     )
@@ -254,7 +251,7 @@ def explained(e: AgentFailedError, pool: AgentPool, plan: Plan) -> AgentFailedEr
     starter, log_dir = pool.starter, pool.log_dir
     if not isinstance(starter, SrunAgents) or log_dir is None or not log_dir.keep:
         return e
-    failure = srun.agent_start_failure(starter.log_path, step_order(plan), log_dir.path)
+    failure = srun.agent_start_failure(starter.log_path, plan.task_order, log_dir.path)
     if failure is None:
         return e
     host, message = failure
@@ -269,7 +266,8 @@ def run_attempt(  # noqa: PLR0917 - private, called once
     cfg: Options, warm: Warm, plan: Plan, payload: bytes, attempt: int, trace: Trace
 ) -> LaunchResult[Any]:
     """One attempt: a run on the kept agents (new ones if there are none, or they broke)."""
-    env = user_env(cfg)  # once per run: what new agents start with, and what changed since
+    # once per run: what new agents start with, and what changed since
+    env = user_env(cfg.default_env_vars, cfg.extra_env_vars)
     pool = warm.ready_pool(cfg, plan, env, trace)
     trace.mark("agents_connected")
     try:
