@@ -1,10 +1,11 @@
 """A launch's plan: its hosts, and how their agents start (srun, ssh, local; a container).
 
 `make_plan` reads the allocation (or the hosts given) once per launch, and for srun agents
-the job's nodes (`srun.JobNodes`: CPUs, GPUs, tasks per node, their order) there too: what follows
-reads the plan and asks SLURM nothing more. `slurmrun.launcher.startup` turns a plan into
-what the agents start with; where they reach the launcher is `slurmrun.launcher.address`'s.
-A dry run (`slurmrun.launcher.dryrun.plan_dry_run`) takes the same steps and starts nothing.
+the job's nodes (`srun.JobNodes`: CPUs, GPUs, tasks per node, their order) there too: what
+follows reads the plan and asks SLURM nothing more. `slurmrun.launcher.startup` turns a plan
+into what the agents start with; where they reach the launcher is
+`slurmrun.launcher.address`'s. A dry run (`slurmrun.launcher.dryrun.plan_dry_run`) takes the
+same steps and starts nothing.
 """
 
 from __future__ import annotations
