@@ -44,6 +44,24 @@ CASES = {
 }
 
 
+def test_a_plans_task_order_is_slurms_and_its_nodes_carry_the_jobs_tasks():
+    # srun numbers the agents' tasks in the job's node order, whatever order the hosts are in:
+    # a failed task's number names its node through Plan.task_order (warm.explained).
+    alloc = SlurmAllocation(
+        job_id="42",
+        hostnames=["node1", "node2", "node3"],
+        cpus_per_node=[4, 4, 4],
+        tasks_per_node=[3, 2, 1],
+        gpus_per_node=[0, 0, 0],
+    )
+    hosts = ["node3", "node1"]
+    nodes = job_nodes(alloc, hosts)
+    assert nodes.order == ("node1", "node3")
+    assert nodes.tasks == (3, 1)
+    assert Plan(hosts, None, alloc, local=False, nodes=nodes).task_order == ["node1", "node3"]
+    assert Plan(hosts, None, None, local=True).task_order == ["node3", "node1"]
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_agents_step_command_matches_golden_file(name):
     alloc, hosts, log_dir = CASES[name]
