@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import time
 from pathlib import Path
@@ -73,18 +74,38 @@ def _report_times(column, slack, times, config) -> None:
     for name, t in times.items():
         gone = "-" if t["gone"] is None else f"{t['gone']:.2f}"
         lines.append(f"{name:34} {t['bound']:6.1f} {t['detected']:9.2f} {gone:>9}")
-    try:
-        saved = json.loads(TIMES_FILE.read_text())
-    except (OSError, ValueError):
-        saved = {}
-    saved[column] = times
-    with contextlib.suppress(OSError):
+    _save_times(column, times)
+    # Printed in the terminal summary: under xdist a worker's own output is not shown, so a
+    # worker hands its lines to the controller (workeroutput), which prints them.
+    report = _REPORTS.setdefault(config, [])
+    report.extend([*lines, ""])
+    if hasattr(config, "workeroutput"):
+        config.workeroutput["fault_times"] = json.dumps(report)
+
+
+def _save_times(column, times) -> None:
+    """Merges one column into TIMES_FILE, locked: xdist workers may write theirs at once."""
+    with contextlib.suppress(OSError), open(TIMES_FILE.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            saved = json.loads(TIMES_FILE.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        saved[column] = times
         TIMES_FILE.write_text(json.dumps(saved, indent=1, sort_keys=True) + "\n")
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    capture = config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None:  # only without pytest's terminal plugin
-        return
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        reporter.write_line("")
-        for line in lines:
-            reporter.write_line(line)
+
+
+_REPORTS: dict[pytest.Config, list[str]] = {}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist's controller: keeps a finished worker's fault-time tables for the summary."""
+    lines = getattr(node, "workeroutput", {}).get("fault_times")
+    if lines:
+        _REPORTS.setdefault(node.config, []).extend(json.loads(lines))
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    for line in _REPORTS.pop(config, []):
+        terminalreporter.write_line(line)

@@ -1,28 +1,41 @@
 #!/usr/bin/env bash
 # The project's one test command (README and .ci/run call exactly this):
 #
-#   bash tests/run.sh [pytest args...]        default: the whole tests/ directory
+#   bash tests/run.sh [--quick] [pytest args...]     default: the whole tests/ directory
 #
 # 1. installs the Python dependencies (torch pinned to a CPU-sized wheel), slurmrun itself and
 #    docs/requirements.txt, and builds the docs site with warnings as errors;
-# 2. runs the fresh-venv legs (tests/fresh_venv.sh): slurmrun installed as a user installs it
-#    (`pip install torch==2.13.0 .`, declared dependencies only; and on Python 3.10 without
-#    torch), running smoke launches, so that an undeclared dependency fails here; a failure
-#    is reported at the end, after pytest, which runs all the same;
+# 2. runs the fresh-venv legs (tests/fresh_venv.sh) in the background from the start: slurmrun
+#    installed as a user installs it (`pip install torch==2.13.0 .`, declared dependencies
+#    only; and on Python 3.10 without torch), running smoke launches, so that an undeclared
+#    dependency fails here; their output and verdict are printed at the end;
 # 3. brings up the 3-node SLURM test cluster (tests/cluster/slurm-cluster.sh; needs root,
-#    installs Debian's slurm + munge packages if missing);
-# 4. runs pytest with SLURMRUN_TEST_CLUSTER=1, takes the cluster down again whatever happens,
-#    and exits non-zero if pytest or a leg failed, saying which.
+#    installs Debian's slurm + munge packages if missing), beside steps 1 and 2;
+# 4. runs pytest with SLURMRUN_TEST_CLUSTER=1 on two pytest-xdist workers (`--dist loadgroup`:
+#    every test of tests/slurm/ on one worker, one after the other, as they share the cluster;
+#    the tests that need no cluster on the other), takes the cluster down again whatever
+#    happens, prints each phase's time and the 25 slowest tests, and exits non-zero if pytest
+#    or a leg failed, saying which.
+#
+# --quick: a developer's loop of a few minutes: no fresh-venv legs, no docs build, every test
+# that needs no cluster and, of the cluster's, only those marked `quick` (one per feature).
 #
 # SLURMRUN_SKIP_SLURM=1 skips step 3 and the `slurm`-marked tests (for machines where you
 # are not root or cannot create network namespaces). Without it, not being able to start
 # the cluster is an error: the SLURM tests are the point of this project.
 # SLURMRUN_SKIP_FRESH_VENV=1 skips step 2 (it needs PyPI for the dependencies).
+# SLURMRUN_TEST_WORKERS=N sets pytest-xdist's workers (default 2; 0 runs pytest serially).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 CLUSTER=tests/cluster/slurm-cluster.sh
 NODES=3
+WORKERS=${SLURMRUN_TEST_WORKERS:-2}
+QUICK=0
+if [ "${1:-}" = --quick ]; then
+  QUICK=1
+  shift
+fi
 
 say() { echo "tests/run.sh: $*" >&2; }
 
@@ -32,68 +45,149 @@ if [ "${SLURMRUN_SKIP_SLURM:-0}" != 1 ] && [ "$(id -u)" != 0 ]; then
   exit 1
 fi
 
+# Each phase's wall time, printed at the end (phase "name seconds" lines).
+PHASES=()
+RUN_START=$SECONDS
+phase_done() { PHASES+=("$(printf '%-34s %5d s' "$1" "$2")"); }
+print_phases() {
+  say "phases (wall time; the ones marked & ran beside the others):"
+  local p
+  for p in "${PHASES[@]}"; do echo "    $p" >&2; done
+  printf '    %-34s %5d s\n' "whole command" $((SECONDS - RUN_START)) >&2
+}
+
+WORK="$(mktemp -d -t slurmrun-run.XXXXXX)"
+LEGS_PID=""
+CLUSTER_PID=""
+cleanup() {
+  [ -z "$LEGS_PID" ] || kill -- -"$LEGS_PID" 2>/dev/null || true
+  [ -z "$CLUSTER_PID" ] || wait "$CLUSTER_PID" 2>/dev/null || true
+  if [ "${CLUSTER_STARTED:-0}" = 1 ]; then
+    bash "$CLUSTER" down || say "WARNING: 'slurm-cluster.sh down' failed"
+  fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# Step 2 in the background: its own venvs, so it needs nothing of steps 1 and 3.
+if [ "$QUICK" = 1 ] || [ "${SLURMRUN_SKIP_FRESH_VENV:-0}" = 1 ]; then
+  say "fresh-venv legs skipped ($([ "$QUICK" = 1 ] && echo --quick || echo SLURMRUN_SKIP_FRESH_VENV=1))"
+else
+  say "fresh-venv legs (tests/fresh_venv.sh) started in the background; output at the end"
+  # a session of its own, so that an early exit stops all of it (cleanup)
+  setsid bash -c 'start=$SECONDS; rc=0; bash tests/fresh_venv.sh >"$1/legs.log" 2>&1 || rc=$?
+                  echo "$rc $((SECONDS - start))" >"$1/legs.rc"' legs "$WORK" &
+  LEGS_PID=$!
+fi
+
+# Step 3 in the background as well: installing SLURM and starting its daemons waits on apt
+# and on the daemons, not on the CPU.
+if [ "${SLURMRUN_SKIP_SLURM:-0}" != 1 ]; then
+  say "starting the $NODES-node SLURM test cluster in the background"
+  CLUSTER_STARTED=1
+  (
+    start=$SECONDS
+    rc=0
+    bash "$CLUSTER" up "$NODES" >"$WORK/cluster.log" 2>&1 || rc=$?
+    echo "$rc $((SECONDS - start))" >"$WORK/cluster.rc"
+  ) &
+  CLUSTER_PID=$!
+fi
+
+t=$SECONDS
 say "installing Python dependencies"
 python3 -m pip install -q --root-user-action=ignore torch==2.13.0
 python3 -m pip install -q --root-user-action=ignore -e '.[test,frameworks]'
 python3 -m pip install -q --root-user-action=ignore -r docs/requirements.txt
+phase_done "pip install" $((SECONDS - t))
 
-# The docs site, warnings as errors: a broken reference or docstring fails the run here.
-say "building the docs (python -m sphinx -W -b html docs docs/_build)"
-python3 -m sphinx -W -q -b html docs docs/_build
+if [ "$QUICK" = 1 ]; then
+  say "--quick: docs build skipped"
+else
+  # The docs site, warnings as errors: a broken reference or docstring fails the run here.
+  t=$SECONDS
+  say "building the docs (python -m sphinx -W -b html docs docs/_build)"
+  python3 -m sphinx -W -q -b html docs docs/_build
+  phase_done "docs build" $((SECONDS - t))
+fi
 
-[ $# -gt 0 ] || set -- tests
-
-# Step 2, before the cluster is up and pytest runs, so that pytest's summary closes the
-# output; prints each leg's time and its verdict.
-fresh_venv_legs() {
-  if [ "${SLURMRUN_SKIP_FRESH_VENV:-0}" = 1 ]; then
-    say "SLURMRUN_SKIP_FRESH_VENV=1: fresh-venv legs skipped"
-    return 0
-  fi
-  say "fresh-venv legs (tests/fresh_venv.sh)"
-  local start=$SECONDS
-  if bash tests/fresh_venv.sh; then
-    say "fresh-venv legs passed in $((SECONDS - start)) s"
+# The legs' output and verdict; 0 when they passed or did not run.
+legs_rc=0
+legs_report() {
+  [ -n "$LEGS_PID" ] || return 0
+  wait "$LEGS_PID" 2>/dev/null || true
+  LEGS_PID=""
+  cat "$WORK/legs.log" >&2 || true
+  local rc secs
+  read -r rc secs <"$WORK/legs.rc" || { rc=1; secs=0; }
+  phase_done "& fresh-venv legs" "$secs"
+  if [ "$rc" = 0 ]; then
+    say "fresh-venv legs passed in $secs s"
   else
-    say "ERROR: fresh-venv legs FAILED after $((SECONDS - start)) s (see above)"
-    return 1
+    say "ERROR: fresh-venv legs FAILED after $secs s (see above)"
+    legs_rc=1
   fi
 }
 
-# The verdict of both parts, pytest's and the legs', named.
+# The verdict of both parts, pytest's and the legs', named; pytest's summary line is repeated
+# last, so that it closes the output whatever was printed after it.
 finish() {
   local pytest_rc="$1"
+  legs_report
+  print_phases
   [ "$pytest_rc" = 0 ] || say "FAILED: pytest exited with $pytest_rc"
   [ "$legs_rc" = 0 ] || say "FAILED: fresh-venv legs"
+  if [ -s "$WORK/summary" ]; then cat "$WORK/summary"; fi
   if [ "$pytest_rc" != 0 ]; then exit "$pytest_rc"; fi
   exit "$legs_rc"
 }
 
-legs_rc=0
-fresh_venv_legs || legs_rc=$?
+[ $# -gt 0 ] || set -- tests
+XDIST=()
+[ "$WORKERS" = 0 ] || XDIST=(-n "$WORKERS" --dist loadgroup)
+
+# pytest, its output shown as it comes and its summary line kept for the end.
+run_pytest() {
+  local rc=0 t=$SECONDS
+  set +e
+  python3 -m pytest "${XDIST[@]}" --durations=25 "$@" 2>&1 | tee "$WORK/pytest.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  phase_done "pytest" $((SECONDS - t))
+  grep -E '^=+ .*(passed|failed|error|skipped|no tests ran).* in [0-9.]+s' "$WORK/pytest.log" \
+    | tail -1 >"$WORK/summary" || true
+  return "$rc"
+}
 
 if [ "${SLURMRUN_SKIP_SLURM:-0}" = 1 ]; then
   say "SLURMRUN_SKIP_SLURM=1: no SLURM cluster, running only the tests not marked 'slurm'"
   rc=0
-  python3 -m pytest -m "not slurm" "$@" || rc=$?
+  run_pytest -m "not slurm" "$@" || rc=$?
   finish "$rc"
 fi
 
-cluster_down() { bash "$CLUSTER" down || say "WARNING: 'slurm-cluster.sh down' failed"; }
-trap cluster_down EXIT
-
-say "starting the $NODES-node SLURM test cluster"
-if ! bash "$CLUSTER" up "$NODES"; then
+t=$SECONDS
+wait "$CLUSTER_PID" || true
+CLUSTER_PID=""
+cat "$WORK/cluster.log" >&2
+read -r cluster_rc cluster_secs <"$WORK/cluster.rc" || cluster_rc=1
+phase_done "& cluster up (apt, daemons)" "${cluster_secs:-0}"
+phase_done "waiting for the cluster" $((SECONDS - t))
+if [ "$cluster_rc" != 0 ]; then
   say "ERROR: could not start the SLURM test cluster. Daemon logs:"
   bash "$CLUSTER" logs 100 || true
   say "ERROR: SLURM test cluster failed to start (set SLURMRUN_SKIP_SLURM=1 to run without it)"
+  legs_report
   exit 1
 fi
 
 export SLURMRUN_TEST_CLUSTER=1
 rc=0
-# --durations: the slowest tests, named in every run, to keep the suite short
-python3 -m pytest --durations=15 "$@" || rc=$?
+if [ "$QUICK" = 1 ]; then
+  run_pytest -m "not slurm or quick" "$@" || rc=$?
+else
+  run_pytest "$@" || rc=$?
+fi
 
 if [ "$rc" != 0 ]; then
   say "pytest exited with $rc; SLURM cluster state and daemon logs follow"

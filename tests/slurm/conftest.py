@@ -55,6 +55,7 @@ REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "cluster" / "slurm-cluster.sh"
 SLURM_DIR = Path(__file__).resolve().parent
 JOB_NAME = "slurmrun-test"  # name of the jobs run_in_allocation and sbatch submit
+CLUSTER_GROUP = "slurm-cluster"  # the xdist group of every test here
 NOT_UP_HELP = (
     "The SLURM test cluster is not up. Run the test suite with `bash tests/run.sh` (as root; "
     "it starts and stops the cluster), or bring it up yourself with "
@@ -69,6 +70,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if SLURM_DIR in item.path.parents:
             item.add_marker(pytest.mark.slurm)
+            # Under pytest-xdist (`--dist loadgroup`, as tests/run.sh runs), every cluster
+            # test goes to one worker, one after the other: they share the cluster's nodes,
+            # partitions and timers; the other workers run the tests that need no cluster.
+            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
 
 
 # --------------------------------------------------------------------------- cluster facts

@@ -9,9 +9,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 DRIVER = Path(__file__).resolve().parents[1] / "chaos_driver.py"
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_chaos_on_three_nodes_leaves_no_hang_no_process_no_lost_result_or_byte(
     run_in_allocation, node_processes
 ):

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.slurm.conftest import REPO
 
 # The command imports this checkout's slurmrun, whatever is installed.
@@ -42,6 +44,7 @@ def _train(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_sbatch_one_launch_line_runs_every_rank(tmp_path: Path, sbatch) -> None:
     _train(tmp_path)
     job = sbatch(

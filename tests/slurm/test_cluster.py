@@ -66,6 +66,7 @@ def test_cluster_facts(slurm_cluster, run_cmd):
     assert sorted(set(sinfo)) == [f"{n} 4 gpu:2" for n in NODES]
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_salloc_srun_hostname(run_cmd):
     cp = run_cmd(["salloc", JOB, "-N3", "srun", "hostname"])
     assert sorted(cp.stdout.split()) == NODES

@@ -49,6 +49,7 @@ def where():
 """
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_a_function_and_a_script_run_inside_the_image_on_two_nodes(
     image: str, run_in_allocation: Any, node_processes: Any, tmp_path: Path
 ) -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pexpect
+import pytest
 
 from tests.slurm.conftest import JOB_NAME, wait_job
 
@@ -76,6 +77,7 @@ print(f"rank {rank} done", flush=True)
 """
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_breakpoint_on_a_rank_of_node2_opens_pdb_in_the_salloc_terminal(
     tmp_path: Path, node_processes
 ) -> None:

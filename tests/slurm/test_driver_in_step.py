@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.slurm.conftest import JOB_NAME, REPO
 
 # The drivers import this checkout's slurmrun, whatever is installed.
@@ -65,6 +67,7 @@ def _salloc(run_cmd, salloc_args, argv, timeout=90.0, check=True):
     )
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_salloc_srun_one_task_launches_on_every_node(run_cmd, tmp_path, node_processes):
     path = _script(tmp_path)
     cp = _salloc(run_cmd, ["-N2"], ["srun", "-N1", "-n1", sys.executable, str(path)])

@@ -126,6 +126,7 @@ def _result(stdout: str) -> dict[str, Any]:
     return found
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 @pytest.mark.usefixtures("lost_node_restorer")
 @pytest.mark.parametrize(
     ("min_hosts", "hosts"), [(2, None), (None, 2)], ids=["min_hosts=2", "hosts=2 (a spare)"]

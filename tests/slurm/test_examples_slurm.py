@@ -16,6 +16,7 @@ from tests.test_docs import of_kind
 ENV = {"PYTHONPATH": str(REPO)}
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_sbatch_job_runs_the_quickstart_on_both_nodes(sbatch, monkeypatch, node_processes):
     # sbatch's fixture takes the script's text; the job finds the examples through EXAMPLES_DIR
     # and this checkout through PYTHONPATH (sbatch passes the submitter's environment on).

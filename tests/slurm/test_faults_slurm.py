@@ -703,6 +703,7 @@ def test_max_restarts_on_the_cluster_returns_the_second_attempts_values(run_in_a
     assert "first attempt fails on rank 1" in out["message"]
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_scancel_signal_usr1_of_the_step_reaches_every_worker_once(
     run_in_allocation, node_processes, tmp_path
 ):

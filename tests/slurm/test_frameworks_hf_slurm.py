@@ -258,6 +258,7 @@ def _assert_hf_world(views: list[dict], output: str) -> None:
 
 
 # --------------------------------------------------------------------------- tests
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 @pytest.mark.parametrize("backend", ["gloo", None])
 def test_hf_trainer_in_launch_sees_the_launch_world(run_in_allocation, tmp_path, backend):
     """``slurmrun.launch(hf_train, workers_per_host=2)`` from a driver inside ``salloc``.

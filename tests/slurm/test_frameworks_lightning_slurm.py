@@ -315,6 +315,7 @@ print("RESULT " + json.dumps([v for host in result.return_values for v in host])
 """
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 @pytest.mark.parametrize("backend", [None, "gloo"])
 def test_fabric_in_slurmrun_launch_sees_one_world(run_in_allocation, backend):
     script = FABRIC.replace("BACKEND", repr(backend))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from tests.slurm.conftest import JOB_NAME, REPO
 
 # This checkout's slurmrun, whatever is installed.
@@ -20,6 +22,7 @@ def _salloc(run_cmd, salloc_args, argv, timeout=60.0):
     )
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_info_in_salloc_shows_the_job_and_the_srun_plan(run_cmd, node_processes):
     data = json.loads(_salloc(run_cmd, ["-N3"], [*INFO, "--json"]).stdout)
     slurm = data["slurm"]

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.slurm.slurm_helpers import wait_for
 from tests.slurm.test_preemption_slurm import _ready, _submit
 
@@ -34,6 +36,7 @@ except BaseException as e:
 """
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_a_cancelled_jobs_workers_keep_killwait_to_checkpoint(
     slurm_cluster, tmp_path, node_processes
 ):

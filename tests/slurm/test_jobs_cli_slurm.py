@@ -60,6 +60,7 @@ def script(tmp_path: Path) -> str:
     return "train.py"
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_submit_status_logs_jobs(slurm_cluster, tmp_path, script):
     done = slurmrun(tmp_path, "submit", "--nodes", "2", "--time", "0:05:00", script, "--lr", "3")
     assert done.returncode == 0, done.stderr

@@ -85,6 +85,7 @@ def funcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     yield from project_module(tmp_path, monkeypatch, "jobfuncs", FUNCS)
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_a_function_from_the_submitters_sys_path_runs_on_every_cpu_of_one_node(
     slurm_cluster, funcs, tmp_path
 ):

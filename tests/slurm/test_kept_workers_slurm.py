@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 import slurmrun
 
 REPO = str(Path(slurmrun.__file__).parents[1])
@@ -36,6 +38,7 @@ with slurmrun.Launcher(workers_per_host=2, backend="gloo", timeout=60, keep_work
 """
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_kept_workers_serve_three_runs_on_every_node(run_in_allocation) -> None:
     cp = run_in_allocation(["-N3"], SCRIPT, timeout=120, env={"PYTHONPATH": REPO})
     runs = [json.loads(x[4:]) for x in cp.stdout.splitlines() if x.startswith("RUN ")]

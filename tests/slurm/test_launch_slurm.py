@@ -54,6 +54,7 @@ def script(body: str) -> str:
     return COMMON + textwrap.dedent(body)
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_salloc_three_nodes_runs_every_rank_on_its_own_node(run_in_allocation, slurm_cluster):
     cp = run_in_allocation(["-N3"], script("emit(slurmrun.launch(where, timeout=60))"))
     out = results(cp)

@@ -105,6 +105,7 @@ def agent_processes(node_processes, node: str) -> list[str]:
     return [f"{p.pid} {p.cmdline}" for p in procs if p.cmdline.startswith(titles)]
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_agents_stop_their_workers_when_the_launcher_vanishes(
     run_in_allocation, slurm_cluster, node_processes, tmp_path: Path
 ) -> None:

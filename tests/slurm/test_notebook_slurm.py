@@ -19,6 +19,7 @@ pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_notebook_in_an_salloc_session(run_in_allocation, tmp_path: Path) -> None:
     out = tmp_path / "notebook"
     kwargs = 'workers_per_host=2, backend="gloo", timeout=120'

@@ -104,6 +104,7 @@ except Exception as e:
 """
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_a_preempted_launch_gives_its_workers_the_grace_time_and_says_why_it_failed(
     slurm_cluster, tmp_path
 ):

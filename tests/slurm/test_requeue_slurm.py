@@ -95,6 +95,7 @@ def _signal_when_ready(job: slurmrun.SubmittedLaunch[Any], ready: Path) -> None:
     subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=30)
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_a_signalled_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     slurm_cluster, funcs, tmp_path
 ):

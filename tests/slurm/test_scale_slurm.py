@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.slurm.conftest import REPO
 
 SCRIPT = """
@@ -21,6 +23,7 @@ except AgentFailedError as e:
 """
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_an_agent_that_gives_up_connecting_fails_the_launch_naming_its_host(
     run_in_allocation, slurm_cluster
 ) -> None:

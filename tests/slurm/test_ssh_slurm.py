@@ -183,6 +183,7 @@ def where_am_i() -> tuple[str, int, str]:
     return socket.gethostname(), os.getpid(), f"{int(t.item())}"
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_a_launch_across_three_hosts_over_ssh(
     ssh_hosts: SshHosts, slurm_cluster: Any, mark: str
 ) -> None:

@@ -77,6 +77,7 @@ def _stacks(run_cmd, *args: str) -> subprocess.CompletedProcess[str]:
     return run_cmd(argv, timeout=90, check=False, env={"PYTHONPATH": str(REPO)})
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_stacks_of_a_job_reaches_its_launcher_on_the_batch_host(slurm_cluster, tmp_path, run_cmd):
     job_id = _submit(tmp_path)
     try:

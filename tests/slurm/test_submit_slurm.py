@@ -23,6 +23,7 @@ def _wait(submitted, timeout: float):
         pytest.fail(f"{submitted.job_id} did not finish within {timeout} s:\n{submitted.logs(0)}")
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_submit_runs_the_launch_on_every_node_of_a_new_job(slurm_cluster, tmp_path):
     def where(scale):
         import os

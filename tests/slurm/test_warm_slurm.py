@@ -10,6 +10,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 import slurmrun
 
 REPO = str(Path(slurmrun.__file__).parents[1])
@@ -36,6 +38,7 @@ def lines(cp: subprocess.CompletedProcess[str], name: str) -> list[object]:
     return found
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_warm_runs_share_one_srun_step_and_fork_fresh_workers(run_in_allocation) -> None:
     cp = run_in_allocation(
         ["-N3"],

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.slurm.conftest import JOB_NAME, REPO
 
 EXPORT = f"export PYTHONPATH={REPO}\n"
@@ -20,6 +22,7 @@ with open(f"env{os.environ['RANK']}.json", "w") as f:
 """
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_every_worker_sees_itself_as_one_task_of_the_runs_step(tmp_path: Path, sbatch) -> None:
     (tmp_path / "show.py").write_text(SHOW)
     job = sbatch(
