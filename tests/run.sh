@@ -10,7 +10,8 @@
 #    only; and on Python 3.10 without torch), running smoke launches, so that an undeclared
 #    dependency fails here; their output and verdict are printed at the end;
 # 3. brings up the 3-node SLURM test cluster (tests/cluster/slurm-cluster.sh; needs root,
-#    installs Debian's slurm + munge packages if missing), beside steps 1 and 2;
+#    installs Debian's slurm + munge packages if missing) and builds the test container image
+#    (tests/containers/build-image.sh, cached by its inputs' hash), beside steps 1 and 2;
 # 4. runs pytest with SLURMRUN_TEST_CLUSTER=1 on two pytest-xdist workers (`--dist loadgroup`:
 #    every test of tests/slurm/ on one worker, one after the other, as they share the cluster;
 #    the tests that need no cluster on the other), takes the cluster down again whatever
@@ -59,8 +60,10 @@ print_phases() {
 WORK="$(mktemp -d -t slurmrun-run.XXXXXX)"
 LEGS_PID=""
 CLUSTER_PID=""
+IMAGE_PID=""
 cleanup() {
   [ -z "$LEGS_PID" ] || kill -- -"$LEGS_PID" 2>/dev/null || true
+  [ -z "$IMAGE_PID" ] || kill -- -"$IMAGE_PID" 2>/dev/null || true
   [ -z "$CLUSTER_PID" ] || wait "$CLUSTER_PID" 2>/dev/null || true
   if [ "${CLUSTER_STARTED:-0}" = 1 ]; then
     bash "$CLUSTER" down || say "WARNING: 'slurm-cluster.sh down' failed"
@@ -92,6 +95,15 @@ if [ "${SLURMRUN_SKIP_SLURM:-0}" != 1 ]; then
     echo "$rc $((SECONDS - start))" >"$WORK/cluster.rc"
   ) &
   CLUSTER_PID=$!
+fi
+
+# The container image of tests/slurm/test_containers_slurm.py, built (or taken from its cache,
+# keyed by its inputs' hash) beside the rest, so that the cluster tests do not wait for it.
+if [ "${SLURMRUN_SKIP_SLURM:-0}" != 1 ]; then
+  say "building the test container image in the background (tests/containers/build-image.sh)"
+  setsid bash -c 'start=$SECONDS; rc=0; bash tests/containers/build-image.sh >"$1/image.log" 2>&1 || rc=$?
+                  echo "$rc $((SECONDS - start))" >"$1/image.rc"' image "$WORK" &
+  IMAGE_PID=$!
 fi
 
 t=$SECONDS
@@ -129,10 +141,26 @@ legs_report() {
   fi
 }
 
+# The background image build's time (its tests, run last of the cluster's, wait for it on
+# the build's lock, and build it again themselves, saying why, if it failed here).
+image_report() {
+  [ -n "$IMAGE_PID" ] || return 0
+  wait "$IMAGE_PID" 2>/dev/null || true
+  IMAGE_PID=""
+  local rc secs
+  read -r rc secs <"$WORK/image.rc" || { rc=1; secs=0; }
+  phase_done "& container image (build or cache)" "$secs"
+  if [ "$rc" != 0 ]; then
+    say "WARNING: building the container image in the background failed:"
+    tail -20 "$WORK/image.log" >&2 || true
+  fi
+}
+
 # The verdict of both parts, pytest's and the legs', named; pytest's summary line is repeated
 # last, so that it closes the output whatever was printed after it.
 finish() {
   local pytest_rc="$1"
+  image_report
   legs_report
   print_phases
   [ "$pytest_rc" = 0 ] || say "FAILED: pytest exited with $pytest_rc"

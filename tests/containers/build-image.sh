@@ -28,8 +28,10 @@ say() { echo "tests/containers/build-image.sh: $*" >&2; }
 
 if ! command -v ch-run >/dev/null || ! command -v debootstrap >/dev/null; then
   say "installing charliecloud-runtime and debootstrap (Debian's packages)"
-  apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q charliecloud-runtime debootstrap >/dev/null
+  # wait for the dpkg/apt locks: tests/run.sh installs SLURM's packages at the same time
+  lock=(-o DPkg::Lock::Timeout=300)
+  apt-get "${lock[@]}" update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get "${lock[@]}" install -y -q charliecloud-runtime debootstrap >/dev/null
 fi
 
 deps="$(python3 - "$ROOT/pyproject.toml" <<'EOF'

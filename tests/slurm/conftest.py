@@ -56,6 +56,7 @@ CLUSTER_SH = REPO / "tests" / "cluster" / "slurm-cluster.sh"
 SLURM_DIR = Path(__file__).resolve().parent
 JOB_NAME = "slurmrun-test"  # name of the jobs run_in_allocation and sbatch submit
 CLUSTER_GROUP = "slurm-cluster"  # the xdist group of every test here
+CONTAINER_TESTS = "test_containers_slurm.py"  # they need the image tests/run.sh builds
 NOT_UP_HELP = (
     "The SLURM test cluster is not up. Run the test suite with `bash tests/run.sh` (as root; "
     "it starts and stops the cluster), or bring it up yourself with "
@@ -74,6 +75,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # test goes to one worker, one after the other: they share the cluster's nodes,
             # partitions and timers; the other workers run the tests that need no cluster.
             item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+    # The container tests last: tests/run.sh builds their image in the background meanwhile.
+    items.sort(key=lambda item: item.path.name == CONTAINER_TESTS)
 
 
 # --------------------------------------------------------------------------- cluster facts
