@@ -10,11 +10,16 @@ import argparse
 import os
 import pickle
 import re
+import shlex
 import shutil
+import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 import slurmrun
@@ -330,3 +335,44 @@ def test_cli_submit_array_refuses_a_bad_file_before_submitting(tmp_path, capsys)
         assert main(["submit", *folder, *argv, str(script)]) == 2, argv
         assert message in capsys.readouterr().err, argv
     assert not (tmp_path / "jobs").exists()
+
+
+REPO = Path(__file__).resolve().parents[1]
+REQUEUED = """
+import sys
+from slurmrun.batch.requeue import requeue_this_job
+print(requeue_this_job("7"), flush=True)  # returns only on a failed requeue
+"""
+
+
+def test_a_requeued_run_outlives_slurms_sigterm_and_ends_with_the_script_around_it(tmp_path):
+    """SLURM's requeue SIGTERMs the job's processes, this one before the shell that waits for it:
+    dying of it first let the batch script go on to its next command in the cut-short run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ready = tmp_path / "requeued"
+    scontrol = bin_dir / "scontrol"  # the requeue itself, as SLURM answers it (tested on the
+    scontrol.write_text(f"#!/bin/sh\ntouch {ready}\n")  # cluster: test_preemption_slurm.py)
+    scontrol.chmod(0o755)
+    (tmp_path / "requeued.py").write_text(REQUEUED)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    script = f"{shlex.quote(sys.executable)} requeued.py\necho 'the next command ran'\n"
+    shell = subprocess.Popen(
+        ["bash", "-c", script], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists():
+            assert time.monotonic() < deadline, "the requeue was not asked for"
+            time.sleep(0.05)
+        (run,) = psutil.Process(shell.pid).children()
+        run.send_signal(signal.SIGTERM)  # SLURM's order: the run first, then its shell
+        time.sleep(0.5)
+        assert run.is_running() and run.status() != psutil.STATUS_ZOMBIE
+        shell.send_signal(signal.SIGTERM)
+        assert shell.wait(timeout=10) == -signal.SIGTERM
+        run.wait(timeout=5)  # gone with its shell, not left for SLURM to find (else it raises)
+    finally:
+        shell.kill()
+        out, _ = shell.communicate(timeout=10)
+    assert "the next command ran" not in out

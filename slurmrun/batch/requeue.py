@@ -51,7 +51,8 @@ os._exit(0)
 """
 # The watch step's srun answers within a second or two; this bounds a wedged controller.
 WATCH_READY_TIMEOUT = 30.0
-# `scontrol requeue` ends this batch step with SIGTERM at once; this bounds the wait for it.
+# `scontrol requeue` ends this batch step (SIGTERM at once, SIGKILL after KillWait, 30 s by
+# default); this bounds the wait for it.
 REQUEUE_KILL_WAIT = 30.0
 
 
@@ -244,8 +245,11 @@ class RequeueWatch:
 
 def requeue_this_job(job_id: str) -> str:
     """``scontrol requeue`` this job, then ends this process; returns only on failure (why)."""
-    # SLURM ends the batch step with SIGTERM (submitit's handler ignores it): die of it.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The requeue ends the job's processes with SIGTERM, then SIGKILL after KillWait. This one
+    # outlives the SIGTERM (SLURM signals it before the shell that waits for it): dying of it,
+    # it let the batch script run its next command in this cut-short run (seen under load).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.getppid()
     try:
         done = subprocess.run(
             ["scontrol", "requeue", job_id],
@@ -259,7 +263,11 @@ def requeue_this_job(job_id: str) -> str:
         return f"scontrol requeue {job_id} failed: {e}"
     if done.returncode != 0:
         return f"scontrol requeue {job_id} failed: {done.stderr.strip() or done.returncode}"
-    time.sleep(REQUEUE_KILL_WAIT)
+    # Ended by SLURM's SIGKILL, or here once the shell that ran it is gone: an orphan is out of
+    # SLURM's reach where it tracks processes by parentage (proctrack/linuxproc).
+    deadline = time.monotonic() + REQUEUE_KILL_WAIT
+    while os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.05)
     # Not ended by SLURM: end without a result (submitit would record this run's as the job's).
     sys.stderr.flush()
     os._exit(1)
