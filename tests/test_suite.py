@@ -13,14 +13,17 @@ SLURM_TESTS = sorted((Path(__file__).parent / "slurm").glob("test_*.py"))
 
 
 def _quick_tests(path: Path) -> list[str]:
-    """The test functions of a file decorated with ``@pytest.mark.quick``."""
+    """The test functions of a file marked ``pytest.mark.quick``, or one of whose parameters is."""
     found = []
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-            names = {
-                ast.unparse(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list
+            marks = {
+                ast.unparse(n)
+                for d in node.decorator_list
+                for n in ast.walk(d)
+                if isinstance(n, ast.Attribute)
             }
-            if "pytest.mark.quick" in names:
+            if "pytest.mark.quick" in marks:
                 found.append(node.name)
     return found
 

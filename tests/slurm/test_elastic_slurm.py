@@ -126,10 +126,15 @@ def _result(stdout: str) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 @pytest.mark.usefixtures("lost_node_restorer")
 @pytest.mark.parametrize(
-    ("min_hosts", "hosts"), [(2, None), (None, 2)], ids=["min_hosts=2", "hosts=2 (a spare)"]
+    ("min_hosts", "hosts"),
+    [
+        pytest.param(
+            2, None, id="min_hosts=2", marks=pytest.mark.quick
+        ),  # quick: this file's smoke test
+        pytest.param(None, 2, id="hosts=2 (a spare)"),
+    ],
 )
 def test_a_lost_node_restarts_the_run_on_the_survivors(
     run_cmd: Any,

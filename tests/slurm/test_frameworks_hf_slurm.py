@@ -258,8 +258,10 @@ def _assert_hf_world(views: list[dict], output: str) -> None:
 
 
 # --------------------------------------------------------------------------- tests
-@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
-@pytest.mark.parametrize("backend", ["gloo", None])
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param("gloo", marks=pytest.mark.quick), None],  # quick: this file's smoke test
+)
 def test_hf_trainer_in_launch_sees_the_launch_world(run_in_allocation, tmp_path, backend):
     """``slurmrun.launch(hf_train, workers_per_host=2)`` from a driver inside ``salloc``.
 

@@ -315,8 +315,10 @@ print("RESULT " + json.dumps([v for host in result.return_values for v in host])
 """
 
 
-@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
-@pytest.mark.parametrize("backend", [None, "gloo"])
+@pytest.mark.parametrize(
+    "backend",
+    [None, pytest.param("gloo", marks=pytest.mark.quick)],  # quick: this file's smoke test
+)
 def test_fabric_in_slurmrun_launch_sees_one_world(run_in_allocation, backend):
     script = FABRIC.replace("BACKEND", repr(backend))
     cp = run_in_allocation(
