@@ -178,7 +178,9 @@ XDIST=()
 run_pytest() {
   local rc=0 t=$SECONDS
   set +e
-  python3 -m pytest "${XDIST[@]}" --durations=25 "$@" 2>&1 | tee "$WORK/pytest.log"
+  # -p no:benchmark: a pytest-benchmark that a machine may have (no test uses it) warns at
+  # every xdist worker that it is disabled
+  python3 -m pytest "${XDIST[@]}" -p no:benchmark --durations=25 "$@" 2>&1 | tee "$WORK/pytest.log"
   rc=${PIPESTATUS[0]}
   set -e
   phase_done "pytest" $((SECONDS - t))
