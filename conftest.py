@@ -5,11 +5,25 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import signal
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal gives it, even where the suite was started in the background.
+
+    A shell without job control starts a background command with SIGINT ignored, and every
+    process inherits that at exec: the Ctrl-C tests' launchers would never see their SIGINT
+    (seen: every one of them failed when tests/run.sh ran from such a script). A handler,
+    unlike SIG_IGN, is not inherited: pytest's children (xdist workers, the tests' launchers)
+    start with the default again.
+    """
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
