@@ -136,11 +136,16 @@ install_pkgs() {
   [ "${SLURM_CLUSTER_NO_INSTALL:-0}" = 1 ] && die "missing packages: ${missing[*]} (SLURM_CLUSTER_NO_INSTALL=1)"
   log "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  # wait for the dpkg/apt locks instead of failing when another apt-get is still running
+  # wait for the dpkg/apt locks instead of failing when another apt-get is still running;
+  # `apt-get update` does not wait for its lists' lock: tests/run.sh starts this beside
+  # tests/containers/build-image.sh, which installs its packages too (one lock for both)
   local lock=(-o DPkg::Lock::Timeout=300)
+  exec 8>/run/lock/slurmrun-tests-apt.lock
+  flock -w 900 8 || die "another test script's apt-get holds /run/lock/slurmrun-tests-apt.lock"
   timeout 600 apt-get "${lock[@]}" update -qq || die "apt-get update failed"
   timeout 900 apt-get "${lock[@]}" install -y -qq --no-install-recommends "${missing[@]}" >"/tmp/slurm-cluster-apt.log" 2>&1 \
     || { tail -20 /tmp/slurm-cluster-apt.log >&2; die "apt-get install failed"; }
+  exec 8>&-
 }
 
 # ---------------------------------------------------------------- munge

@@ -28,10 +28,14 @@ say() { echo "tests/containers/build-image.sh: $*" >&2; }
 
 if ! command -v ch-run >/dev/null || ! command -v debootstrap >/dev/null; then
   say "installing charliecloud-runtime and debootstrap (Debian's packages)"
-  # wait for the dpkg/apt locks: tests/run.sh installs SLURM's packages at the same time
+  # one apt-get at a time: tests/run.sh installs SLURM's packages at the same time
+  # (tests/cluster/slurm-cluster.sh takes the same lock), and `apt-get update` does not wait
   lock=(-o DPkg::Lock::Timeout=300)
+  exec 8>/run/lock/slurmrun-tests-apt.lock
+  flock -w 900 8 || { say "ERROR: another test script's apt-get holds the lock"; exit 1; }
   apt-get "${lock[@]}" update -q >/dev/null
   DEBIAN_FRONTEND=noninteractive apt-get "${lock[@]}" install -y -q charliecloud-runtime debootstrap >/dev/null
+  exec 8>&-
 fi
 
 deps="$(python3 - "$ROOT/pyproject.toml" <<'EOF'
