@@ -7,6 +7,7 @@ import fcntl
 import json
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -24,6 +25,20 @@ def pytest_configure(config: pytest.Config) -> None:
     """
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each pytest process its own XDG_RUNTIME_DIR, where launchers register for `stacks`.
+
+    Two xdist workers start launchers on one host at once, and `slurmrun stacks` without
+    `--pid` asks every launcher of the user that it finds: a test that counts its launcher's
+    stack reports found one more, asked for by the other worker's test (seen).
+    """
+    path = tmp_path_factory.mktemp("runtime")  # mode 0700, as slurmrun requires
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_RUNTIME_DIR", str(path))
+        yield
 
 
 @pytest.fixture(autouse=True)
