@@ -58,13 +58,32 @@ print_phases() {
 }
 
 WORK="$(mktemp -d -t slurmrun-run.XXXXXX)"
-LEGS_PID=""
-CLUSTER_PID=""
-IMAGE_PID=""
+
+# The steps run beside the rest: `in_background NAME COMMAND...` runs COMMAND in a session of
+# its own, its output in $WORK/NAME.log; `wait_for NAME` waits for it, sets BG_RC and BG_SECS
+# (its exit status and wall time) and records its phase.
+declare -A BG_PIDS=()
+in_background() {
+  local name=$1
+  shift
+  setsid bash -c 'start=$SECONDS; rc=0; "${@:2}" >"$1.log" 2>&1 || rc=$?
+                  echo "$rc $((SECONDS - start))" >"$1.rc"' bg "$WORK/$name" "$@" &
+  BG_PIDS[$name]=$!
+}
+wait_for() {
+  wait "${BG_PIDS[$1]}" 2>/dev/null || true
+  unset "BG_PIDS[$1]"
+  read -r BG_RC BG_SECS <"$WORK/$1.rc" || { BG_RC=1; BG_SECS=0; }
+  phase_done "& $2" "$BG_SECS"
+}
+
 cleanup() {
-  [ -z "$LEGS_PID" ] || kill -- -"$LEGS_PID" 2>/dev/null || true
-  [ -z "$IMAGE_PID" ] || kill -- -"$IMAGE_PID" 2>/dev/null || true
-  [ -z "$CLUSTER_PID" ] || wait "$CLUSTER_PID" 2>/dev/null || true
+  # the cluster's start is let finish (stopped mid-way, apt or dpkg may be left broken); the
+  # other steps' sessions are stopped
+  [ -z "${BG_PIDS[cluster]:-}" ] || wait "${BG_PIDS[cluster]}" 2>/dev/null || true
+  unset "BG_PIDS[cluster]"
+  local pid
+  for pid in "${BG_PIDS[@]}"; do kill -- -"$pid" 2>/dev/null || true; done
   if [ "${CLUSTER_STARTED:-0}" = 1 ]; then
     bash "$CLUSTER" down || say "WARNING: 'slurm-cluster.sh down' failed"
   fi
@@ -77,10 +96,7 @@ if [ "$QUICK" = 1 ] || [ "${SLURMRUN_SKIP_FRESH_VENV:-0}" = 1 ]; then
   say "fresh-venv legs skipped ($([ "$QUICK" = 1 ] && echo --quick || echo SLURMRUN_SKIP_FRESH_VENV=1))"
 else
   say "fresh-venv legs (tests/fresh_venv.sh) started in the background; output at the end"
-  # a session of its own, so that an early exit stops all of it (cleanup)
-  setsid bash -c 'start=$SECONDS; rc=0; bash tests/fresh_venv.sh >"$1/legs.log" 2>&1 || rc=$?
-                  echo "$rc $((SECONDS - start))" >"$1/legs.rc"' legs "$WORK" &
-  LEGS_PID=$!
+  in_background legs bash tests/fresh_venv.sh
 fi
 
 # Step 3 in the background as well: installing SLURM and starting its daemons waits on apt
@@ -88,22 +104,14 @@ fi
 if [ "${SLURMRUN_SKIP_SLURM:-0}" != 1 ]; then
   say "starting the $NODES-node SLURM test cluster in the background"
   CLUSTER_STARTED=1
-  (
-    start=$SECONDS
-    rc=0
-    bash "$CLUSTER" up "$NODES" >"$WORK/cluster.log" 2>&1 || rc=$?
-    echo "$rc $((SECONDS - start))" >"$WORK/cluster.rc"
-  ) &
-  CLUSTER_PID=$!
+  in_background cluster bash "$CLUSTER" up "$NODES"
 fi
 
 # The container image of tests/slurm/test_containers_slurm.py, built (or taken from its cache,
 # keyed by its inputs' hash) beside the rest, so that the cluster tests do not wait for it.
 if [ "${SLURMRUN_SKIP_SLURM:-0}" != 1 ]; then
   say "building the test container image in the background (tests/containers/build-image.sh)"
-  setsid bash -c 'start=$SECONDS; rc=0; bash tests/containers/build-image.sh >"$1/image.log" 2>&1 || rc=$?
-                  echo "$rc $((SECONDS - start))" >"$1/image.rc"' image "$WORK" &
-  IMAGE_PID=$!
+  in_background image bash tests/containers/build-image.sh
 fi
 
 t=$SECONDS
@@ -126,17 +134,13 @@ fi
 # The legs' output and verdict; 0 when they passed or did not run.
 legs_rc=0
 legs_report() {
-  [ -n "$LEGS_PID" ] || return 0
-  wait "$LEGS_PID" 2>/dev/null || true
-  LEGS_PID=""
+  [ -n "${BG_PIDS[legs]:-}" ] || return 0
+  wait_for legs "fresh-venv legs"
   cat "$WORK/legs.log" >&2 || true
-  local rc secs
-  read -r rc secs <"$WORK/legs.rc" || { rc=1; secs=0; }
-  phase_done "& fresh-venv legs" "$secs"
-  if [ "$rc" = 0 ]; then
-    say "fresh-venv legs passed in $secs s"
+  if [ "$BG_RC" = 0 ]; then
+    say "fresh-venv legs passed in $BG_SECS s"
   else
-    say "ERROR: fresh-venv legs FAILED after $secs s (see above)"
+    say "ERROR: fresh-venv legs FAILED after $BG_SECS s (see above)"
     legs_rc=1
   fi
 }
@@ -144,13 +148,9 @@ legs_report() {
 # The background image build's time (its tests, run last of the cluster's, wait for it on
 # the build's lock, and build it again themselves, saying why, if it failed here).
 image_report() {
-  [ -n "$IMAGE_PID" ] || return 0
-  wait "$IMAGE_PID" 2>/dev/null || true
-  IMAGE_PID=""
-  local rc secs
-  read -r rc secs <"$WORK/image.rc" || { rc=1; secs=0; }
-  phase_done "& container image (build or cache)" "$secs"
-  if [ "$rc" != 0 ]; then
+  [ -n "${BG_PIDS[image]:-}" ] || return 0
+  wait_for image "container image (build or cache)"
+  if [ "$BG_RC" != 0 ]; then
     say "WARNING: building the container image in the background failed:"
     tail -20 "$WORK/image.log" >&2 || true
   fi
@@ -197,13 +197,10 @@ if [ "${SLURMRUN_SKIP_SLURM:-0}" = 1 ]; then
 fi
 
 t=$SECONDS
-wait "$CLUSTER_PID" || true
-CLUSTER_PID=""
-cat "$WORK/cluster.log" >&2
-read -r cluster_rc cluster_secs <"$WORK/cluster.rc" || cluster_rc=1
-phase_done "& cluster up (apt, daemons)" "${cluster_secs:-0}"
+wait_for cluster "cluster up (apt, daemons)"
 phase_done "waiting for the cluster" $((SECONDS - t))
-if [ "$cluster_rc" != 0 ]; then
+cat "$WORK/cluster.log" >&2
+if [ "$BG_RC" != 0 ]; then
   say "ERROR: could not start the SLURM test cluster. Daemon logs:"
   bash "$CLUSTER" logs 100 || true
   say "ERROR: SLURM test cluster failed to start (set SLURMRUN_SKIP_SLURM=1 to run without it)"
