@@ -339,7 +339,6 @@ def test_cli_submit_array_refuses_a_bad_file_before_submitting(tmp_path, capsys)
 
 REPO = Path(__file__).resolve().parents[1]
 REQUEUED = """
-import sys
 from slurmrun.batch.requeue import requeue_this_job
 print(requeue_this_job("7"), flush=True)  # returns only on a failed requeue
 """
