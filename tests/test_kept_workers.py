@@ -147,3 +147,28 @@ def test_ctrl_c_ends_the_kept_workers_and_the_next_run_has_new_ones(
     assert before.isdisjoint(pid for pid, _, _ in after)
     assert [value for _, _, value in after] == [None, None]
     assert caplog.text.count(WARNING) == 1, caplog.text
+
+
+def test_a_kept_worker_stopped_between_runs_is_replaced_not_waited_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # SIGSTOP (Ctrl-Z of a tool, a debugger left attached) between runs: the worker is
+    # alive but would never take the next run; the run must not hang on it.
+    with slurmrun.Launcher(**OPTIONS) as launcher:
+        before = {pid for pid, _, _ in launcher.run(remember, (7,)).values()}
+        stopped = max(before)
+        os.kill(stopped, signal.SIGSTOP)
+        # (a run that waited for it would go on once this lets it: with the same pid)
+        timer = threading.Timer(12.0, os.kill, (stopped, signal.SIGCONT))
+        timer.start()
+        start = time.monotonic()
+        try:
+            after = launcher.run(recall).values()
+        finally:
+            timer.cancel()
+        assert time.monotonic() - start < 12.0
+        assert gone(before), "the stopped worker (and its group) is ended"
+    assert before.isdisjoint(pid for pid, _, _ in after)
+    assert [value for _, _, value in after] == [None, None]
+    assert "is stopped" in caplog.text, caplog.text
+    assert caplog.text.count(WARNING) == 1, caplog.text

@@ -6,9 +6,10 @@ agent hands the next run to them instead of forking new ones: no fork, no import
 process group, and `slurmrun.worker_state()` as the last run left it.
 
 A worker takes a later run only if that run starts it as the first did (`FIXED`: its rank,
-world, process group, environment, paths); otherwise, or if one of them exited, or the last
-run failed or was stopped, the run gets new workers and the launcher is told why
-(`protocol.Started.fresh_why`), so that no run mistakes an empty state for a kept one.
+world, process group, environment, paths); otherwise, or if one of them exited or is stopped
+(SIGSTOP: it would never answer), or the last run failed or was stopped, the run gets new
+workers and the launcher is told why (`protocol.Started.fresh_why`), so that no run mistakes
+an empty state for a kept one.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from slurmrun import protocol
 from slurmrun.node.relay import WorkerLink
 
-__all__ = ["FIXED", "KeptWorkers", "adopt", "lost_after", "servable"]
+__all__ = ["FIXED", "KeptWorkers", "adopt", "is_stopped", "lost_after", "servable"]
 
 # What a worker took from its first run's START and keeps: a run that differs needs new ones.
 FIXED = (
@@ -58,7 +59,29 @@ class KeptWorkers:
         gone = [w.local_rank for w in self.links if not w.process.is_alive()]
         if gone:
             return f"kept worker(s) of local rank {gone} exited after run {self.start.run}"
+        stopped = [w.local_rank for w in self.links if is_stopped(w.process.pid)]
+        if stopped:
+            return (
+                f"kept worker(s) of local rank {stopped} is stopped (SIGSTOP, Ctrl-Z) since "
+                f"run {self.start.run}: it would never take this run"
+            )
         return ""
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped by a signal (state T in /proc; False where unknown).
+
+    A traced stop (``t``: a debugger or py-spy attached) is not counted: it is someone's
+    choice, and py-spy's lasts a moment.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # The name (in parentheses) may hold anything, spaces and ")" included: the state follows
+    # the last ")".
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] == b"T"
 
 
 def lost_after(run: int) -> str:
