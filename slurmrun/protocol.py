@@ -45,6 +45,7 @@ from slurmrun.messages import TEXT_LIMIT, Message, ProtocolError, clip
 __all__ = [
     "ASK_STACKS",
     "CLOSE",
+    "CREDIT",
     "DEBUGGER",
     "DEBUG_INPUT",
     "DIED",
@@ -57,6 +58,8 @@ __all__ = [
     "IDLE",
     "KINDS",
     "LOG",
+    "LOG_FRAME_COST",
+    "OUTPUT_WINDOW",
     "RESULT",
     "STACKS",
     "START",
@@ -67,6 +70,7 @@ __all__ = [
     "TEXT_LIMIT",
     "AskStacks",
     "Close",
+    "Credit",
     "DebugInput",
     "DebugState",
     "Debugger",
@@ -89,6 +93,7 @@ __all__ = [
     "StreamRequest",
     "Terminating",
     "clip",
+    "log_cost",
     "parse",
     "stamp",
     "start_header",
@@ -133,6 +138,21 @@ HEARTBEATS_PER_TIMEOUT = 5
 # the launcher waits for such an agent as long.
 SLURM_TERM_WAIT = 900.0
 
+# Output flow control: an agent sends a LOG frame only while the LOG it sent, and the launcher
+# has not yet shown (or dropped), costs at most its window; CREDIT gives the cost back. The
+# launcher's memory for output is then bounded by the windows of its agents, however fast the
+# workers print and however slowly its terminal takes lines: a full window makes the agent stop
+# reading the workers' pipes, so that their writes wait, as they do on a slow terminal. A frame
+# costs its body and `LOG_FRAME_COST` (about what one queued event costs the launcher).
+OUTPUT_WINDOW = 8 << 20  # an agent's window until a START sets it (`Start.output_window`)
+LOG_FRAME_COST = 1024
+
+
+def log_cost(body_bytes: int) -> int:
+    """What a LOG frame whose body has `body_bytes` bytes costs in its agent's window."""
+    return body_bytes + LOG_FRAME_COST
+
+
 # ------------------------------------------------------------ message kinds
 # launcher -> agent
 START = "start"  # `Start`, with the pickled call as body: fork the workers of one run
@@ -141,6 +161,7 @@ CLOSE = "close"  # `Close`: exit (stopping workers first)
 HEARTBEAT = "hb"  # `Heartbeat`, both ways
 ASK_STACKS = "ask_stacks"  # `AskStacks`: every worker's stacks, please (also agent -> worker)
 DEBUG_INPUT = "debug_input"  # `DebugInput`: a line for a worker's debugger (also agent -> worker)
+CREDIT = "credit"  # `Credit`: the launcher took LOG frames of this cost (see OUTPUT_WINDOW)
 # agent -> launcher
 HELLO = "hello"  # `Hello`, first thing after the handshake
 STARTED = "started"  # `Started`: the run's workers' process ids, by local rank
@@ -201,6 +222,8 @@ class Start(Message):
     # own ``sys.path`` after ``sys_path``, which then holds only the launcher's own entries
     # (its script's directory, PYTHONPATH), none of its interpreter's.
     own_path: bool = False
+    # The agent's output window from now on, in `log_cost` units (see OUTPUT_WINDOW); 0: as is.
+    output_window: int = 0
 
 
 def start_header(
@@ -240,6 +263,14 @@ class Close(Message):
     """Exit, stopping the workers first."""
 
     KIND: ClassVar[str] = CLOSE
+
+
+@dataclass(frozen=True)
+class Credit(Message):
+    """The launcher showed (or dropped) LOG frames of the agent that cost `cost` in all."""
+
+    KIND: ClassVar[str] = CREDIT
+    cost: int
 
 
 @dataclass(frozen=True)
@@ -477,7 +508,7 @@ class DebugInput(Message):
 KINDS: dict[str, type[Message]] = {
     cls.KIND: cls
     for cls in (
-        Start, End, Close, Heartbeat, Hello, Started, Idle, Done, Died, Terminating,
+        Start, End, Close, Credit, Heartbeat, Hello, Started, Idle, Done, Died, Terminating,
         Log, Result, Error, StreamRequest, Func, Stop, AskStacks, Stacks, Debugger, DebugInput,
     )
 }  # fmt: skip

@@ -15,8 +15,9 @@ has `HANDSHAKE_TIMEOUT` (one round trip; agents retry one that broke off), and a
 still pending after a moment is pushed out by a newer connection from its address (beyond
 `MAX_PENDING_PER_SOURCE`) or from anywhere (all slots taken): `slurmrun.launcher.handshakes`.
 A flood of silent connections never holds the door for our agents. Heartbeats only
-note liveness and are never queued, and between runs (`idle`, set by the pool) frames beyond
-`IDLE_EVENTS` queued (the output of a process the run left behind) are dropped and counted.
+note liveness and are never queued. The queue drops nothing: what agents may queue of their
+workers' output is bounded by their windows (`slurmrun.launcher.output_stage`), and every
+other message of theirs by the run it belongs to.
 """
 
 from __future__ import annotations
@@ -54,9 +55,6 @@ MAX_PENDING_HANDSHAKES = 1024
 # agents all come from 127.0.0.1 (and each worker's large result on a connection of its
 # own), but a real one answers at once: only a silent one stays pending long.
 MAX_PENDING_PER_SOURCE = 32
-# Between runs, frames queued beyond this many are dropped (counted in `dropped`): the pool
-# takes in only TERMINATING then, and a leftover process could print forever.
-IDLE_EVENTS = 1000
 _SWEEP = 0.2  # how often handshakes are checked against their deadline
 _SERVER = "server"
 _WAKE = "wake"
@@ -90,8 +88,6 @@ class Listener:
         # Work for the reader thread from others: connections back from a handoff, "close".
         self._todo: queue.SimpleQueue[Incoming | str] = queue.SimpleQueue()
         self._pending = Handshakes(MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_SOURCE)
-        self.idle = False  # between runs: set by the pool (see IDLE_EVENTS)
-        self.dropped = 0  # frames dropped between runs (the pool reports and resets it)
         self._accepting = False
         self._stop = False
         self._threads = [
@@ -252,11 +248,7 @@ class Listener:
 
     def _queue(self, conn: Connection, frame: Frame) -> None:
         """Queues a frame for the pool or the run; a heartbeat only counted as heard (above)."""
-        kind = frame.kind
-        if kind == protocol.HEARTBEAT:
-            return
-        if self.idle and kind == protocol.LOG and self.events.qsize() >= IDLE_EVENTS:
-            self.dropped += 1  # output between runs: every other kind is a state that counts
+        if frame.kind == protocol.HEARTBEAT:
             return
         self.events.put(Received(conn, frame))
 

@@ -31,6 +31,7 @@ from slurmrun.events import AgentConnected, Trace
 from slurmrun.launcher.closing import close_agents
 from slurmrun.launcher.health import AgentHealth, StepEndings
 from slurmrun.launcher.listener import Listener
+from slurmrun.launcher.output_stage import Credits, output_window
 from slurmrun.launcher.pump import Closed, Event, Local, Received, all_of, drain, pump
 from slurmrun.launcher.share import PoolAgent
 from slurmrun.launcher.starters import AgentStarter
@@ -118,6 +119,7 @@ class AgentPool:
 
     def __post_init__(self) -> None:
         self.listener = Listener(self.server, self.secret, self.silence)
+        self.credits = Credits(output_window(len(self.hostnames)))  # for the agents' output
         self.events = self.listener.events
         self.health = AgentHealth(
             self.hostnames, self.starter, self.silence, self.listener.heard_at
@@ -148,7 +150,6 @@ class AgentPool:
                 hostname=missing[0],
             )
         self.state = PoolState.READY
-        self.listener.idle = True  # until the first run (see Listener.idle)
 
     def close(self, grace: float = 3.0) -> None:
         """Tells every live agent to exit, waits for them (bounded), then kills what is left.
@@ -192,14 +193,6 @@ class AgentPool:
         now = time.monotonic()
         self.health.check_processes(self.agents, now, running=False)
         self.health.check_silence(self.agents, now)
-        self.listener.idle = False
-        if self.listener.dropped:
-            log.warning(
-                "slurmrun: %d messages from agents were dropped between runs (output of "
-                "processes a run left behind?)",
-                self.listener.dropped,
-            )
-            self.listener.dropped = 0
 
     def _check_usable(self) -> None:
         if self.state in {PoolState.BROKEN, PoolState.CLOSED}:
@@ -218,7 +211,6 @@ class AgentPool:
         """`run` is over (its agents may still be ending it: `ready` waits for them)."""
         if self.run is run:
             self.run = None
-        self.listener.idle = True  # between runs: the listener bounds what it queues
         self._end_of_run()
         if self.state is PoolState.RUNNING:
             self.state = PoolState.READY
@@ -315,6 +307,8 @@ class Router:
             run.on_message(agent, message, event.frame, now)
         else:
             self.pool.dropped += 1
+            if isinstance(message, protocol.Log):  # taken all the same: the agent may send more
+                self.pool.credits.give(event.conn, protocol.log_cost(len(event.frame.body)))
 
     def _on_agents_own(self, agent: PoolAgent, message: protocol.Message) -> None:
         """A message about the agent itself, whatever the run."""

@@ -19,6 +19,7 @@ from typing import Any
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace, WorkersStarted
+from slurmrun.launcher.output_stage import OutputStage
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool
 from slurmrun.launcher.pump import Local, all_of, pump
 from slurmrun.launcher.share import PoolAgent, Share
@@ -70,6 +71,7 @@ class Run:
         self._handlers: list[logging.Handler] = list(self.handlers or [])
         self._own_handlers = self.handlers is None
         self._output = RunOutput()  # each worker's unfinished lines
+        self._stage = OutputStage(self._output, self.pool.credits)  # shows them, off the loop
         # A host named twice has a label per node (records, prefixes, file names).
         self.labels = host_labels(self.pool.hostnames)
         self.ending = False  # END was sent: only output still counts, nothing is judged
@@ -101,6 +103,7 @@ class Run:
                 self.watch.close()
                 self._end()
         finally:
+            self._stage.close()  # every line the run's workers wrote is shown before it ends
             self.pool.finish(self)
             if self._own_handlers:
                 for handler in self._handlers:
@@ -170,6 +173,7 @@ class Run:
             log_dir=self.log_dir if agent_files else None,
             tasks_per_node=compress_counts(counts),
             keep=self.keep_workers,
+            output_window=pool.credits.window,
         ).header()
         offset = 0
         for agent, count in zip(order, counts, strict=True):
@@ -201,11 +205,14 @@ class Run:
         if isinstance(message, protocol.Log):
             rank = None if message.local_rank < 0 else share.rank_offset + message.local_rank
             label = self.labels[agent.node_rank]
-            self._output.dispatch(message, frame.body, label, rank, self._handlers)
+            self._stage.put(
+                agent.conn, message, frame.body, label=label, rank=rank, handlers=self._handlers
+            )
             self.watch.heard(now)
         elif isinstance(message, protocol.Stacks):
             self.watch.on_stacks(agent.node_rank, message, bytes(frame.body))
         elif isinstance(message, protocol.Debugger):
+            self._stage.flush()  # the lines the debugger printed before its prompt come first
             self.watch.on_debugger(agent.node_rank, message, bytes(frame.body))
         elif self.ending:
             return  # the run's outcome stands: what its workers say now changes nothing

@@ -144,16 +144,7 @@ class Agent:
                 message = protocol.parse(frame.header)
                 if isinstance(message, protocol.Close):
                     break
-                if isinstance(message, protocol.Start):
-                    self.inbox.put(frame)
-                elif isinstance(message, protocol.End):
-                    self.runs.end(message.run, message.keep)
-                elif isinstance(message, protocol.AskStacks):
-                    self._stacks(message)
-                elif isinstance(message, protocol.DebugInput):
-                    current = self.current
-                    if current is not None and current.start.run == message.run:
-                        current.debug_input(message, bytes(frame.body))
+                self._take(message, frame)
         except BlockingIOError:
             _say(f"the launcher sent nothing for {self.silence:g} s: stopping the workers.")
         except protocol.ProtocolError as e:
@@ -163,8 +154,25 @@ class Agent:
         finally:
             # Whatever ended the reader, the agent must stop waiting for runs: nothing else
             # would ever wake `serve`, and the agent would outlive its launcher.
+            self.relay.window.close()
             self.runs.end_all()
             self.inbox.put(None)
+
+    def _take(self, message: protocol.Message, frame: Frame) -> None:
+        """One message of the launcher (but CLOSE, which ends the reader)."""
+        if isinstance(message, protocol.Credit):
+            self.relay.window.release(message.cost)
+        elif isinstance(message, protocol.Start):
+            self.relay.window.resize(message.output_window)
+            self.inbox.put(frame)
+        elif isinstance(message, protocol.End):
+            self.runs.end(message.run, message.keep)
+        elif isinstance(message, protocol.AskStacks):
+            self._stacks(message)
+        elif isinstance(message, protocol.DebugInput):
+            current = self.current
+            if current is not None and current.start.run == message.run:
+                current.debug_input(message, bytes(frame.body))
 
     def _stacks(self, ask: protocol.AskStacks) -> None:
         """Answers ASK_STACKS on a thread of its own (it waits for the workers' answers)."""

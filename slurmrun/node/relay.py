@@ -9,9 +9,12 @@ launcher when it shows them.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import logging
 import socket
+import termios
 import threading
 import time
 from collections import deque
@@ -22,14 +25,25 @@ from typing import Any
 from slurmrun import protocol
 from slurmrun.logs import WorkerLog
 from slurmrun.node.link import LauncherConnection
+from slurmrun.node.output_window import OutputWindow
 from slurmrun.node.spawner import WorkerProcess
 from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED
-from slurmrun.output import LineAssembler, LineJoiner, log_frame, log_text, note_cut, printable
+from slurmrun.output import (
+    LINE,
+    LineAssembler,
+    LineJoiner,
+    log_frame,
+    log_text,
+    note_cut,
+    printable,
+)
 from slurmrun.transport import Connection, Frame, FrameHead
 from slurmrun.waiting import wait_readable
 
 __all__ = ["Relay", "WorkerLink"]
 
+# A drain gives up after this long without progress (unless the launcher's window holds the
+# output back: then the launcher is alive and the wait is its terminal's).
 OUTPUT_DRAIN_LIMIT = 1.0
 TAIL_LINES = 30
 # Each line kept for a failure's message is cut to this: the message travels in a header.
@@ -47,6 +61,7 @@ class WorkerLink:
     readers: list[threading.Thread] = field(default_factory=list)
     outputs: list[socket.socket] = field(default_factory=list)  # its stdout and stderr
     output_lock: threading.Lock = field(default_factory=threading.Lock)
+    output_read: int = 0  # bytes read from its stdout and stderr (under output_lock)
     last_lines: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     relay: threading.Thread | None = None
     delivered: bool = False
@@ -64,6 +79,9 @@ class WorkerLink:
 class Relay:
     """Carries every worker's output and frames to the launcher.
 
+    Output and logging records (LOG) go within the launcher's window (`OutputWindow`): while
+    it is full, their threads wait, and with them the workers that print.
+
     Args:
         launcher: the agent's connection to the launcher.
         connect: a new authenticated connection to the launcher (for a large result).
@@ -71,6 +89,7 @@ class Relay:
 
     launcher: LauncherConnection
     connect: Callable[[], socket.socket]
+    window: OutputWindow = field(default_factory=OutputWindow)
 
     def start(self, worker: WorkerLink) -> None:
         """Starts the threads that carry `worker`'s output and frames to the launcher."""
@@ -146,7 +165,9 @@ class Relay:
     def _send_log(self, header: dict[str, Any], body: bytes | bytearray | memoryview) -> None:
         # A failed send cut the connection (`LauncherConnection`), saying why in the agent's
         # log: the launcher sees it end and fails the run; nothing waits on this message.
+        # A closed window (`WindowClosed`) is that connection's end too.
         with contextlib.suppress(OSError):
+            self.window.acquire(protocol.log_cost(len(body)))
             self.launcher.send(header, body)
 
     def _grant_stream(self, worker: WorkerLink) -> None:
@@ -165,24 +186,28 @@ class Relay:
         with sock:
             socket.send_fds(worker.streams, [STREAM_GRANTED], [sock.fileno()])
 
-    @staticmethod
-    def drain_output(worker: WorkerLink, limit: float = OUTPUT_DRAIN_LIMIT) -> None:
-        """Waits (briefly) until everything the worker wrote before now has been forwarded.
+    def drain_output(self, worker: WorkerLink, limit: float = OUTPUT_DRAIN_LIMIT) -> None:
+        """Waits until everything the worker wrote before now has been forwarded.
 
         The worker flushes stdout and stderr before it sends a result or an error, so once
-        its output sockets hold nothing unread, nothing it printed before is left behind.
+        what its output sockets held now is read (and, read, sent), nothing it printed before
+        is left behind; what a process it started writes later is not waited for. The wait
+        gives up after `limit` seconds without progress, except while the launcher's window
+        holds the output back (the launcher then shows it as fast as its terminal takes it).
         """
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
+        with worker.output_lock:
+            target = worker.output_read + _unread(worker.outputs)
+        last, deadline = worker.output_read, time.monotonic() + limit
+        while True:
             with worker.output_lock:
-                # A reader closes its socket at end of stream: nothing is left there then.
-                fds = [sock.fileno() for sock in worker.outputs]
-                try:
-                    pending = wait_readable([fd for fd in fds if fd >= 0], 0)
-                except (OSError, ValueError):
-                    pending = True  # closed under us: look again
-                if not pending:
+                if worker.output_read >= target or all(s.fileno() < 0 for s in worker.outputs):
                     return
+                read = worker.output_read
+            now = time.monotonic()
+            if read != last or self.window.waiting:
+                last, deadline = read, now + limit
+            elif now >= deadline:
+                return
             time.sleep(0.001)
 
     def _forward_output(self, worker: WorkerLink, sock: socket.socket, stream: str) -> None:
@@ -192,6 +217,20 @@ class Relay:
         current line whole for the file and for a failure's last lines.
         """
         line = LineJoiner(progress=False)
+        # The finished lines of one read travel as one LOG message (joined by "\n", which no
+        # piece holds): a message per line would cost both sides more than the line itself.
+        batch: list[str] = []
+
+        def send(piece: str, end: str) -> None:
+            header, body = log_frame(
+                stream, piece, end=end, local_rank=worker.local_rank, run=worker.run
+            )
+            self._send_log(header, body)
+
+        def flush() -> None:
+            if batch:
+                send("\n".join(batch), LINE)
+                batch.clear()
 
         def emit(piece: str, end: str) -> None:
             finished = line.add(piece, end)
@@ -200,11 +239,13 @@ class Relay:
                 worker.last_lines.append(_tail_line(text))
                 if worker.log is not None:
                     worker.log.write(stream, logging.INFO, "", text)
-            if worker.forward:
-                header, body = log_frame(
-                    stream, piece, end=end, local_rank=worker.local_rank, run=worker.run
-                )
-                self._send_log(header, body)
+            if not worker.forward:
+                return
+            if end == LINE:
+                batch.append(piece)
+            else:
+                flush()
+                send(piece, end)
 
         def on_cut() -> None:
             note_cut(f"local rank {worker.local_rank}'s {stream}")
@@ -218,12 +259,27 @@ class Relay:
                     data = sock.recv(1 << 16)
                     if not data:
                         break
+                    worker.output_read += len(data)
                     lines.feed(data)
+                    flush()
         except (OSError, ValueError):
             pass
         with worker.output_lock:  # the last partial line, then "nothing left" for the drain
             lines.close()
+            flush()
             sock.close()
+
+
+def _unread(socks: list[socket.socket]) -> int:
+    """The bytes waiting in `socks` (closed ones hold none)."""
+    total = 0
+    count = array.array("i", [0])
+    for sock in socks:
+        if sock.fileno() >= 0:
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(sock.fileno(), termios.FIONREAD, count, True)
+                total += count[0]
+    return total
 
 
 def _tail_line(text: str) -> str:

@@ -1,0 +1,89 @@
+"""The agent's output window: how much LOG it may have sent that the launcher has not taken.
+
+The launcher gives credit (`slurmrun.protocol.Credit`) for the LOG frames it has shown or
+dropped. A sender that finds the window full waits for credit, and so stops reading its
+worker's pipe: the worker's writes then wait, as they would on a slow terminal, and nothing is
+dropped anywhere. Heartbeats, results and failures do not go through the window: a launcher
+whose terminal stalls still hears that its agents are alive, and of their failures.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from slurmrun import protocol
+
+__all__ = ["OutputWindow", "WindowClosed"]
+
+# A waiting sender looks again this often (it is woken by credit, resize and close anyway).
+_WAKE = 1.0
+
+
+class WindowClosed(ConnectionError):
+    """The connection to the launcher ended: no credit will come."""
+
+
+class OutputWindow:
+    """A byte budget for LOG frames in flight, given back by the launcher's credit.
+
+    Args:
+        capacity: the window, in `slurmrun.protocol.log_cost` units.
+    """
+
+    def __init__(self, capacity: int = protocol.OUTPUT_WINDOW) -> None:
+        self._capacity = max(1, capacity)
+        self._in_flight = 0
+        self._closed = False
+        self._waiting = 0
+        self._changed = threading.Condition()
+
+    @property
+    def in_flight(self) -> int:
+        """The cost sent and not yet given back."""
+        return self._in_flight
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a sender waits for credit (its worker's output waits for the launcher)."""
+        return self._waiting > 0
+
+    def acquire(self, cost: int) -> None:
+        """Takes `cost` from the window, waiting for credit while it is full.
+
+        A frame larger than the whole window goes alone (when nothing else is in flight).
+
+        Raises:
+            WindowClosed: the connection to the launcher ended.
+        """
+        with self._changed:
+            self._waiting += 1
+            try:
+                while not self._closed and not self._fits(cost):
+                    self._changed.wait(_WAKE)
+            finally:
+                self._waiting -= 1
+            if self._closed:
+                raise WindowClosed("the connection to the launcher ended")
+            self._in_flight += cost
+
+    def _fits(self, cost: int) -> bool:
+        return self._in_flight == 0 or self._in_flight + cost <= self._capacity
+
+    def release(self, cost: int) -> None:
+        """The launcher took frames of this cost (a CREDIT)."""
+        with self._changed:
+            self._in_flight = max(0, self._in_flight - cost)
+            self._changed.notify_all()
+
+    def resize(self, capacity: int) -> None:
+        """Sets the window (a START's `output_window`; 0 leaves it as it is)."""
+        if capacity > 0:
+            with self._changed:
+                self._capacity = capacity
+                self._changed.notify_all()
+
+    def close(self) -> None:
+        """No credit will come: every waiting sender raises `WindowClosed`, and later ones."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
