@@ -4,10 +4,11 @@
 
 Run by tests/test_chaos.py on localhost and, inside ``salloc -N3``, on the SLURM test cluster.
 Faults: a worker raising with a 3 MB message, SIGKILL, SIGSEGV, a child (or a daemon) left
-running, Ctrl-C, a log handler that fails, 300 silent connections to the launcher's port.
-Every clean run must return every rank's value with every line it printed and no line of
-another run, within a bound. Prints ``REPORT`` with the counts, and a ``PROBLEM`` line for each
-thing that went wrong.
+running, Ctrl-C, a log handler that fails, 300 silent connections to the launcher's port, a
+flood of output (`FLOOD_LINES` lines at once), and that flood while the terminal's pipe stalls
+(`STALL` s unread). A flood must arrive whole and in order. Every clean run must return every
+rank's value with every line it printed and no line of another run, within a bound. Prints
+``REPORT`` with the counts, and a ``PROBLEM`` line for each thing that went wrong.
 """
 
 from __future__ import annotations
@@ -37,8 +38,35 @@ FAULTS = (
     "ctrl_c",
     "failing_handler",
     "flood",
+    "output_flood",
+    "stdout_stall",
 )
 CLEAN_BOUND = 20.0  # seconds a clean run may take after any fault
+FLOOD_LINES = 100_000
+STALL = 3.0  # seconds the terminal's pipe stays unread in "stdout_stall"
+
+
+class StallingPipe:
+    """A terminal stand-in: a pipe read (and thrown away) by a thread, except while stalled."""
+
+    def __init__(self) -> None:
+        read, write = os.pipe()
+        self.stream = os.fdopen(write, "w")
+        self._read = read
+        self.reading = threading.Event()
+        self.reading.set()
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    def _drain(self) -> None:
+        while self.reading.wait() and os.read(self._read, 1 << 16):
+            pass
+
+    def stall(self, seconds: float) -> threading.Timer:
+        """Stops reading for `seconds` (the returned timer resumes it)."""
+        self.reading.clear()
+        timer = threading.Timer(seconds, self.reading.set)
+        timer.start()
+        return timer
 
 
 class Collect(logging.Handler):
@@ -80,6 +108,11 @@ def work(token: str, fault: str, target: int, delay: float) -> str:
             break
         time.sleep(0.01)
     if rank == target:
+        if fault in ("output_flood", "stdout_stall"):
+            write = sys.stdout.write
+            for i in range(FLOOD_LINES):
+                write(f"token {token} {rank} flood {i}\n")
+            sys.stdout.flush()
         if fault == "raise_huge":
             raise ValueError("x" * 3_000_000)
         if fault == "sigkill":
@@ -117,9 +150,10 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one scenario, read top to bottom
     rounds, seed = int(sys.argv[1]), int(sys.argv[2])
     per_host: Any = int(sys.argv[3]) if len(sys.argv) > 3 else "auto"
     rng = random.Random(seed)
-    collect, failing = Collect(), Failing()
+    collect, failing, pipe = Collect(), Failing(), StallingPipe()
+    terminal = slurmrun.stream_handler(stdout=pipe.stream, stderr=pipe.stream)
     launcher = slurmrun.Launcher(
-        workers_per_host=per_host, backend="gloo", log_handlers=[collect, failing]
+        workers_per_host=per_host, backend="gloo", log_handlers=[collect, failing, terminal]
     )
     launcher.open()
     problems: list[str] = []
@@ -165,6 +199,7 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one scenario, read top to bottom
             flooder = None
             if fault == "ctrl_c":
                 timers = [threading.Timer(rng.uniform(0.0, 0.5), os.kill, (pid, signal.SIGINT))]
+            resume = pipe.stall(STALL) if fault == "stdout_stall" else None
             if fault == "flood":
                 warm = launcher._warm
                 assert warm is not None and warm.pool is not None
@@ -188,6 +223,8 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one scenario, read top to bottom
                 stop.set()
                 if flooder is not None:
                     flooder.join()
+                if resume is not None:
+                    resume.join()
                 failing.on = False
             counts["faults"] += 1
             want = {
@@ -209,6 +246,13 @@ def main() -> int:  # noqa: PLR0912, PLR0915 - one scenario, read top to bottom
                 if missing:
                     counts["lines_lost"] += 1
                     problems.append(f"round {i} ({fault}): lines missing {missing[:3]}")
+            if outcome == "returned" and fault in ("output_flood", "stdout_stall"):
+                flooded = [t for r, t in collect.lines if r == target and " flood " in t]
+                if flooded != [f"token {token} {target} flood {n}" for n in range(FLOOD_LINES)]:
+                    counts["lines_lost"] += 1
+                    problems.append(
+                        f"round {i} ({fault}): {len(flooded)} of {FLOOD_LINES} flood lines"
+                    )
             clean = f"c{i}"
             collect.lines = []
             start = time.monotonic()

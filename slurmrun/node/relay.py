@@ -186,14 +186,17 @@ class Relay:
         with sock:
             socket.send_fds(worker.streams, [STREAM_GRANTED], [sock.fileno()])
 
-    def drain_output(self, worker: WorkerLink, limit: float = OUTPUT_DRAIN_LIMIT) -> None:
+    def drain_output(
+        self, worker: WorkerLink, limit: float = OUTPUT_DRAIN_LIMIT, *, hold: bool = True
+    ) -> None:
         """Waits until everything the worker wrote before now has been forwarded.
 
         The worker flushes stdout and stderr before it sends a result or an error, so once
         what its output sockets held now is read (and, read, sent), nothing it printed before
         is left behind; what a process it started writes later is not waited for. The wait
-        gives up after `limit` seconds without progress, except while the launcher's window
-        holds the output back (the launcher then shows it as fast as its terminal takes it).
+        gives up after `limit` seconds without progress, except (with `hold`) while the
+        launcher's window holds the output back: the launcher then shows it as fast as its
+        terminal takes it, and a result or an error comes after the lines printed before it.
         """
         with worker.output_lock:
             target = worker.output_read + _unread(worker.outputs)
@@ -204,7 +207,7 @@ class Relay:
                     return
                 read = worker.output_read
             now = time.monotonic()
-            if read != last or self.window.waiting:
+            if read != last or (hold and self.window.waiting):
                 last, deadline = read, now + limit
             elif now >= deadline:
                 return

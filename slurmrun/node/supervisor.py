@@ -230,7 +230,8 @@ class RunWorkers:
         # the sockets close: a process it started may hold them open.
         if worker.relay is not None and not worker.delivered:
             worker.relay.join(timeout=DRAIN_TIMEOUT)
-        self.relay.drain_output(worker, DRAIN_TIMEOUT)
+        # A death is not held back by a stalled terminal: the other ranks may wait for it.
+        self.relay.drain_output(worker, DRAIN_TIMEOUT, hold=False)
         if worker.delivered:
             return False
         what, sig = exit_description(worker.process.exitcode)
