@@ -263,3 +263,91 @@ def test_slurmrun_breakpoint_outside_a_launch_is_plain_pdb(tmp_path: Path) -> No
     child.sendline("c")
     child.expect_exact("went on 42")
     assert _finish(child) == 0
+
+
+KEPT_DRIVER = """
+import os, sys
+import slurmrun
+
+def stop_here():
+    breakpoint()
+    return os.getpid()
+
+def never_calls_breakpoint():
+    x = 1
+    y = x + 1  # line 11: run 1 sets a breakpoint here
+    return sys.gettrace() is None, y, os.getpid()
+
+with slurmrun.Launcher(workers_per_host=1, backend=None, keep_workers=True) as launcher:
+    pid = launcher.run(stop_here).rank(0)
+    print("first ended", flush=True)
+    untraced, y, same = launcher.run(never_calls_breakpoint).rank(0)
+    print("second", untraced, y, same == pid, flush=True)  # (the same kept worker)
+"""
+
+
+def test_a_breakpoint_set_in_one_run_of_a_kept_worker_is_gone_in_the_next(
+    tmp_path: Path,
+) -> None:
+    # `b driver.py:11` in run 1, then `c`: run 2 of the same (kept) worker calls that line
+    # without any breakpoint(), and must neither stop there nor run under pdb's trace.
+    driver = tmp_path / "driver.py"
+    driver.write_text(KEPT_DRIVER)
+    assert "line 11" in KEPT_DRIVER.splitlines()[10]
+    child = _spawn(tmp_path, str(driver))
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline(f"b {driver}:11")
+    child.expect_exact(f"Breakpoint 1 at {driver}:11")
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline("c")
+    child.expect_exact("first ended")
+    seen = child.expect_exact(["second True 2 True", "(Pdb) [localhost rank 0] "])
+    assert seen == 0, f"run 2 stopped in pdb, or ran traced: {child.before[-300:]!r}"
+    assert _finish(child) == 0
+    _none_left_in(tmp_path)
+
+
+LINGERING_DRIVER = """
+import threading, time
+import slurmrun
+
+def leave_a_thread_in_pdb():
+    entered = threading.Event()
+
+    def lingering():
+        where = "thread-of-run-1"
+        entered.set()
+        breakpoint()
+
+    threading.Thread(target=lingering, daemon=True).start()
+    entered.wait()
+    time.sleep(1.0)  # (it is waiting for its line in pdb)
+    return "first"
+
+def stop_in_run_2():
+    where = "main-of-run-2"
+    breakpoint()
+    return "second"
+
+with slurmrun.Launcher(workers_per_host=1, backend=None, keep_workers=True) as launcher:
+    print("first", launcher.run(leave_a_thread_in_pdb).rank(0), flush=True)
+    print("second", launcher.run(stop_in_run_2).rank(0), flush=True)
+"""
+
+
+def test_a_pdb_left_waiting_by_one_run_takes_no_line_typed_in_the_next(tmp_path: Path) -> None:
+    # Run 1 ends while a thread of its kept worker waits in pdb for a line; every line
+    # typed in run 2's session must reach run 2's pdb, never the thread left from run 1.
+    (tmp_path / "driver.py").write_text(LINGERING_DRIVER)
+    child = _spawn(tmp_path, "driver.py")
+    child.expect_exact("first first")
+    for _ in range(6):
+        child.expect_exact("(Pdb) [localhost rank 0] ")
+        child.sendline("p where")
+        seen = child.expect_exact(["'main-of-run-2'", "'thread-of-run-1'"])
+        assert seen == 0, "a line typed in run 2 went to the pdb that run 1 left"
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline("c")
+    child.expect_exact("second second")
+    assert _finish(child) == 0
+    _none_left_in(tmp_path)
