@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.errors import AgentFailedError, VersionMismatchError
 from slurmrun.events import AgentFailed, LaunchStarted, Restarting, Trace
-from slurmrun.launcher.elastic import without_lost_host
+from slurmrun.launcher.elastic import restart_plan
 from slurmrun.launcher.failures import note_preemption
 from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
+from slurmrun.logs import host_labels
 from slurmrun.result import LaunchResult
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ def _attempts(
 ) -> LaunchResult[Any]:
     """Runs the call, and again after a failure, up to `Options.max_restarts` times."""
     lost: dict[str, str] = {}  # hosts lost (`Options.min_hosts`), and why
+    # Each place's name in `lost`: its host's, "<host>#<index>" for a host named twice.
+    labels = host_labels([*plan.hostnames, *plan.spares])
     with sigterm_as_exit():
         for attempt in range(cfg.max_restarts + 1):
             try:
@@ -79,12 +82,14 @@ def _attempts(
                     raise
                 if isinstance(e, AgentFailedError):
                     trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
-                smaller = without_lost_host(cfg, plan, e)
+                restart = restart_plan(cfg, plan, e)
                 where = ""
-                if smaller is not None and isinstance(e, AgentFailedError):
-                    lost[e.hostname] = str(e).split("\n", 1)[0][:500]
-                    plan = smaller
-                    where = f" on {', '.join(plan.hostnames)} (lost: {', '.join(lost)})"
+                if restart is not None:
+                    lost.update((labels[rank], why) for rank, why in restart.lost.items())
+                    labels = [labels[i] for i in restart.kept]
+                    plan = restart.plan
+                    hosts = labels[: len(plan.hostnames)]
+                    where = f" on {', '.join(hosts)} (lost: {', '.join(lost)})"
                 trace.emit(
                     Restarting,
                     attempt=attempt + 1,

@@ -112,6 +112,7 @@ class AgentHealth:
                     f"{self.starter.log_file(agent.node_rank)}",
                     hostname=agent.hostname,
                     log_file=self.starter.log_file(agent.node_rank),
+                    node_rank=agent.node_rank,
                 )
 
 
