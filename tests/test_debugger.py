@@ -351,3 +351,105 @@ def test_a_pdb_left_waiting_by_one_run_takes_no_line_typed_in_the_next(tmp_path:
     child.expect_exact("second second")
     assert _finish(child) == 0
     _none_left_in(tmp_path)
+
+
+# ---------------------------------------------------------------- job control of a shell
+
+SHELL_PROMPT = "shell-ready$ "
+
+
+def _shell(tmp_path: Path) -> pexpect.spawn:
+    """An interactive bash (job control on) in a pty, as a person's terminal has."""
+    env = _env(tmp_path) | {"PS1": SHELL_PROMPT, "PROMPT_COMMAND": ""}
+    child = pexpect.spawn(
+        "bash",
+        ["--norc", "--noprofile", "-i"],
+        cwd=str(tmp_path),
+        env=env,
+        encoding="utf-8",
+        timeout=LIMIT,
+        dimensions=(40, 200),
+    )
+    child.logfile_read = open(tmp_path / "terminal.txt", "w")  # noqa: SIM115 - closed by pexpect
+    _spawned.append(child)
+    child.expect_exact(SHELL_PROMPT)
+    return child
+
+
+def _exit_code(shell: pexpect.spawn, job: str) -> int:
+    shell.sendline(f"wait {job}; echo exit-code=$?")
+    shell.expect(r"exit-code=(\d+)")
+    return int(shell.match.group(1))
+
+
+def _wait_for_file_text(path: Path, text: str, within: float) -> str:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        seen = path.read_text() if path.exists() else ""
+        if text in seen:
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not in {path} within {within} s: {seen[-600:]!r}")
+
+
+def test_a_launcher_in_the_background_of_a_shell_lets_a_stopped_rank_go_on(
+    tmp_path: Path,
+) -> None:
+    # `python train.py > log &`: stdin is still the terminal, but the shell owns it. The
+    # launcher must not read it (the prompt would go to the log, and reading stops it with
+    # SIGTTIN once the person types in the shell): it says where the rank stopped, as a
+    # batch job's does, and the run goes on while the person works in the shell.
+    (tmp_path / "script.py").write_text(SCRIPT)
+    shell = _shell(tmp_path)
+    shell.sendline(f"{sys.executable} -m slurmrun --workers-per-host 2 script.py > out.txt 2>&1 &")
+    shell.expect_exact(SHELL_PROMPT)
+    shell.sendline("echo typed-in-the-shell")
+    shell.expect_exact("typed-in-the-shell")
+    out = _wait_for_file_text(tmp_path / "out.txt", "stopped at a breakpoint", 30)
+    assert _exit_code(shell, "%1") == 0, out
+    out = (tmp_path / "out.txt").read_text()
+    assert out.count("localhost rank 1 stopped at a breakpoint (") == 1, out
+    assert "script.py(7)<module>()" in out, out
+    assert "runs in the background of its terminal" in out, out
+    assert "(Pdb)" not in out, out
+    shell.sendline("exit")
+    _finish(shell)
+    _none_left_in(tmp_path)
+
+
+STOPPED_DRIVER = """
+import time
+import slurmrun
+
+def work():
+    print("working", flush=True)
+    time.sleep(6)
+    return "done"
+
+print(slurmrun.launch(work, workers_per_host=1, backend=None, heartbeat_timeout=1.5).rank(0))
+"""
+
+
+def test_a_launcher_stopped_with_ctrl_z_longer_than_heartbeat_timeout_finishes_after_fg(
+    tmp_path: Path,
+) -> None:
+    # Ctrl-Z stops the launcher (its heartbeats too) for longer than heartbeat_timeout, the
+    # person runs something else, then fg: the agents, alive all along, must not have given
+    # up on it, nor may the launcher blame them for the silence it did not read.
+    (tmp_path / "driver.py").write_text(STOPPED_DRIVER)
+    shell = _shell(tmp_path)
+    shell.sendline(f"{sys.executable} driver.py")
+    shell.expect_exact("working")
+    time.sleep(0.3)
+    shell.sendcontrol("z")
+    shell.expect_exact(SHELL_PROMPT)
+    shell.sendline("sleep 4; fg")  # 2.7 x heartbeat_timeout
+    index = shell.expect_exact(["done", "Error"])
+    assert index == 0, shell.before[-600:]
+    shell.expect_exact(SHELL_PROMPT)
+    shell.sendline("echo exit-code=$?")
+    shell.expect(r"exit-code=(\d+)")
+    assert shell.match.group(1) == "0"
+    shell.sendline("exit")
+    _finish(shell)
+    _none_left_in(tmp_path)
