@@ -12,7 +12,12 @@ import pytest
 
 import slurmrun
 from slurmrun.errors import AgentFailedError, WorkerFailedError
-from slurmrun.launcher.elastic import restart_plan, without_lost_host
+from slurmrun.launcher.elastic import (
+    HostsDownError,
+    note_hosts_down,
+    restart_plan,
+    without_lost_host,
+)
 from slurmrun.launcher.plan import Plan
 from slurmrun.launcher.srun import JobNodes
 
@@ -232,3 +237,31 @@ def test_a_silent_agent_on_a_host_named_twice_is_the_one_left_out() -> None:
     assert result.values() == [[0, 1]]
     assert list(result.lost_hosts) == ["localhost#1"]
     assert "sent nothing for 2 s" in result.lost_hosts["localhost#1"]
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="uses a shell script as scontrol")
+def test_a_node_marked_down_that_no_restart_can_leave_out_ends_the_restarts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    fake_node_states(tmp_path, {"n1": "ALLOCATED", "n2": "IDLE+DRAIN", "n3": "ALLOCATED"})
+    cfg = slurmrun.Launcher(min_hosts=3, max_restarts=1)
+    with pytest.raises(HostsDownError, match=r"SLURM marks n2 IDLE\+DRAIN.*\(min_hosts=3\)"):
+        restart_plan(cfg, srun_plan(["n1", "n2", "n3"], []), lost_at("n3", 2))
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="uses a shell script as scontrol")
+def test_a_last_failure_notes_the_node_slurm_marks_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    fake_node_states(tmp_path, {"n1": "ALLOCATED", "n2": "DOWN+NOT_RESPONDING", "n3": "MIXED"})
+    error = lost_at("n3", 2)
+    note_hosts_down(srun_plan(["n1", "n2", "n3"], []), error)
+    assert error.__notes__ == [
+        "slurmrun: SLURM marks n2 DOWN+NOT_RESPONDING: the failure began there"
+    ]
+    fine = lost_at("n3", 2)
+    fake_node_states(tmp_path, {"n1": "ALLOCATED", "n2": "MIXED", "n3": "MIXED"})
+    note_hosts_down(srun_plan(["n1", "n2", "n3"], []), fine)
+    assert not hasattr(fine, "__notes__")

@@ -12,9 +12,9 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from slurmrun.errors import AgentFailedError, VersionMismatchError
+from slurmrun.errors import AgentFailedError, VersionMismatchError, add_note
 from slurmrun.events import AgentFailed, LaunchStarted, Restarting, Trace
-from slurmrun.launcher.elastic import restart_plan
+from slurmrun.launcher.elastic import HostsDownError, note_hosts_down, restart_plan
 from slurmrun.launcher.failures import note_preemption
 from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
 from slurmrun.logs import host_labels
@@ -74,15 +74,23 @@ def _attempts(
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as e:
-                if (
-                    note_preemption(e, plan.alloc)
-                    or attempt == cfg.max_restarts
-                    or isinstance(e, VersionMismatchError)  # the same agents would start again
-                ):
+                preempted = note_preemption(e, plan.alloc)
+                if preempted or isinstance(e, VersionMismatchError):  # the same agents again
+                    raise
+                if attempt == cfg.max_restarts:
+                    if isinstance(e, AgentFailedError):
+                        note_hosts_down(plan, e)
                     raise
                 if isinstance(e, AgentFailedError):
                     trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
-                restart = restart_plan(cfg, plan, e)
+                refused: HostsDownError | None = None
+                try:
+                    restart = restart_plan(cfg, plan, e)
+                except HostsDownError as down:
+                    refused, restart = down, None
+                if refused is not None:  # raised as it is (its cause intact), with the reason
+                    add_note(e, f"slurmrun: not restarted: {refused}")
+                    raise
                 where = ""
                 if restart is not None:
                     lost.update((labels[rank], why) for rank, why in restart.lost.items())

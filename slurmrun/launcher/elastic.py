@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from slurmrun.errors import AgentFailedError
+from slurmrun.errors import AgentFailedError, add_note
 from slurmrun.launcher import srun
 
 if TYPE_CHECKING:
@@ -29,10 +29,21 @@ if TYPE_CHECKING:
     from slurmrun.launcher.plan import Plan
     from slurmrun.slurm.scontrol import NodeState
 
-__all__ = ["Restart", "lost_place", "restart_plan", "without_lost_host"]
+__all__ = [
+    "HostsDownError",
+    "Restart",
+    "lost_place",
+    "note_hosts_down",
+    "restart_plan",
+    "without_lost_host",
+]
 
 # How long the question to SLURM may take after a failed attempt.
 SCONTROL_TIMEOUT = 10.0
+
+
+class HostsDownError(RuntimeError):
+    """SLURM marks hosts of the plan down, and no restart can leave them out (no restart)."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +69,10 @@ def restart_plan(cfg: Options, plan: Plan, error: BaseException) -> Restart | No
         The plan with spares in the lost hosts' places, or without them if `min_hosts`
         allows; None if no host was lost or neither applies (the next attempt is the same
         plan).
+
+    Raises:
+        HostsDownError: SLURM marks hosts of the plan down and neither applies: a restart
+            would ask for them.
     """
     down = _unusable(plan)
     lost = {
@@ -77,6 +92,13 @@ def restart_plan(cfg: Options, plan: Plan, error: BaseException) -> Restart | No
         places[rank] = spares.pop(0) if spares else -1
     left = [place for place in places if place >= 0]
     if len(left) < n and (cfg.min_hosts is None or len(left) < cfg.min_hosts):
+        marked = [f"{host} {down[host]}" for host in plan.hostnames if host in down]
+        if marked:  # the same plan's step would ask for them: SLURM would refuse it
+            room = "no spare is left" if cfg.min_hosts is None else f"min_hosts={cfg.min_hosts}"
+            raise HostsDownError(
+                f"SLURM marks {'; '.join(marked)}, and the restart cannot leave "
+                f"{'them' if len(marked) > 1 else 'it'} out ({room})"
+            )
         return None
     everything = [*plan.hostnames, *plan.spares]
     counts = plan.workers_per_host
@@ -111,6 +133,18 @@ def lost_place(plan: Plan, error: BaseException) -> int | None:
         return rank if in_plan and error.hostname in ("", plan.hostnames[rank]) else None
     places = [i for i, host in enumerate(plan.hostnames) if host == error.hostname]
     return places[0] if len(places) == 1 else None
+
+
+def note_hosts_down(plan: Plan, error: BaseException) -> None:
+    """Notes on `error` the plan's hosts SLURM marks down (srun agents), if any.
+
+    For a launch's last failure: the failure began there, whatever agent `error` names (srun
+    ends the other nodes' tasks itself).
+    """
+    down = _unusable(plan)
+    marked = [f"{host} {down[host]}" for host in plan.hostnames if host in down]
+    if marked:
+        add_note(error, f"slurmrun: SLURM marks {'; '.join(marked)}: the failure began there")
 
 
 def _unusable(plan: Plan) -> dict[str, NodeState]:

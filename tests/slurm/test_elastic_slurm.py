@@ -194,6 +194,7 @@ import slurmrun
 
 LOST = @LOST@
 SLURMD_PID = @SLURMD_PID@
+MIN_HOSTS = @MIN_HOSTS@
 
 
 def mark_the_node_down_then_report():
@@ -214,7 +215,7 @@ def mark_the_node_down_then_report():
     return [os.environ["SLURMD_NODENAME"], int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])]
 
 
-options = dict(min_hosts=2, max_restarts=1, workers_per_host=1, backend="gloo",
+options = dict(min_hosts=MIN_HOSTS, max_restarts=1, workers_per_host=1, backend="gloo",
                heartbeat_timeout=6, timeout=60)
 out = {}
 try:
@@ -226,6 +227,7 @@ try:
 except Exception as e:
     out["error"] = type(e).__name__
     out["message"] = str(e)
+    out["notes"] = getattr(e, "__notes__", [])
 os.kill(SLURMD_PID, signal.SIGCONT)
 print("RESULT " + json.dumps(out), flush=True)
 """
@@ -240,18 +242,37 @@ def slurmd_continued(slurm_cluster: Any) -> Iterator[int]:
         os.kill(pid, signal.SIGCONT)
 
 
+def _node_marked_down(
+    run_cmd: Any, cluster: Any, tmp_path: Path, slurmd_pid: int, min_hosts: int
+) -> tuple[dict[str, Any], str]:
+    """Runs DOWN_SCRIPT in a job of 3 nodes; returns its result and output (in under 60 s)."""
+    started = time.monotonic()
+    script = DOWN_SCRIPT.replace("@LOST@", repr(LOST_NODE)).replace("@MIN_HOSTS@", repr(min_hosts))
+    output = _batch_job(
+        run_cmd, cluster, tmp_path, script.replace("@SLURMD_PID@", repr(slurmd_pid))
+    )
+    assert time.monotonic() - started < 60
+    return _result(output), output
+
+
 @pytest.mark.usefixtures("lost_node_restorer")  # node2 is resumed even when the test fails
 def test_a_node_slurm_marks_down_is_the_one_lost_and_the_restart_leaves_it_out(
     run_cmd: Any, slurm_cluster: Any, tmp_path: Path, slurmd_continued: int
 ) -> None:
-    started = time.monotonic()
-    script = DOWN_SCRIPT.replace("@LOST@", repr(LOST_NODE))
-    script = script.replace("@SLURMD_PID@", repr(slurmd_continued))
-    output = _batch_job(run_cmd, slurm_cluster, tmp_path, script)
-    out = _result(output)
+    out, output = _node_marked_down(run_cmd, slurm_cluster, tmp_path, slurmd_continued, 2)
     assert "error" not in out, json.dumps(out, indent=1) + output[-3000:]
     assert out["hosts"] == ["node1", "node3"], out
     assert out["lost"].keys() == {LOST_NODE}, out
     assert "DOWN" in out["lost"][LOST_NODE], out
     assert out["values"] == [["node1", 0, 2], ["node3", 1, 2]], out
-    assert time.monotonic() - started < 60
+
+
+@pytest.mark.usefixtures("lost_node_restorer")
+def test_a_node_slurm_marks_down_that_min_hosts_keeps_ends_the_launch_without_a_restart(
+    run_cmd: Any, slurm_cluster: Any, tmp_path: Path, slurmd_continued: int
+) -> None:
+    # min_hosts=3: node2 cannot be left out, and a restart would ask SLURM for it in vain
+    out, output = _node_marked_down(run_cmd, slurm_cluster, tmp_path, slurmd_continued, 3)
+    assert out.get("error"), out
+    assert "not restarted: SLURM marks node2 DOWN" in "".join(out["notes"]), out
+    assert "restarting the workers" not in output, output
