@@ -71,7 +71,7 @@ _in_use: set[Path] = set()  # sockets of this process's running servers
 _in_use_lock = threading.Lock()
 
 
-def seconds(value: object, most: float, what: str = "timeout") -> float:
+def _seconds(value: object, most: float, what: str = "timeout") -> float:
     """`value` as a number of seconds: > 0 (finite) and at most `most`.
 
     Raises:
@@ -106,7 +106,7 @@ def ask(
         ControlError: the launcher answered with an error, its socket refused or vanished (it
             probably ended), no reply came within `timeout`, or the reply was over `MAX_REPLY`.
     """
-    timeout = seconds(timeout, MAX_ASK)
+    timeout = _seconds(timeout, MAX_ASK)
     who = f"launcher pid {entry.pid} ({entry.what})"
     request = json.dumps({"op": op, "args": args or {}}).encode() + b"\n"
     if len(request) > MAX_REQUEST:
@@ -480,7 +480,7 @@ def _parse(line: bytes) -> tuple[str, dict[str, Any]]:
         number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
         if number and math.isfinite(timeout) and timeout > MAX_WAIT:
             timeout = MAX_WAIT
-        args["timeout"] = seconds(timeout, MAX_WAIT, "the request's timeout")
+        args["timeout"] = _seconds(timeout, MAX_WAIT, "the request's timeout")
     return op, args
 
 
