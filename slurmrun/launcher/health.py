@@ -127,6 +127,7 @@ class AgentHealth:
                     f"{self.starter.log_file(agent.node_rank)}",
                     hostname=agent.hostname,
                     log_file=self.starter.log_file(agent.node_rank),
+                    node_rank=agent.node_rank,  # two agents of one host: told apart by place
                 )
 
 
