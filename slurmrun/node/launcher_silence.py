@@ -39,7 +39,9 @@ def wait_for_launcher(sock: socket.socket, silence: float, hostname: str) -> Non
         return
     since = time.monotonic() - silence
     said = False
-    while host_answers(sock, silence) and time.monotonic() - since < STOPPED_WAIT:
+    # The agent's heartbeats go out every silence / HEARTBEATS_PER_TIMEOUT s: a live host
+    # acknowledged one within half of `silence`, a host gone for `silence` did not.
+    while host_answers(sock, silence / 2) and time.monotonic() - since < STOPPED_WAIT:
         if not said:
             say(
                 hostname,
