@@ -1,14 +1,17 @@
 """The private control channel of a running launcher: ``slurmrun stacks`` reaches it here.
 
-A launcher starts a `ControlServer`: a Unix socket ``<pid>.sock`` and a description
-``<pid>.json`` (a `LauncherEntry`) in `runtime_dir`, a directory only this user can enter.
+A launcher starts a `ControlServer`: a Unix socket ``<host>-<pid>.sock`` and a description
+``<host>-<pid>.json`` (a `LauncherEntry`) in `runtime_dir`, a directory only this user can
+enter (on a /tmp that several hosts share, the host in the name keeps their launchers apart).
 Another process of the same user on the same host finds it with `launchers` and sends one
 request with `ask`. Nothing listens on the network, and a connection from another user is
 closed unanswered (``SO_PEERCRED``), should the directory's and socket's modes not keep it out.
 
 The protocol: the client sends one JSON line ``{"op": ..., "args": {...}}`` (at most
-`MAX_REQUEST` bytes); the server answers one JSON line, ``{"ok": true, "text": ...}`` or
-``{"ok": false, "error": ...}``, and closes the connection.
+`MAX_REQUEST` bytes, within `READ_TIMEOUT` s of connecting); the server answers one JSON line,
+``{"ok": true, "text": ...}`` or ``{"ok": false, "error": ...}``, and closes the connection.
+``args["timeout"]``, where given, is how long the handler may take: a number of seconds > 0
+(else the request gets an error reply), at most `MAX_WAIT` (more is cut to it).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
+import selectors
 import socket
-import stat
 import struct
 import threading
 import time
@@ -27,9 +31,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from slurmrun.control_dir import (
+    ControlError,
+    LauncherEntry,
+    answers,
+    launchers,
+    runtime_dir,
+    terminal_session,
+    working_dir,
+)
+
 __all__ = [
     "MAX_REPLY",
     "MAX_REQUEST",
+    "MAX_WAIT",
     "ControlError",
     "ControlServer",
     "LauncherEntry",
@@ -40,13 +55,15 @@ __all__ = [
 
 MAX_REQUEST = 64 * 1024
 MAX_REPLY = 64 * 1024 * 1024
-READ_TIMEOUT = 10.0  # for a connected client to send its request line
+READ_TIMEOUT = 10.0  # for a connected client to send its whole request line
 SEND_TIMEOUT = 30.0  # for a client to take the reply
+MAX_WAIT = 300.0  # the longest args["timeout"] a handler is given
+MAX_ASK = 3600.0  # the longest `ask` waits
 MAX_ANSWERING = 16  # requests answered at once; more get a "busy" reply
-MAX_ENTRY = 64 * 1024  # a <pid>.json larger than this is not ours
-# Literal /tmp, not $TMPDIR: a job's steps may each get their own TMPDIR, and the `srun` of
-# `slurmrun stacks JOB_ID` must look where the job's launcher wrote.
-FALLBACK_ROOT = Path("/tmp")  # noqa: S108 - private per-user directory, checked below
+MAX_READING = 64  # connections whose request is being read (or drained) at once
+DRAIN_TIME = 1.0  # for a client to close after our error reply, while we read what it sends
+_DRAIN_BYTES = 16 * MAX_REQUEST  # read at most this of it
+_MAX_SOCKET_PATH = 107  # bytes of a Unix socket's path (sun_path holds 108 with its NUL)
 
 log = logging.getLogger("slurmrun")
 _warned: list[bool] = []  # a launch without control socket is said once per process
@@ -54,148 +71,20 @@ _in_use: set[Path] = set()  # sockets of this process's running servers
 _in_use_lock = threading.Lock()
 
 
-class ControlError(RuntimeError):
-    """A launcher's control channel cannot be used (or answered with an error)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class LauncherEntry:
-    """A running launcher, as its ``<pid>.json`` in `runtime_dir` describes it."""
-
-    pid: int
-    host: str
-    job_id: str  # its SLURM_JOB_ID; "" outside a job
-    started: float  # time.time() when it started its server
-    what: str  # what it runs: "train.py", "my_func"
-    socket: Path
-
-
-def runtime_dir(create: bool = True) -> Path:
-    """The private per-user directory of running launchers.
-
-    ``$XDG_RUNTIME_DIR/slurmrun`` when ``XDG_RUNTIME_DIR`` is set, is a directory and is ours;
-    else ``/tmp/slurmrun-<uid>``.
-
-    Args:
-        create: create it (mode 0700) when missing; False returns its path all the same.
+def _seconds(value: object, most: float, what: str = "timeout") -> float:
+    """`value` as a number of seconds: > 0 (finite) and at most `most`.
 
     Raises:
-        ControlError: it exists but is not a directory of ours that only we can enter (a
-            symlink in its place included): it is never used, and the message says what to do.
+        ValueError: it is not (NaN, infinite, negative, zero, too large, not a number).
     """
-    path = _preferred_dir()
-    if create:
-        with contextlib.suppress(FileExistsError):
-            path.mkdir(mode=0o700)
-    _check_private(path)
-    return path
-
-
-def _preferred_dir() -> Path:
-    xdg = os.environ.get("XDG_RUNTIME_DIR", "")
-    if xdg and os.path.isabs(xdg):
-        try:
-            st = os.stat(xdg)
-        except OSError:
-            st = None
-        if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid():
-            return Path(xdg) / "slurmrun"
-    return FALLBACK_ROOT / f"slurmrun-{os.getuid()}"
-
-
-def _check_private(path: Path) -> None:
-    """Raises ControlError unless `path` is missing or a directory of ours, mode 0700 or less."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return
-    except OSError as e:
-        raise ControlError(f"cannot read {path}: {e}") from e
-    fix = f"remove it (rm -r {path}) and slurmrun creates it anew, only for you"
-    if not stat.S_ISDIR(st.st_mode):
-        raise ControlError(f"{path} is not a directory (it should be slurmrun's, private): {fix}")
-    if st.st_uid != os.getuid():
-        raise ControlError(
-            f"{path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): slurmrun does "
-            f"not use it; ask its owner or an admin to {fix}"
-        )
-    if st.st_mode & 0o077:
-        raise ControlError(
-            f"{path} has mode {stat.S_IMODE(st.st_mode):o}: others could reach it, so slurmrun "
-            f"does not use it; `chmod 700 {path}` or {fix}"
-        )
-
-
-def _search_dirs() -> list[Path]:
-    """Where launchers may be: `runtime_dir`, then the other candidates that are private.
-
-    A launcher and ``slurmrun stacks`` may disagree on XDG_RUNTIME_DIR: srun and sbatch pass
-    on the login side's, which may not exist on the node; an ssh session there has its own.
-    """
-    dirs = [runtime_dir(create=False)]
-    uid = os.getuid()
-    for other in (Path(f"/run/user/{uid}/slurmrun"), FALLBACK_ROOT / f"slurmrun-{uid}"):
-        if other not in dirs:
-            with contextlib.suppress(ControlError):
-                _check_private(other)
-                dirs.append(other)
-    return [d for d in dirs if d.is_dir()]
-
-
-def launchers(job_id: str | None = None) -> list[LauncherEntry]:
-    """Running launchers of this user on this host, newest first.
-
-    Entries of this host whose process ended are removed; entries of other hosts (a shared
-    /tmp) are left alone.
-
-    Args:
-        job_id: only the launchers of this SLURM job (their SLURM_JOB_ID).
-
-    Raises:
-        ControlError: the runtime directory is not private (`runtime_dir`).
-    """
-    host = socket.gethostname()
-    found = []
-    for directory in _search_dirs():
-        for path in directory.glob("*.json"):
-            entry = _read_entry(path)
-            if entry is None or entry.host != host:
-                continue
-            if not _alive(entry.pid):
-                for stale in (path, entry.socket):
-                    with contextlib.suppress(OSError):
-                        stale.unlink()
-                continue
-            if job_id is None or entry.job_id == job_id:
-                found.append(entry)
-    return sorted(found, key=lambda e: e.started, reverse=True)
-
-
-def _read_entry(path: Path) -> LauncherEntry | None:
-    """The entry `path` describes, or None when it is not one (too large, garbled)."""
-    try:
-        with path.open("rb") as f:
-            data = json.loads(f.read(MAX_ENTRY))
-        return LauncherEntry(
-            pid=int(data["pid"]),
-            host=str(data["host"]),
-            job_id=str(data["job_id"]),
-            started=float(data["started"]),
-            what=str(data["what"]),
-            socket=path.with_suffix(".sock"),  # not the file's word: next to it, in our dir
-        )
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process took the pid: alive, not ours
-        return True
-    return True
+    if (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 < value <= most
+    ):
+        return float(value)
+    raise ValueError(f"{what} must be a number of seconds > 0 and at most {most:g}, got {value!r}")
 
 
 def ask(
@@ -210,12 +99,14 @@ def ask(
         entry: the launcher (from `launchers`).
         op: what to ask (``"stacks"``).
         args: the request's arguments (JSON-serialisable).
-        timeout: seconds for the whole exchange.
+        timeout: seconds for the whole exchange (> 0, at most `MAX_ASK`).
 
     Raises:
+        ValueError: `timeout` is not such a number of seconds.
         ControlError: the launcher answered with an error, its socket refused or vanished (it
             probably ended), no reply came within `timeout`, or the reply was over `MAX_REPLY`.
     """
+    timeout = _seconds(timeout, MAX_ASK)
     who = f"launcher pid {entry.pid} ({entry.what})"
     request = json.dumps({"op": op, "args": args or {}}).encode() + b"\n"
     if len(request) > MAX_REQUEST:
@@ -269,8 +160,8 @@ class ControlServer:
 
     Args:
         handler: ``handler(op, args) -> text``; it runs on a thread of its own per request and
-            may block a while (bounded by the caller's ``args["timeout"]``); what it raises
-            becomes the error reply.
+            may block a while (bounded by the caller's ``args["timeout"]``, checked and cut to
+            `MAX_WAIT` before it is called); what it raises becomes the error reply.
         what: what the launcher runs (``"train.py"``, ``"my_func"``), for `LauncherEntry`.
         job_id: the launcher's SLURM_JOB_ID ("" outside a job).
     """
@@ -286,10 +177,11 @@ class ControlServer:
         self._listener: socket.socket | None = None
         self._owner = os.getpid()  # a forked child must not remove its parent's files
         self._answering = threading.BoundedSemaphore(MAX_ANSWERING)
+        self._closed = threading.Event()
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        """Binds ``<runtime_dir>/<pid>.sock`` (0600), writes ``<pid>.json`` and starts serving.
+        """Binds ``<runtime_dir>/<host>-<pid>.sock`` (0600), writes its ``.json`` and serves.
 
         Where that fails (no private writable directory), it logs one warning per process and
         returns: the launch goes on without a control channel (`socket` stays None).
@@ -297,7 +189,7 @@ class ControlServer:
         if self._listener is not None:  # started already
             return
         try:
-            self._bind()
+            listener = self._bind()
         except (OSError, ControlError) as e:
             self.close()
             self.socket = None
@@ -305,25 +197,21 @@ class ControlServer:
                 _warned.append(True)
                 log.warning("slurmrun: no control socket (slurmrun stacks cannot reach it): %s", e)
             return
-        threading.Thread(target=self._serve, name="slurmrun-control", daemon=True).start()
+        requests = _Requests(listener, self._answering, self._answer, self._closed)
+        threading.Thread(target=requests.serve, name="slurmrun-control", daemon=True).start()
 
-    def _bind(self) -> None:
+    def _bind(self) -> socket.socket:
         directory = runtime_dir()
-        with _in_use_lock:
-            stem, n = str(os.getpid()), 0
-            while directory / f"{stem}.sock" in _in_use:  # another server of this process
-                n += 1
-                stem = f"{os.getpid()}-{n}"
-            path = directory / f"{stem}.sock"
-            _in_use.add(path)
+        path = _free_name(directory)
         self.socket = path
         with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # left by an ended process whose pid we got
+            path.unlink()  # a stale one: nobody listens on it (`_free_name` asked)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener = listener
         listener.bind(str(path))
         os.chmod(path, 0o600)  # the directory is private already; the socket too
         listener.listen(MAX_ANSWERING)
+        listener.setblocking(False)
         entry = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -331,25 +219,29 @@ class ControlServer:
             "started": time.time(),
             "what": self.what,
             "socket": str(path),
+            "cwd": working_dir(),
+            "session": terminal_session(),
         }
         self._entry = path.with_suffix(".json")
-        tmp = directory / f".{stem}.json.tmp"
+        tmp = directory / f".{path.stem}.json.tmp"
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(entry, f)
         tmp.rename(self._entry)
+        return listener
 
     def close(self) -> None:
         """Stops serving and removes the socket and its entry; idempotent."""
+        self._closed.set()
         with self._lock:
             listener, self._listener = self._listener, None
             entry, self._entry = self._entry, None
             path = self.socket
         if listener is not None:
             with contextlib.suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() of _serve
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the select of `_Requests.serve`
             listener.close()
         if path is None or os.getpid() != self._owner:
             return
@@ -367,44 +259,14 @@ class ControlServer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _serve(self) -> None:
-        listener = self._listener
-        while listener is not None:
-            try:
-                conn, _ = listener.accept()
-            except OSError:  # closed
-                return
-            if _peer_uid(conn) != os.getuid():
-                conn.close()  # not a word to another user
-                continue
-            if not self._answering.acquire(blocking=False):
-                with conn:
-                    conn.settimeout(1.0)
-                    busy = f"busy: {MAX_ANSWERING} requests are being answered; try again"
-                    with contextlib.suppress(OSError):
-                        conn.sendall(_reply(ok=False, text=busy))
-                continue
-            threading.Thread(
-                target=self._answer, args=(conn,), name="slurmrun-control-request", daemon=True
-            ).start()
-
-    def _answer(self, conn: socket.socket) -> None:
+    def _answer(self, conn: socket.socket, op: str, args: dict[str, Any]) -> None:
+        """Answers one request (on a thread of its own, holding one of `_answering`)."""
         try:
             with conn:
-                conn.settimeout(READ_TIMEOUT)
-                try:
-                    op, args = _read_request(conn)
-                except TimeoutError:
-                    reply, unread = _reply(ok=False, text=f"no request in {READ_TIMEOUT:g} s"), True
-                except (OSError, ValueError, TypeError) as e:  # too long, garbled
-                    reply, unread = _reply(ok=False, text=str(e)), True
-                else:
-                    reply, unread = self._call(op, args), False
+                reply = self._call(op, args)
                 conn.settimeout(SEND_TIMEOUT)
                 with contextlib.suppress(OSError):
                     conn.sendall(reply)
-                    if unread:
-                        _drain(conn)
         finally:
             self._answering.release()
 
@@ -421,6 +283,179 @@ class ControlServer:
         return reply
 
 
+def _free_name(directory: Path) -> Path:
+    """``<host>-<pid>.sock`` in `directory`, or ``-1``, ``-2``...: one no process listens on.
+
+    Taken: another server of this process has it, or a live process listens there (one
+    of another pid namespace with our pid, sharing the directory). Its file is never removed.
+    """
+    host = socket.gethostname().replace(os.sep, "_")
+    if len(str(directory / f"{host}-{os.getpid()}-99.sock").encode()) > _MAX_SOCKET_PATH:
+        host = host.split(".")[0]
+    base = f"{host}-{os.getpid()}"
+    with _in_use_lock:
+        for n in range(100):
+            path = directory / (f"{base}.sock" if n == 0 else f"{base}-{n}.sock")
+            if path not in _in_use and not answers(path):
+                _in_use.add(path)
+                return path
+    raise ControlError(f"{directory}: live sockets hold {base}.sock to {base}-99.sock")
+
+
+@dataclasses.dataclass
+class _Pending:
+    """A connection whose request is being read, or (after our error reply) drained."""
+
+    conn: socket.socket
+    deadline: float  # monotonic
+    data: bytearray = dataclasses.field(default_factory=bytearray)
+    draining: bool = False
+    left: int = _DRAIN_BYTES  # while draining
+
+
+class _Requests:
+    """Reads the requests of every connection at once, each whole within READ_TIMEOUT s.
+
+    One thread (`serve`) owns the listener and the connections being read, at most
+    MAX_READING (more wait in the listen backlog). A whole request goes to `answer` on a thread
+    of its own while one of `slots` is free; else it gets the busy reply. A garbled, late or
+    busy request gets its error reply here, and what the client still sends is then read for up
+    to DRAIN_TIME s: closing with data unread would reset the connection, and the client would
+    get ECONNRESET instead of the reply.
+    """
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        slots: threading.BoundedSemaphore,
+        answer: Callable[[socket.socket, str, dict[str, Any]], None],
+        closed: threading.Event,
+    ) -> None:
+        self.listener = listener
+        self.slots = slots
+        self.answer = answer
+        self.closed = closed
+        self.pending: dict[socket.socket, _Pending] = {}
+        self.selector = selectors.DefaultSelector()
+        self.listening = False
+
+    def serve(self) -> None:
+        """Runs until the listener is closed; closes what it still reads then."""
+        try:
+            while not self.closed.is_set() and self._turn():
+                pass
+        except (OSError, ValueError):  # the listener closed under us
+            pass
+        finally:
+            for pending in list(self.pending.values()):
+                self._close(pending)
+            self.selector.close()
+
+    def _turn(self) -> bool:
+        """One wait for what comes (at most 1 s); False once the listener is closed."""
+        now = time.monotonic()
+        for late in [p for p in self.pending.values() if p.deadline <= now]:
+            self._late(late)
+        self._listen(len(self.pending) < MAX_READING)
+        wait = min([p.deadline for p in self.pending.values()], default=now + 1.0) - now
+        for key, _ in self.selector.select(min(max(wait, 0.0), 1.0)):
+            pending = self.pending.get(key.fileobj)  # type: ignore[call-overload]
+            if pending is not None:
+                self._read(pending)
+            elif key.fileobj is self.listener and not self._accept():
+                return False
+        return True
+
+    def _listen(self, more: bool) -> None:
+        """Takes new connections while fewer than MAX_READING are being read."""
+        if more != self.listening:
+            self.listening = more
+            if more:
+                self.selector.register(self.listener, selectors.EVENT_READ)
+            else:
+                self.selector.unregister(self.listener)
+
+    def _accept(self) -> bool:
+        """Takes a waiting connection; False once the listener is closed."""
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):  # it went away meanwhile
+            return True
+        except OSError:
+            return False
+        if _peer_uid(conn) != os.getuid():
+            conn.close()  # not a word to another user
+            return True
+        conn.setblocking(False)
+        self.pending[conn] = _Pending(conn, time.monotonic() + READ_TIMEOUT)
+        self.selector.register(conn, selectors.EVENT_READ)
+        return True
+
+    def _read(self, pending: _Pending) -> None:
+        try:
+            chunk = pending.conn.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(pending)
+            return
+        if pending.draining:
+            pending.left -= len(chunk)
+            if not chunk or pending.left <= 0:
+                self._close(pending)
+            return
+        pending.data += chunk
+        line, newline, _ = pending.data.partition(b"\n")
+        if len(line) > MAX_REQUEST:
+            self._refuse(pending, f"request longer than {MAX_REQUEST} bytes")
+        elif newline or not chunk:  # else more is to come
+            self._take(pending, bytes(line))
+
+    def _take(self, pending: _Pending, line: bytes) -> None:
+        """A whole request: to a thread that answers it, or the error reply."""
+        try:
+            op, args = _parse(line)
+        except (ValueError, TypeError) as e:
+            self._refuse(pending, str(e))
+            return
+        if not self.slots.acquire(blocking=False):
+            self._refuse(pending, f"busy: {MAX_ANSWERING} requests are being answered; try again")
+            return
+        self.selector.unregister(pending.conn)
+        del self.pending[pending.conn]
+        pending.conn.setblocking(True)
+        threading.Thread(
+            target=self.answer,
+            args=(pending.conn, op, args),
+            name="slurmrun-control-request",
+            daemon=True,
+        ).start()
+
+    def _late(self, pending: _Pending) -> None:
+        if pending.draining:
+            self._close(pending)
+        else:
+            self._refuse(pending, f"no request in {READ_TIMEOUT:g} s")
+
+    def _refuse(self, pending: _Pending, error: str) -> None:
+        """Sends the error reply, then drains (see the class's docstring)."""
+        try:
+            pending.conn.send(_reply(ok=False, text=error))  # small: the buffer takes it
+            pending.conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            self._close(pending)
+            return
+        pending.draining = True
+        pending.deadline = time.monotonic() + DRAIN_TIME
+        pending.data.clear()
+
+    def _close(self, pending: _Pending) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(pending.conn)
+        self.pending.pop(pending.conn, None)
+        pending.conn.close()
+
+
 def _peer_uid(conn: socket.socket) -> int | None:
     try:
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -430,17 +465,8 @@ def _peer_uid(conn: socket.socket) -> int | None:
     return int(uid)
 
 
-def _read_request(conn: socket.socket) -> tuple[str, dict[str, Any]]:
-    """The request line's op and args; ValueError or TypeError for one too long or garbled."""
-    buf = b""
-    while b"\n" not in buf:
-        chunk = conn.recv(1 << 16)
-        if not chunk:
-            break
-        buf += chunk
-        if len(buf.split(b"\n", 1)[0]) > MAX_REQUEST:
-            raise ValueError(f"request longer than {MAX_REQUEST} bytes")
-    line = buf.split(b"\n", 1)[0]
+def _parse(line: bytes) -> tuple[str, dict[str, Any]]:
+    """The request line's op and args; ValueError or TypeError for one garbled or bad."""
     try:
         request = json.loads(line)
     except ValueError as e:
@@ -449,20 +475,13 @@ def _read_request(conn: socket.socket) -> tuple[str, dict[str, Any]]:
     args = request.get("args", {}) if isinstance(request, dict) else None
     if not isinstance(op, str) or not isinstance(args, dict):
         raise TypeError('garbled request: expected {"op": "<name>", "args": {...}}')
+    if "timeout" in args:
+        timeout = args["timeout"]
+        number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+        if number and math.isfinite(timeout) and timeout > MAX_WAIT:
+            timeout = MAX_WAIT
+        args["timeout"] = _seconds(timeout, MAX_WAIT, "the request's timeout")
     return op, args
-
-
-def _drain(conn: socket.socket) -> None:
-    """Reads what the client still sends, up to a bound, after our reply.
-
-    Closing a Unix socket with data unread resets the connection: the client would get
-    ECONNRESET instead of our error reply.
-    """
-    conn.shutdown(socket.SHUT_WR)
-    conn.settimeout(1.0)
-    left = 16 * MAX_REQUEST
-    while left > 0 and (chunk := conn.recv(1 << 16)):
-        left -= len(chunk)
 
 
 def _reply(*, ok: bool, text: str) -> bytes:

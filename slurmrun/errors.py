@@ -73,6 +73,8 @@ class AgentFailedError(RuntimeError):
         hostname: the agent's host, when known.
         stderr_tail: the last lines of the agent's (or srun's) stderr.
         log_file: where the agent's full output went, when it was kept.
+        node_rank: the agent's place among the run's hosts (`LaunchResult.hostnames`' order),
+            when known: it tells apart two agents of one host (``["localhost", "localhost"]``).
     """
 
     def __init__(
@@ -82,11 +84,13 @@ class AgentFailedError(RuntimeError):
         hostname: str = "",
         stderr_tail: str = "",
         log_file: str | None = None,
+        node_rank: int | None = None,
     ) -> None:
         super().__init__(message)
         self.hostname = hostname
         self.stderr_tail = stderr_tail
         self.log_file = log_file
+        self.node_rank = node_rank
 
 
 class VersionMismatchError(AgentFailedError):

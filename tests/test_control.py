@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import select
 import shutil
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -82,7 +84,7 @@ def _in_host(host: str | None, args: list[str]) -> list[str]:
 
 @pytest.fixture
 def fake_launcher(tmp_path: Path, xdg: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """``fake_launcher(what, reply, host=None, job_id="")``: a process serving a ControlServer.
+    """``fake_launcher(what, reply, host=None, job_id="", cwd=None)``: a ControlServer's process.
 
     Its handler returns ``reply`` formatted with op, args (JSON) and pid. Returns once its
     socket is up; at the end every one is stopped and must have removed its files.
@@ -92,7 +94,7 @@ def fake_launcher(tmp_path: Path, xdg: Path) -> Iterator[Callable[..., subproces
     started: list[subprocess.Popen[str]] = []
 
     def start(
-        what: str, reply: str, host: str | None = None, job_id: str = ""
+        what: str, reply: str, host: str | None = None, job_id: str = "", cwd: Path | None = None
     ) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
             _in_host(host, [str(script), what, reply]),
@@ -100,12 +102,14 @@ def fake_launcher(tmp_path: Path, xdg: Path) -> Iterator[Callable[..., subproces
             stdout=subprocess.PIPE,
             text=True,
             env=_env(SLURM_JOB_ID=job_id) if job_id else _env(),
+            cwd=cwd,
         )
         started.append(proc)
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], 10)
         assert ready, "the fake launcher did not start its server within 10 s"
-        assert proc.stdout.readline().strip() == str(xdg / "slurmrun" / f"{proc.pid}.sock")
+        name = f"{host or socket.gethostname()}-{proc.pid}.sock"
+        assert proc.stdout.readline().strip() == str(xdg / "slurmrun" / name)
         return proc
 
     yield start
@@ -117,7 +121,7 @@ def fake_launcher(tmp_path: Path, xdg: Path) -> Iterator[Callable[..., subproces
 
 
 def _stacks(
-    args: list[str], host: str | None, timeout: float = 30
+    args: list[str], host: str | None, timeout: float = 30, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         _in_host(host, ["-m", "slurmrun", "stacks", *args]),
@@ -126,6 +130,7 @@ def _stacks(
         env=_env(),
         timeout=timeout,
         check=False,
+        cwd=cwd,
     )
 
 
@@ -143,20 +148,21 @@ def test_round_trip_finds_the_launcher_and_returns_its_handlers_reply(fake_launc
     proc = fake_launcher("train.py", "{op} {args} from {pid}", job_id="4242")
     entry = _entry(proc.pid)
     assert (entry.host, entry.job_id, entry.what) == (socket.gethostname(), "4242", "train.py")
-    assert entry.socket == xdg / "slurmrun" / f"{proc.pid}.sock"
+    assert entry.socket == xdg / "slurmrun" / f"{socket.gethostname()}-{proc.pid}.sock"
     assert time.time() - 10 < entry.started <= time.time()
     assert [e.pid for e in launchers("4242")] == [proc.pid]
     assert launchers("4243") == []
-    assert ask(entry, "stacks", {"timeout": 3}) == f'stacks {{"timeout": 3}} from {proc.pid}'
+    assert ask(entry, "stacks", {"timeout": 3}) == f'stacks {{"timeout": 3.0}} from {proc.pid}'
 
 
 def test_socket_and_entry_are_0600_in_a_0700_directory(fake_launcher, xdg):
     proc = fake_launcher("f", "x")
     directory = xdg / "slurmrun"
+    stem = f"{socket.gethostname()}-{proc.pid}"
     assert _mode(directory) == 0o700
-    assert _mode(directory / f"{proc.pid}.sock") == 0o600
-    assert _mode(directory / f"{proc.pid}.json") == 0o600
-    assert sorted(p.name for p in directory.iterdir()) == [f"{proc.pid}.json", f"{proc.pid}.sock"]
+    assert _mode(directory / f"{stem}.sock") == 0o600
+    assert _mode(directory / f"{stem}.json") == 0o600
+    assert sorted(p.name for p in directory.iterdir()) == [f"{stem}.json", f"{stem}.sock"]
 
 
 def test_handler_exception_becomes_an_error_reply(fake_launcher):
@@ -371,9 +377,10 @@ def test_two_servers_of_one_process_each_get_a_socket(xdg):
         ControlServer(lambda op, args: "one", what="a") as a,
         ControlServer(lambda op, args: "two", what="b") as b,
     ):
+        stem = f"{socket.gethostname()}-{os.getpid()}"
         assert (a.socket, b.socket) == (
-            xdg / "slurmrun" / f"{os.getpid()}.sock",
-            xdg / "slurmrun" / f"{os.getpid()}-1.sock",
+            xdg / "slurmrun" / f"{stem}.sock",
+            xdg / "slurmrun" / f"{stem}-1.sock",
         )
         mine = {e.what: ask(e, "x") for e in launchers() if e.pid == os.getpid()}
         assert mine == {"a": "one", "b": "two"}
@@ -431,8 +438,264 @@ def test_stacks_of_a_job_asks_its_launcher_on_this_host(fake_launcher, host):
     assert f"no slurmrun launch of job 779 runs on {host}" in here.stderr
 
 
-@pytest.mark.parametrize("args", [["--timeout", "0"], ["12ab"], ["--pid", "x"]])
+@pytest.mark.parametrize("args", [["--timeout", "0"], ["12ab"], ["--pid", "x"],
+                                  ["--all", "--pid", "12"]])  # fmt: skip
 def test_stacks_bad_options_exit_2(xdg, args):
     out = _stacks(args, None)
     assert out.returncode == 2
     assert out.stderr.startswith("usage: slurmrun stacks")
+
+
+@pytest.mark.parametrize("seconds", ["inf", "nan", "-1", "0", "1e300", "301", "x"])
+def test_stacks_refuses_a_timeout_it_cannot_wait_before_asking(fake_launcher, host, seconds):
+    fake_launcher("train.py", "never asked", host=host)
+    out = _stacks(["--timeout", seconds], host)
+    assert (out.returncode, out.stdout) == (2, ""), out
+    assert out.stderr.endswith(
+        f"slurmrun stacks: error: argument --timeout: expected a number of seconds > 0 and at "
+        f"most 300, got {seconds!r}\n"
+    )
+
+
+# --------------------------------------------------------------------------- timeouts
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -1.0, 0.0, 1e300])
+def test_ask_refuses_a_timeout_that_is_not_a_number_of_seconds(xdg, bad):
+    with ControlServer(lambda op, args: "answer", what="f"):
+        entry = _entry(os.getpid())
+        with pytest.raises(ValueError, match=r"timeout must be a number of seconds > 0"):
+            ask(entry, "stacks", timeout=bad)
+        assert ask(entry, "stacks") == "answer"
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity", "-1", "0", '"5"', "true", "null"])
+def test_a_request_timeout_that_is_not_a_number_of_seconds_gets_an_error_reply(xdg, bad):
+    seen: list[dict[str, Any]] = []
+    with ControlServer(lambda op, args: seen.append(args) or "answer", what="f") as server:
+        assert server.socket is not None
+        reply = _raw(server.socket, b'{"op": "stacks", "args": {"timeout": %s}}\n' % bad.encode())
+        assert reply["ok"] is False
+        assert reply["error"].startswith("the request's timeout must be a number of seconds > 0")
+        assert seen == []
+        assert _raw(server.socket, b'{"op": "stacks", "args": {"timeout": 1e9}}\n')["ok"]
+        assert _raw(server.socket, b'{"op": "stacks", "args": {"timeout": 2}}\n')["ok"]
+        assert seen == [{"timeout": control.MAX_WAIT}, {"timeout": 2}]
+
+
+def test_a_client_over_the_limit_gets_the_busy_reply(xdg):
+    release = threading.Event()
+    answering = threading.Semaphore(0)
+
+    def handler(op: str, args: dict[str, Any]) -> str:
+        answering.release()
+        release.wait(20)
+        return "late answer"
+
+    replies: list[str] = []
+    with ControlServer(handler, what="f") as server:
+        assert server.socket is not None
+        entry = _entry(os.getpid())
+        threads = [
+            threading.Thread(target=lambda: replies.append(ask(entry, "stacks", timeout=30)))
+            for _ in range(control.MAX_ANSWERING)
+        ]
+        for thread in threads:
+            thread.start()
+        try:
+            for _ in threads:
+                assert answering.acquire(timeout=10)
+            busy = "busy: 16 requests are being answered; try again"
+            assert _raw(server.socket, b'{"op": "stacks", "args": {}}\n') == {
+                "ok": False,
+                "error": busy,
+            }
+            with pytest.raises(ControlError, match=busy):
+                ask(entry, "stacks", timeout=5)
+        finally:
+            release.set()
+            for thread in threads:
+                thread.join(10)
+    assert replies == ["late answer"] * control.MAX_ANSWERING
+
+
+def test_a_request_trickled_a_byte_at_a_time_gets_the_read_deadline_and_holds_no_slot(
+    xdg, monkeypatch
+):
+    monkeypatch.setattr(control, "READ_TIMEOUT", 1.0)
+    with ControlServer(lambda op, args: "answer", what="f") as server:
+        assert server.socket is not None
+        trickles = [socket.socket(socket.AF_UNIX) for _ in range(control.MAX_ANSWERING + 4)]
+        try:
+            for s in trickles:
+                s.connect(str(server.socket))
+            started = time.monotonic()
+            replies: dict[int, tuple[float, bytes]] = {}
+            asked = False
+            while len(replies) < len(trickles) and time.monotonic() - started < 4:
+                for i, s in enumerate(trickles):
+                    with contextlib.suppress(OSError):
+                        s.send(b" ")  # well within READ_TIMEOUT of the last byte
+                    if i not in replies and select.select([s], [], [], 0)[0]:
+                        replies[i] = (time.monotonic() - started, s.recv(1000))
+                if not asked and time.monotonic() - started > 0.3:
+                    assert ask(_entry(os.getpid()), "stacks", timeout=2) == "answer"
+                    asked = True
+                time.sleep(0.2)
+        finally:
+            for s in trickles:
+                s.close()
+    assert asked
+    assert sorted(replies) == list(range(len(trickles)))
+    for seconds, reply in replies.values():
+        assert 0.8 < seconds < 2.5
+        assert json.loads(reply) == {"ok": False, "error": "no request in 1 s"}
+
+
+# --------------------------------------------------------------------------- socket names
+def _listening(path: Path) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(path))
+    s.listen()
+    return s
+
+
+def _answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(2)
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+        return True
+
+
+def test_the_socket_is_named_by_host_and_pid_and_another_hosts_live_socket_is_left_alone(xdg):
+    # A launcher of node9 with our pid, on a /tmp that the nodes share.
+    directory = control.runtime_dir()
+    pid = os.getpid()
+    theirs = [directory / f"{pid}.sock", directory / f"node9-{pid}.sock"]
+    entry = {"pid": pid, "host": "node9", "job_id": "", "started": 1.0, "what": "theirs"}
+    (directory / f"node9-{pid}.json").write_text(json.dumps(entry))
+    listeners = [_listening(path) for path in theirs]
+    try:
+        with ControlServer(lambda op, args: "ours", what="f") as server:
+            assert server.socket == directory / f"{socket.gethostname()}-{pid}.sock"
+            assert [e.what for e in launchers() if e.pid == pid] == ["f"]
+            assert ask(_entry(pid), "stacks") == "ours"
+        assert all(_answers(path) for path in theirs)
+        assert sorted(p.name for p in directory.iterdir()) == sorted(
+            [f"{pid}.sock", f"node9-{pid}.sock", f"node9-{pid}.json"]
+        )
+    finally:
+        for listener in listeners:
+            listener.close()
+
+
+def test_a_live_socket_where_ours_would_be_is_never_removed_a_stale_one_is(xdg):
+    # A process of another pid namespace with our pid, or a launcher that lost its entry.
+    directory = control.runtime_dir()
+    stem = f"{socket.gethostname()}-{os.getpid()}"
+    live = _listening(directory / f"{stem}.sock")
+    try:
+        with ControlServer(lambda op, args: "ours", what="f") as server:
+            assert server.socket == directory / f"{stem}-1.sock"
+            assert ask(_entry(os.getpid()), "stacks") == "ours"
+        assert _answers(directory / f"{stem}.sock")
+    finally:
+        live.close()  # its file stays: stale now
+    with ControlServer(lambda op, args: "ours", what="f") as server:
+        assert server.socket == directory / f"{stem}.sock"
+        assert ask(_entry(os.getpid()), "stacks") == "ours"
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o702])
+def test_an_xdg_runtime_dir_that_others_can_write_is_not_used(xdg, mode):
+    os.chmod(xdg, mode)
+    assert control.runtime_dir(create=False) == Path(f"/tmp/slurmrun-{os.getuid()}")
+    assert not (xdg / "slurmrun").exists()
+
+
+# --------------------------------------------------------------------------- whose launches
+def test_stacks_asks_the_launches_started_from_this_directory_and_counts_the_others(
+    fake_launcher, host, tmp_path
+):
+    a, b, c = (tmp_path / name for name in ("a", "b", "c"))
+    for folder in (a, b, c):
+        folder.mkdir()
+    first = fake_launcher("a1.py", "stacks of {pid}", host=host, cwd=a)
+    second = fake_launcher("a2.py", "stacks of {pid}", host=host, cwd=a)
+    third = fake_launcher("b.py", "stacks of {pid}", host=host, cwd=b)
+
+    from_a = _stacks([], host, cwd=a)
+    assert from_a.returncode == 0, from_a
+    shown = [line for line in from_a.stdout.splitlines() if not line.startswith("=== ")]
+    assert shown == [f"stacks of {second.pid}", f"stacks of {first.pid}"]
+    assert from_a.stderr == (
+        "slurmrun stacks: 1 other launch of yours runs on this host, started from another "
+        "directory and terminal: slurmrun stacks --all asks it too\n"
+    )
+    from_b = _stacks([], host, cwd=b)
+    assert (from_b.returncode, from_b.stdout) == (0, f"stacks of {third.pid}\n"), from_b
+    assert "2 other launches of yours run on this host" in from_b.stderr
+
+    every = _stacks(["--all"], host, cwd=b)
+    assert (every.returncode, every.stderr) == (0, ""), every
+    shown = [line for line in every.stdout.splitlines() if not line.startswith("=== ")]
+    assert shown == [f"stacks of {p.pid}" for p in (third, second, first)]
+
+    elsewhere = _stacks([], host, cwd=c)
+    assert (elsewhere.returncode, elsewhere.stdout) == (1, ""), elsewhere
+    assert elsewhere.stderr.startswith(
+        f"slurmrun stacks: error: no slurmrun launch of yours on this host ({host}) was "
+        f"started from {c} or this terminal; 3 others run: "
+    )
+    for proc, folder in ((first, a), (second, a), (third, b)):
+        assert f"{proc.pid} (" in elsewhere.stderr
+        assert f"in {folder})" in elsewhere.stderr
+    assert "--pid PID asks one, --all every one" in elsewhere.stderr
+    one = _stacks(["--pid", str(third.pid)], host, cwd=c)
+    assert (one.returncode, one.stdout, one.stderr) == (0, f"stacks of {third.pid}\n", "")
+
+
+TERMINAL = textwrap.dedent(
+    """
+    import json, os, subprocess, sys
+    tty, script, started_in, asked_from = sys.argv[1:]
+    os.setsid()
+    os.close(os.open(tty, os.O_RDWR))  # our controlling terminal from now on
+    launcher = subprocess.Popen(
+        [sys.executable, script, "term.py", "stacks of {pid}"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=started_in,
+    )
+    launcher.stdout.readline()
+    out = subprocess.run(
+        [sys.executable, "-m", "slurmrun", "stacks"],
+        capture_output=True, text=True, cwd=asked_from, timeout=30,
+    )
+    launcher.stdin.close()
+    launcher.wait(10)
+    print(json.dumps([launcher.pid, out.returncode, out.stdout, out.stderr]))
+    """
+)
+
+
+def test_stacks_asks_the_launches_of_this_terminal_wherever_they_were_started(
+    fake_launcher, host, tmp_path
+):
+    a, b, c = (tmp_path / name for name in ("a", "b", "c"))
+    for folder in (a, b, c):
+        folder.mkdir()
+    fake_launcher("b.py", "stacks of {pid}", host=host, cwd=b)  # not in the terminal
+    master, slave = os.openpty()
+    try:
+        out = subprocess.run(
+            _in_host(host, ["-c", TERMINAL, os.ttyname(slave), str(tmp_path / "fake_launcher.py"),
+                            str(a), str(c)]),
+            capture_output=True, text=True, env=_env(), timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert out.returncode == 0, out
+    pid, status, stdout, stderr = json.loads(out.stdout)
+    assert (status, stdout) == (0, f"stacks of {pid}\n"), stderr
+    assert "1 other launch of yours runs on this host" in stderr

@@ -263,3 +263,193 @@ def test_slurmrun_breakpoint_outside_a_launch_is_plain_pdb(tmp_path: Path) -> No
     child.sendline("c")
     child.expect_exact("went on 42")
     assert _finish(child) == 0
+
+
+KEPT_DRIVER = """
+import os, sys
+import slurmrun
+
+def stop_here():
+    breakpoint()
+    return os.getpid()
+
+def never_calls_breakpoint():
+    x = 1
+    y = x + 1  # line 11: run 1 sets a breakpoint here
+    return sys.gettrace() is None, y, os.getpid()
+
+with slurmrun.Launcher(workers_per_host=1, backend=None, keep_workers=True) as launcher:
+    pid = launcher.run(stop_here).rank(0)
+    print("first ended", flush=True)
+    untraced, y, same = launcher.run(never_calls_breakpoint).rank(0)
+    print("second", untraced, y, same == pid, flush=True)  # (the same kept worker)
+"""
+
+
+def test_a_breakpoint_set_in_one_run_of_a_kept_worker_is_gone_in_the_next(
+    tmp_path: Path,
+) -> None:
+    # `b driver.py:11` in run 1, then `c`: run 2 of the same (kept) worker calls that line
+    # without any breakpoint(), and must neither stop there nor run under pdb's trace.
+    driver = tmp_path / "driver.py"
+    driver.write_text(KEPT_DRIVER)
+    assert "line 11" in KEPT_DRIVER.splitlines()[10]
+    child = _spawn(tmp_path, str(driver))
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline(f"b {driver}:11")
+    child.expect_exact(f"Breakpoint 1 at {driver}:11")
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline("c")
+    child.expect_exact("first ended")
+    seen = child.expect_exact(["second True 2 True", "(Pdb) [localhost rank 0] "])
+    assert seen == 0, f"run 2 stopped in pdb, or ran traced: {child.before[-300:]!r}"
+    assert _finish(child) == 0
+    _none_left_in(tmp_path)
+
+
+LINGERING_DRIVER = """
+import threading, time
+import slurmrun
+
+def leave_a_thread_in_pdb():
+    entered = threading.Event()
+
+    def lingering():
+        where = "thread-of-run-1"
+        entered.set()
+        breakpoint()
+
+    threading.Thread(target=lingering, daemon=True).start()
+    entered.wait()
+    time.sleep(1.0)  # (it is waiting for its line in pdb)
+    return "first"
+
+def stop_in_run_2():
+    where = "main-of-run-2"
+    breakpoint()
+    return "second"
+
+with slurmrun.Launcher(workers_per_host=1, backend=None, keep_workers=True) as launcher:
+    print("first", launcher.run(leave_a_thread_in_pdb).rank(0), flush=True)
+    print("second", launcher.run(stop_in_run_2).rank(0), flush=True)
+"""
+
+
+def test_a_pdb_left_waiting_by_one_run_takes_no_line_typed_in_the_next(tmp_path: Path) -> None:
+    # Run 1 ends while a thread of its kept worker waits in pdb for a line; every line
+    # typed in run 2's session must reach run 2's pdb, never the thread left from run 1.
+    (tmp_path / "driver.py").write_text(LINGERING_DRIVER)
+    child = _spawn(tmp_path, "driver.py")
+    child.expect_exact("first first")
+    for _ in range(6):
+        child.expect_exact("(Pdb) [localhost rank 0] ")
+        child.sendline("p where")
+        seen = child.expect_exact(["'main-of-run-2'", "'thread-of-run-1'"])
+        assert seen == 0, "a line typed in run 2 went to the pdb that run 1 left"
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline("c")
+    child.expect_exact("second second")
+    assert _finish(child) == 0
+    _none_left_in(tmp_path)
+
+
+# ---------------------------------------------------------------- job control of a shell
+
+SHELL_PROMPT = "shell-ready$ "
+
+
+def _shell(tmp_path: Path) -> pexpect.spawn:
+    """An interactive bash (job control on) in a pty, as a person's terminal has."""
+    env = _env(tmp_path) | {"PS1": SHELL_PROMPT, "PROMPT_COMMAND": ""}
+    child = pexpect.spawn(
+        "bash",
+        ["--norc", "--noprofile", "-i"],
+        cwd=str(tmp_path),
+        env=env,
+        encoding="utf-8",
+        timeout=LIMIT,
+        dimensions=(40, 200),
+    )
+    child.logfile_read = open(tmp_path / "terminal.txt", "w")  # noqa: SIM115 - closed by pexpect
+    _spawned.append(child)
+    child.expect_exact(SHELL_PROMPT)
+    return child
+
+
+def _exit_code(shell: pexpect.spawn, job: str) -> int:
+    shell.sendline(f"wait {job}; echo exit-code=$?")
+    shell.expect(r"exit-code=(\d+)")
+    return int(shell.match.group(1))
+
+
+def _wait_for_file_text(path: Path, text: str, within: float) -> str:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        seen = path.read_text() if path.exists() else ""
+        if text in seen:
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"{text!r} not in {path} within {within} s: {seen[-600:]!r}")
+
+
+def test_a_launcher_in_the_background_of_a_shell_lets_a_stopped_rank_go_on(
+    tmp_path: Path,
+) -> None:
+    # `python train.py > log &`: stdin is still the terminal, but the shell owns it. The
+    # launcher must not read it (the prompt would go to the log, and reading stops it with
+    # SIGTTIN once the person types in the shell): it says where the rank stopped, as a
+    # batch job's does, and the run goes on while the person works in the shell.
+    (tmp_path / "script.py").write_text(SCRIPT)
+    shell = _shell(tmp_path)
+    shell.sendline(f"{sys.executable} -m slurmrun --workers-per-host 2 script.py > out.txt 2>&1 &")
+    shell.expect_exact(SHELL_PROMPT)
+    shell.sendline("echo typed-in-the-shell")
+    shell.expect_exact("typed-in-the-shell")
+    out = _wait_for_file_text(tmp_path / "out.txt", "stopped at a breakpoint", 30)
+    assert _exit_code(shell, "%1") == 0, out
+    out = (tmp_path / "out.txt").read_text()
+    assert out.count("localhost rank 1 stopped at a breakpoint (") == 1, out
+    assert "script.py(7)<module>()" in out, out
+    assert "runs in the background of its terminal" in out, out
+    assert "(Pdb)" not in out, out
+    shell.sendline("exit")
+    _finish(shell)
+    _none_left_in(tmp_path)
+
+
+STOPPED_DRIVER = """
+import time
+import slurmrun
+
+def work():
+    print("working", flush=True)
+    time.sleep(6)
+    return "done"
+
+print(slurmrun.launch(work, workers_per_host=1, backend=None, heartbeat_timeout=1.5).rank(0))
+"""
+
+
+def test_a_launcher_stopped_with_ctrl_z_longer_than_heartbeat_timeout_finishes_after_fg(
+    tmp_path: Path,
+) -> None:
+    # Ctrl-Z stops the launcher (its heartbeats too) for longer than heartbeat_timeout, the
+    # person runs something else, then fg: the agents, alive all along, must not have given
+    # up on it, nor may the launcher blame them for the silence it did not read.
+    (tmp_path / "driver.py").write_text(STOPPED_DRIVER)
+    shell = _shell(tmp_path)
+    shell.sendline(f"{sys.executable} driver.py")
+    shell.expect_exact("working")
+    time.sleep(0.3)
+    shell.sendcontrol("z")
+    shell.expect_exact(SHELL_PROMPT)
+    shell.sendline("sleep 4; fg")  # 2.7 x heartbeat_timeout
+    index = shell.expect_exact(["done", "Error"])
+    assert index == 0, shell.before[-600:]
+    shell.expect_exact(SHELL_PROMPT)
+    shell.sendline("echo exit-code=$?")
+    shell.expect(r"exit-code=(\d+)")
+    assert shell.match.group(1) == "0"
+    shell.sendline("exit")
+    _finish(shell)
+    _none_left_in(tmp_path)

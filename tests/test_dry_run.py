@@ -239,7 +239,8 @@ def test_scontrol_is_asked_once_by_plan_dry_run_agent_starts_and_a_smaller_resta
     monkeypatch, tmp_path, where
 ):
     # What run does after make_plan: a dry run, one agents' start per attempt, the plan without a
-    # lost node; none of them asks SLURM again (the fake scontrol counts its calls, one line each).
+    # lost node; none of them asks SLURM for the job's facts again (the fake scontrol counts its
+    # calls, one line each).
     fake = tmp_path / "fakebin"
     fake.mkdir()
     calls = tmp_path / "calls"
@@ -269,7 +270,8 @@ def test_scontrol_is_asked_once_by_plan_dry_run_agent_starts_and_a_smaller_resta
     # The next attempt's plan after node3 is lost: its step from the facts read at planning.
     lost = AgentFailedError("the agent on node3 sent nothing for 5 s", hostname="node3")
     smaller = without_lost_host(cfg, plan, lost)
-    assert calls.read_text().splitlines() == ["show job -d 4242"]
+    # the job's facts once; after the failure, only which nodes SLURM marks down (none here)
+    assert calls.read_text().splitlines() == ["show job -d 4242", "-o show node node1,node2,node3"]
     assert smaller is not None and smaller.step is not None
     assert smaller.step.gpus_per_node == 2  # node1 and node2 have 2 each: node3 had 1
     assert smaller.step.hostnames == smaller.step.task_order == ("node1", "node2")

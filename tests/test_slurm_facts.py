@@ -440,6 +440,85 @@ def test_scontrol_gpus_is_none_without_scontrol(monkeypatch):
     assert scontrol_gpus("1") is None
 
 
+# --- node states (scontrol show node) ------------------------------------------------------
+
+# `scontrol -o show node node2` on Slurm 22.05 (the test cluster), node2 set down by an admin.
+NODE_DOWN_ONE_LINE = (
+    "NodeName=node2 Arch=x86_64 CoresPerSocket=4  CPUAlloc=0 CPUEfctv=4 CPUTot=4 "
+    "OS=Linux 6.18.44 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=4096 AllocMem=0 "
+    "State=DOWN ThreadsPerCore=1 TmpDisk=0 Partitions=debug,urgent  "
+    "LastBusyTime=2026-11-27T12:55:54 CfgTRES=cpu=4,mem=4G,billing=4 AllocTRES= "
+    "Reason=slurmrun test [root@2026-11-27T12:57:53]"
+)
+# `scontrol show node` (records of several lines), as 24.11 prints them.
+NODES_BLOCKS = """NodeName=gpu01 Arch=x86_64 CoresPerSocket=32
+   State=MIXED+DRAIN+NOT_RESPONDING ThreadsPerCore=1 TmpDisk=0 Weight=1
+   Partitions=gpu
+   Reason=Kill task failed [slurm@2026-01-02T03:04:05]
+
+NodeName=gpu02 Arch=x86_64 CoresPerSocket=32
+   State=ALLOCATED ThreadsPerCore=1 TmpDisk=0 Weight=1
+   ResumeAfterTime=None
+
+NodeName=gpu03 Arch=x86_64 CoresPerSocket=32
+   State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1
+   Reason=health check: gpu 3 fell off the bus [root@2026-01-02T03:04:05]
+"""
+
+
+def test_node_states_are_read_from_fields_one_line_or_blocks():
+    (node2,) = slurm_scontrol.parse_node_states(NODE_DOWN_ONE_LINE).values()
+    assert node2.words == ("DOWN",) and not node2.usable
+    assert node2.reason == "slurmrun test"
+    assert str(node2) == "DOWN (reason: slurmrun test)"
+    states = slurm_scontrol.parse_node_states(NODES_BLOCKS)
+    assert [(n, s.words, s.usable) for n, s in states.items()] == [
+        ("gpu01", ("MIXED", "DRAIN", "NOT_RESPONDING"), False),
+        ("gpu02", ("ALLOCATED",), True),
+        ("gpu03", ("IDLE", "DRAIN"), False),
+    ]
+    assert states["gpu03"].reason == "health check: gpu 3 fell off the bus"
+    assert states["gpu02"].reason == ""
+
+
+@pytest.mark.parametrize(
+    ("state", "usable"),
+    [
+        ("IDLE", True),
+        ("MIXED", True),
+        ("ALLOCATED+COMPLETING", True),
+        ("MIXED+PLANNED", True),
+        ("ALLOCATED+POWER_DOWN", True),  # powered off once idle: it still runs the job
+        ("DOWN+NOT_RESPONDING", False),
+        ("DOWN+DRAIN+DYNAMIC_NORM+INVALID_REG", False),
+        ("IDLE+NOT_RESPONDING", False),
+        ("ALLOCATED+FAIL", False),
+        ("MIXED+DRAIN", False),
+        ("DRAINED", False),
+        ("down*", False),  # sinfo's short form
+        ("IDLE+CLOUD+POWERED_DOWN", False),
+        ("ALLOCATED+REBOOT_ISSUED", False),
+    ],
+)
+def test_a_node_is_unusable_when_a_word_of_its_state_says_so(state, usable):
+    (node,) = slurm_scontrol.parse_node_states(f"NodeName=n1 State={state} Weight=1").values()
+    assert node.usable is usable
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses a shell script as a fake scontrol")
+def test_unusable_nodes_asks_scontrol_show_node_for_the_nodes_and_keeps_the_bad_ones(scontrol_dir):
+    from slurmrun.launcher.srun import unusable_nodes
+
+    (scontrol_dir / "out.txt").write_text(NODES_BLOCKS)
+    fake_scontrol(
+        scontrol_dir,
+        f'[ "$*" = "-o show node gpu01,gpu02,gpu03" ] && cat "{scontrol_dir}/out.txt" || exit 1',
+    )
+    assert sorted(unusable_nodes(["gpu01", "gpu02", "gpu03"])) == ["gpu01", "gpu03"]
+    fake_scontrol(scontrol_dir, "exit 1")  # scontrol cannot tell: no node is blamed
+    assert unusable_nodes(["gpu01"]) == {}
+
+
 # --- job_gpus_per_node: what the agents' step asks for -------------------------------------
 
 

@@ -3,6 +3,7 @@ on Ctrl-C and on a failure; and the flight recorder's switch on the CPU path."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -14,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import slurmrun
+from slurmrun import control
+from slurmrun.control import ControlError
 from slurmrun.events import Event
 from slurmrun.stacks import StackSource
 
@@ -259,3 +262,48 @@ def test_no_quiet_spell_counts_while_the_spawner_imports_before_forking(
     kinds = [e.kind for e in events]
     assert "stalled" not in kinds, kinds
     assert kinds.index("workers_started") > kinds.index("launch_started")
+
+
+def wait_for_release(started: str, release: str) -> int:
+    import pathlib
+
+    pathlib.Path(started).touch()
+
+    def held_here() -> None:
+        while not pathlib.Path(release).exists():
+            time.sleep(0.05)
+
+    held_here()
+    return 7
+
+
+def test_a_stacks_request_with_a_bad_timeout_is_refused_during_a_run_and_later_ones_answered(
+    tmp_path: Path,
+) -> None:
+    launcher = slurmrun.Launcher(workers_per_host=1, backend=None)
+    started, release = tmp_path / "started", tmp_path / "release"
+    results: list[object] = []
+    runner = threading.Thread(
+        target=lambda: results.append(launcher.run(wait_for_release, (str(started), str(release))))
+    )
+    runner.start()
+    try:
+        _wait_for(started)
+        (entry,) = [e for e in control.launchers() if e.pid == os.getpid()]
+        for bad in (math.nan, -1.0, 0, math.inf):
+            with pytest.raises(ControlError, match="the request's timeout must be a number"):
+                control.ask(entry, "stacks", {"timeout": bad}, timeout=10)
+            with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+                launcher.stacks(bad)
+        with pytest.raises(ValueError, match="timeout must be a number of seconds > 0"):
+            launcher.stacks(1e9)
+        # Cut to 300 s, and answered as soon as every rank answered.
+        text = control.ask(entry, "stacks", {"timeout": 1e9}, timeout=20)
+        assert "Python stacks of 1 rank" in text, text
+        assert "rank 0 (localhost): held_here (test_stacks_launch.py:" in text, text
+        report = launcher.stacks(10)
+        assert report is not None and report.ranks[0].source is StackSource.PYTHON
+    finally:
+        release.touch()
+        runner.join(LIMIT)
+    assert results and results[0].return_values == [[7]]  # type: ignore[attr-defined]

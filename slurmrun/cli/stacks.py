@@ -1,9 +1,11 @@
-"""``slurmrun stacks [JOB_ID] [--pid PID] [--timeout SECONDS]``: every rank's Python stacks.
+"""``slurmrun stacks [JOB_ID] [--pid PID | --all] [--timeout SECONDS]``: every rank's stacks.
 
 Asks a running launcher of this user through its control socket (`slurmrun.control`) and
-prints its answer. Without JOB_ID it asks the launchers running on this host; with JOB_ID,
-that job's launcher: here if it runs here, else on the job's batch host, through
-``srun --jobid=JOB_ID --overlap`` (a step beside the job's own, whatever they hold).
+prints its answer. Without JOB_ID it asks the launchers running on this host that were
+started from this working directory or this terminal (and says how many others run; ``--all``
+asks them too); with JOB_ID, that job's launcher: here if it runs here, else on the job's
+batch host, through ``srun --jobid=JOB_ID --overlap`` (a step beside the job's own, whatever
+they hold).
 
 Exit status: 0; 1 when no launcher answered (none runs, the job is unknown or not running);
 2 for bad options; the remote command's status for a job on another host.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import re
 import signal
@@ -20,7 +23,8 @@ import socket
 import subprocess
 import sys
 
-from slurmrun.control import ControlError, LauncherEntry, ask, launchers
+from slurmrun.control import MAX_WAIT, ControlError, LauncherEntry, ask, launchers
+from slurmrun.control_dir import working_dir
 
 __all__ = ["DEFAULT_TIMEOUT", "main"]
 
@@ -34,13 +38,16 @@ class _Failed(Exception):
     """Ends the command with ``slurmrun stacks: error: <message>`` and status 1."""
 
 
-def _positive(text: str) -> float:
+def _seconds(text: str) -> float:
+    """A timeout the launcher waits for (NaN, inf and the like are refused before asking)."""
     try:
         value = float(text)
     except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+        value = math.nan
+    if not 0 < value <= MAX_WAIT:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds > 0 and at most {MAX_WAIT:g}, got {text!r}"
+        )
     return value
 
 
@@ -62,13 +69,21 @@ def _parser() -> argparse.ArgumentParser:
         metavar="JOB_ID",
         help="a SLURM job whose launch to ask (default: the launches running on this host)",
     )
-    parser.add_argument("--pid", type=int, help="the launcher's process id, where several run")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--pid", type=int, help="the launcher's process id, where several run")
+    which.add_argument(
+        "--all",
+        action="store_true",
+        help="ask every launch of yours on this host (default: those started from this "
+        "directory or this terminal)",
+    )
     parser.add_argument(
         "--timeout",
-        type=_positive,
+        type=_seconds,
         default=DEFAULT_TIMEOUT,
         metavar="SECONDS",
-        help=f"how long the ranks have to answer (default: {DEFAULT_TIMEOUT:g})",
+        help=f"how long the ranks have to answer (default: {DEFAULT_TIMEOUT:g}, at most "
+        f"{MAX_WAIT:g})",
     )
     # Run by the srun of JOB_ID on its batch host: look there only, never srun again.
     parser.add_argument("--here", action="store_true", help=argparse.SUPPRESS)
@@ -106,13 +121,44 @@ def _select(found: list[LauncherEntry], args: argparse.Namespace) -> list[Launch
             f"no slurmrun launch of yours runs on this host ({here}); for a submitted job, "
             "pass its id: slurmrun stacks JOB_ID"
         )
-    if args.pid is None:
+    if args.pid is not None:
+        chosen = [e for e in found if e.pid == args.pid]
+        if not chosen:
+            running = ", ".join(f"{e.pid} ({e.what})" for e in found)
+            raise _Failed(
+                f"no slurmrun launch of yours has pid {args.pid} on {here}: {running} run"
+            )
+        return chosen
+    if args.all or args.job_id is not None:
         return found
-    chosen = [e for e in found if e.pid == args.pid]
-    if not chosen:
-        running = ", ".join(f"{e.pid} ({e.what})" for e in found)
-        raise _Failed(f"no slurmrun launch of yours has pid {args.pid} on {here}: {running} run")
-    return chosen
+    return _started_here(found, here)
+
+
+def _started_here(found: list[LauncherEntry], here: str) -> list[LauncherEntry]:
+    """The launches started from this directory or terminal; says how many others run.
+
+    Another project's (or another test session's) launch is not asked unasked: its stacks
+    are not ours to read, and its report would be written into its log directory.
+    """
+    mine = [e for e in found if e.started_here()]
+    others = len(found) - len(mine)
+    plural = others > 1
+    if not mine:
+        listing = ", ".join(f"{e.pid} ({e.what}, in {e.cwd or '?'})" for e in found)
+        raise _Failed(
+            f"no slurmrun launch of yours on this host ({here}) was started from "
+            f"{working_dir() or 'this directory'} or this terminal; {others} "
+            f"other{'s run' if plural else ' runs'}: {listing}. --pid PID asks one, --all every one"
+        )
+    if others:
+        print(
+            f"slurmrun stacks: {others} other {'launches' if plural else 'launch'} of yours "
+            f"{'run' if plural else 'runs'} on this host, started from another directory and "
+            f"terminal: slurmrun stacks --all asks {'them' if plural else 'it'} too",
+            file=sys.stderr,
+            flush=True,
+        )
+    return mine
 
 
 def _ask_all(entries: list[LauncherEntry], timeout: float) -> int:

@@ -12,11 +12,12 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from slurmrun.errors import AgentFailedError, VersionMismatchError
+from slurmrun.errors import AgentFailedError, VersionMismatchError, add_note
 from slurmrun.events import AgentFailed, LaunchStarted, Restarting, Trace
-from slurmrun.launcher.elastic import without_lost_host
+from slurmrun.launcher.elastic import HostsDownError, note_hosts_down, restart_plan
 from slurmrun.launcher.failures import note_preemption
 from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
+from slurmrun.logs import host_labels
 from slurmrun.result import LaunchResult
 
 if TYPE_CHECKING:
@@ -63,6 +64,8 @@ def _attempts(
 ) -> LaunchResult[Any]:
     """Runs the call, and again after a failure, up to `Options.max_restarts` times."""
     lost: dict[str, str] = {}  # hosts lost (`Options.min_hosts`), and why
+    # Each place's name in `lost`: its host's, "<host>#<index>" for a host named twice.
+    labels = host_labels([*plan.hostnames, *plan.spares])
     with sigterm_as_exit():
         for attempt in range(cfg.max_restarts + 1):
             try:
@@ -71,20 +74,30 @@ def _attempts(
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as e:
-                if (
-                    note_preemption(e, plan.alloc)
-                    or attempt == cfg.max_restarts
-                    or isinstance(e, VersionMismatchError)  # the same agents would start again
-                ):
+                preempted = note_preemption(e, plan.alloc)
+                if preempted or isinstance(e, VersionMismatchError):  # the same agents again
+                    raise
+                if attempt == cfg.max_restarts:
+                    if isinstance(e, AgentFailedError):
+                        note_hosts_down(plan, e)
                     raise
                 if isinstance(e, AgentFailedError):
                     trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
-                smaller = without_lost_host(cfg, plan, e)
+                refused: HostsDownError | None = None
+                try:
+                    restart = restart_plan(cfg, plan, e)
+                except HostsDownError as down:
+                    refused, restart = down, None
+                if refused is not None:  # raised as it is (its cause intact), with the reason
+                    add_note(e, f"slurmrun: not restarted: {refused}")
+                    raise
                 where = ""
-                if smaller is not None and isinstance(e, AgentFailedError):
-                    lost[e.hostname] = str(e).split("\n", 1)[0][:500]
-                    plan = smaller
-                    where = f" on {', '.join(plan.hostnames)} (lost: {', '.join(lost)})"
+                if restart is not None:
+                    lost.update((labels[rank], why) for rank, why in restart.lost.items())
+                    labels = [labels[i] for i in restart.kept]
+                    plan = restart.plan
+                    hosts = labels[: len(plan.hostnames)]
+                    where = f" on {', '.join(hosts)} (lost: {', '.join(lost)})"
                 trace.emit(
                     Restarting,
                     attempt=attempt + 1,

@@ -8,7 +8,11 @@ rank's session is open, other ranks that stop at a breakpoint wait their turn (t
 says so). Ctrl-C ends the run as ever: the main thread gets it, not the reader.
 
 Without a terminal (a batch job's launcher, stdin not a TTY) a breakpoint cannot be served:
-the launcher says where it was, and the rank goes on (pdb sees end of input).
+the launcher says where it was, and the rank goes on (pdb sees end of input). So it is for a
+launcher in the background of its terminal (a shell's ``&`` job, or one put there with
+``bg``): the shell owns the terminal, and a read would stop the launcher (SIGTTIN). It is
+asked at each prompt, and the reader reads only while the launcher is in the foreground: a
+session that Ctrl-Z and ``bg`` interrupt waits for ``fg``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import logging
+import os
 import sys
 import threading
 from collections import deque
@@ -27,7 +32,7 @@ from slurmrun import protocol
 from slurmrun.launcher.pump import Events, Local
 from slurmrun.waiting import wait_readable
 
-__all__ = ["LineTyped", "Sessions", "TerminalReader", "has_terminal"]
+__all__ = ["LineTyped", "Sessions", "TerminalReader", "has_terminal", "in_foreground"]
 
 log = logging.getLogger("slurmrun")
 Key = tuple[int, int]  # (node rank, local rank)
@@ -44,6 +49,22 @@ def has_terminal(stdin: TextIO | None = None) -> bool:
         return stdin is not None and stdin.isatty()
     except (ValueError, OSError):
         return False
+
+
+def in_foreground(stdin: TextIO | None = None) -> bool:
+    """Whether this process may read its terminal: its process group is the foreground one.
+
+    A shell's background job is not (``python train.py > log &``): reading would stop it
+    (SIGTTIN). A stdin that is no controlling terminal of ours (or a Jupyter kernel's input)
+    has no foreground to own: True.
+    """
+    stdin = sys.stdin if stdin is None else stdin
+    if _kernel_input():
+        return True
+    try:
+        return os.tcgetpgrp(stdin.fileno()) == os.getpgrp()
+    except (AttributeError, ValueError, OSError):
+        return True
 
 
 def _kernel_input() -> bool:
@@ -97,7 +118,9 @@ def _read_line(stop: threading.Event) -> str | None:
     except (AttributeError, ValueError, OSError):
         return None
     while not stop.is_set():
-        if wait_readable([fd], _POLL):
+        if not in_foreground():  # (Ctrl-Z and bg during a session: the line waits for fg)
+            stop.wait(_POLL)
+        elif wait_readable([fd], _POLL) and in_foreground():
             return sys.stdin.readline(LINE_LIMIT) or None
     return None
 
@@ -150,12 +173,12 @@ class Sessions:
         self._run = run
         text = body.decode(errors="replace")
         if message.state == protocol.DebugState.ENDED:
-            self._write(text)
-            if self.active == key:
+            if self.active == key:  # (else a prompt answered with end of input: nothing shown)
+                self._write(text)
                 self._next()
             return
-        if self._reader is None:
-            self._no_terminal(key, message.where, text)
+        if self._reader is None or not in_foreground():
+            self._no_terminal(key, message.where, text, background=self._reader is not None)
             return
         if self.active in (None, key):
             self._show(key, text)
@@ -203,18 +226,28 @@ class Sessions:
             key, body = self._waiting.popleft()
             self._show(key, body.decode(errors="replace"))
 
-    def _no_terminal(self, key: Key, where: str, text: str) -> None:
+    def _no_terminal(self, key: Key, where: str, text: str, *, background: bool) -> None:
         stop = next((line for line in text.splitlines() if line.startswith("> ")), "")
         self._send(key[0], protocol.DebugInput(run=self._run, local_rank=key[1], eof=True), b"")
         if key in self._told:
             return  # once per rank: a breakpoint in a loop must not flood the output
         self._told.add(key)
+        if background:
+            why = (
+                "this launcher runs in the background of its terminal (a shell's & job, or "
+                "bg): the rank goes on. Keep the launch in the foreground (fg) to debug it."
+            )
+        else:
+            why = (
+                "this launch has no terminal to debug in (its stdin is not one): the rank "
+                "goes on. Run the launch from a terminal (under SLURM: salloc, or srun --pty) "
+                "to debug it."
+            )
         log.warning(
-            "slurmrun: %s stopped at a breakpoint%s, but this launch has no terminal to debug "
-            "in (its stdin is not one): the rank goes on. Run the launch from a terminal "
-            "(under SLURM: salloc, or srun --pty) to debug it.",
+            "slurmrun: %s stopped at a breakpoint%s, but %s",
             where,
             f" ({stop[2:]})" if stop else "",
+            why,
         )
 
     def _write(self, text: str) -> None:

@@ -88,7 +88,9 @@ def agent_exit_error(
             message += f"\nLast lines of {path}:\n{text}"
     if not tail and log_file:
         message += f" Its log: {log_file}"
-    return AgentFailedError(message, hostname=hostname, stderr_tail=tail, log_file=log_file)
+    return AgentFailedError(
+        message, hostname=hostname, stderr_tail=tail, log_file=log_file, node_rank=node_rank
+    )
 
 
 def srun_verdict(step_log: str | None, hostname: str, wait: float = 1.0) -> str | None:

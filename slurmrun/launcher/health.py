@@ -6,8 +6,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import math
 import re
+import struct
+import termios
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -55,6 +59,8 @@ class AgentHealth:
     dead: set[int] = field(default_factory=set)  # node ranks declared dead: not waited for
     _exited_at: dict[int | None, float] = field(default_factory=dict)
     _next_silence_check: float = 0.0
+    _looked_at: float | None = None  # the last check_silence call
+    _grace_from: float = -math.inf  # silence counts from here at the earliest
 
     def exit_error(
         self, agents: Mapping[int, Watched], node_rank: int | None, why: str
@@ -97,14 +103,23 @@ class AgentHealth:
 
         It looks at most every `silence` / 10 s (and at least every second): each look goes
         over every agent, and a run calls it every tick.
+
+        Silence the launcher did not read is not the agent's: bytes waiting unread in its
+        socket count as heard, and after a gap in the launcher's own looks (it was stopped:
+        Ctrl-Z, SIGSTOP, a background job's SIGTTIN; or not scheduled) every agent gets a
+        fresh `silence` s, as if it had just been heard.
         """
+        if self._looked_at is not None and now - self._looked_at > self.silence / 2:
+            self._grace_from = now
+        self._looked_at = now
         if now < self._next_silence_check:
             return
         self._next_silence_check = now + min(1.0, self.silence / 10)
         for agent in agents.values():
             if agent.closed or agent.conn.receiving:
                 continue
-            if now - self.heard_at(agent.conn) > self.silence:
+            heard = max(self.heard_at(agent.conn), self._grace_from)
+            if now - heard > self.silence and not _unread(agent.conn):
                 self.dead.add(agent.node_rank)
                 raise AgentFailedError(
                     f"the agent on {agent.hostname} sent nothing for {self.silence:g} s "
@@ -112,7 +127,17 @@ class AgentHealth:
                     f"{self.starter.log_file(agent.node_rank)}",
                     hostname=agent.hostname,
                     log_file=self.starter.log_file(agent.node_rank),
+                    node_rank=agent.node_rank,  # two agents of one host: told apart by place
                 )
+
+
+def _unread(conn: Connection) -> bool:
+    """Whether bytes that the agent sent wait in `conn`'s socket, not read yet."""
+    try:
+        count = fcntl.ioctl(conn.sock.fileno(), termios.FIONREAD, bytes(4))
+    except (OSError, ValueError):  # closed meanwhile: its end is judged elsewhere
+        return False
+    return bool(struct.unpack("i", count)[0])
 
 
 @dataclass

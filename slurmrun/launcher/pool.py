@@ -142,12 +142,13 @@ class AgentPool:
         deadline = time.monotonic() + self.connect_timeout
         connected = lambda: len(self.agents) == len(self.hostnames)  # noqa: E731
         if not pump(self.events, self.router, connected, deadline):
-            missing = [h for i, h in enumerate(self.hostnames) if i not in self.agents]
+            missing = [i for i in range(len(self.hostnames)) if i not in self.agents]
             raise AgentFailedError(
-                f"agents on {missing} did not connect within timeout="
-                f"{self.connect_timeout:.0f} s. Their output: "
+                f"agents on {[self.hostnames[i] for i in missing]} did not connect within "
+                f"timeout={self.connect_timeout:.0f} s. Their output: "
                 f"{self.starter.log_file(None) or self.starter.log_file(0)}",
-                hostname=missing[0],
+                hostname=self.hostnames[missing[0]],
+                node_rank=missing[0],
             )
         self.state = PoolState.READY
 
@@ -251,6 +252,7 @@ class AgentPool:
                 f"the agent on {agent.hostname} could not prepare its workers: {hello.error}",
                 hostname=agent.hostname,
                 log_file=self.starter.log_file(agent.node_rank),
+                node_rank=agent.node_rank,
             )
 
     # ------------------------------------------------------------------ sending
@@ -264,6 +266,7 @@ class AgentPool:
                 f"could not send to the agent on {agent.hostname}: {e}",
                 hostname=agent.hostname,
                 log_file=self.starter.log_file(agent.node_rank),
+                node_rank=agent.node_rank,
             ) from e
 
 

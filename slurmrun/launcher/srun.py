@@ -1,4 +1,8 @@
-"""Building the `srun` step that starts one agent per node, and finding a reachable address."""
+"""The agents' `srun` step: building it, an address its nodes reach, the nodes SLURM marks down.
+
+After a step failed, `unusable_nodes` asks SLURM which of its nodes are down, drained or not
+responding (`slurmrun.launcher.elastic` leaves them out of the restart).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from dataclasses import dataclass
 from slurmrun.launcher.containers import PLAIN, AgentCommand, no_srun_message
 from slurmrun.launcher.starters import SrunAgents
 from slurmrun.logs import agent_log_path
+from slurmrun.slurm.scontrol import NodeState, scontrol_node_states
 
 __all__ = [
     "AgentsStep",
@@ -21,6 +26,7 @@ __all__ = [
     "agents_step_command",
     "srun_agents",
     "srun_environment",
+    "unusable_nodes",
 ]
 
 
@@ -382,3 +388,22 @@ def agent_start_failure(
         "./slurmrun_logs, must then be too). Set SLURMRUN_LOG_DIR to such a directory, or "
         "SLURMRUN_LOG_DIR='' to write no log files on the nodes."
     )
+
+
+def unusable_nodes(nodes: Sequence[str], timeout: float = 10) -> dict[str, NodeState]:
+    """The nodes of `nodes` that SLURM says cannot run a step now, with their states.
+
+    Asked after a step failed: a node SLURM marks down (a failed health check, an admin, its
+    slurmd gone silent), drained or not responding is where the failure began, whatever
+    connection closed first (srun ends the other nodes' tasks itself), and a step that asks
+    for it is refused. Read from ``scontrol show node``'s states, not from srun's words.
+
+    Args:
+        nodes: the step's nodes (and the spares that might replace one).
+        timeout: seconds to wait for scontrol.
+
+    Returns:
+        The unusable nodes' states by name; empty when none is, or scontrol cannot tell.
+    """
+    states = scontrol_node_states(nodes, timeout) or {}
+    return {node: state for node, state in states.items() if not state.usable}

@@ -43,6 +43,7 @@ log = logging.getLogger("slurmrun")
 STALL_DUMP_WAIT = 10.0
 # Ctrl-C or a failure: how long the stacks of the ranks still running may take.
 DUMP_WAIT = 3.0
+MAX_STACKS_WAIT = 24 * 3600.0  # the longest a request for stacks may wait (`StacksWanted`)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,15 @@ class StacksWanted(Local):
     why: str
     timeout: float
     answer: Future[tuple[StackReport, Path | None] | None] = field(default_factory=Future)
+
+    def __post_init__(self) -> None:
+        # Checked here, on the asking thread: a NaN deadline would keep the run's gather open
+        # (no stall noticed, every later request joining it) until every rank answered.
+        if not (math.isfinite(self.timeout) and 0 < self.timeout <= MAX_STACKS_WAIT):
+            raise ValueError(
+                f"timeout must be a number of seconds > 0 and at most {MAX_STACKS_WAIT:g}, "
+                f"got {self.timeout!r}"
+            )
 
     def unowned(self) -> None:
         """No run is in progress: there are no stacks to show."""

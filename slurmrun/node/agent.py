@@ -35,6 +35,7 @@ from slurmrun import protocol
 from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff, client_handshake
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.node.kept import KeptWorkers, lost_after
+from slurmrun.node.launcher_silence import wait_for_launcher
 from slurmrun.node.link import LauncherConnection, say
 from slurmrun.node.proctitle import node_name
 from slurmrun.node.relay import Relay, WorkerLink
@@ -138,6 +139,7 @@ class Agent:
     def _read_launcher(self) -> None:
         try:
             while True:
+                wait_for_launcher(self.launcher.sock, self.silence, self.launcher.hostname)
                 frame = self.launcher.recv()
                 if frame is None:
                     break

@@ -22,6 +22,8 @@ import contextlib
 import os
 import queue
 import sys
+import threading
+import weakref
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -29,9 +31,11 @@ from typing import TYPE_CHECKING, Any
 from slurmrun import protocol
 
 if TYPE_CHECKING:
+    import bdb
+
     from slurmrun.transport import Connection
 
-__all__ = ["attach", "breakpoint", "give_input", "set_trace"]
+__all__ = ["attach", "begin_run", "breakpoint", "end_run", "give_input", "set_trace"]
 
 # What pdb may write between two prompts that travels (the rest is cut, saying so).
 OUTPUT_LIMIT = 1 << 20
@@ -41,16 +45,32 @@ _LINE_POLL = 1.0
 
 
 @dataclass
+class _RunInput:
+    """The lines typed for one run's sessions.
+
+    A pdb left waiting by an earlier run (in a thread the function left behind) has its own,
+    closed one, and never takes this run's lines.
+    """
+
+    run: int | None  # None: the worker's first run (the only one its lines can be for yet)
+    lines: queue.Queue[str | None] = field(default_factory=lambda: queue.Queue(maxsize=16))
+    closed: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
 class _Link:
     """The worker's way to the launcher's terminal."""
 
     conn: Connection
     where: str  # "node2 rank 5"
     pid: int  # the worker's: a forked child has the connection, but must not use it
-    lines: queue.Queue[str | None] = field(default_factory=lambda: queue.Queue(maxsize=16))
+    input: _RunInput = field(default_factory=lambda: _RunInput(None))
 
 
 _link: _Link | None = None
+# This worker's live debuggers: a run's end clears their breakpoints and traces (weak: a
+# breakpoint() in a loop makes one per stop, and an ended session's is garbage).
+_debuggers: weakref.WeakSet[bdb.Bdb] = weakref.WeakSet()
 
 
 def attach(conn: Connection, where: str) -> None:
@@ -59,15 +79,61 @@ def attach(conn: Connection, where: str) -> None:
     _link = _Link(conn, where, os.getpid())
 
 
-def give_input(line: str | None) -> None:
-    """A line the user typed for this worker's debugger (None: there is none to give).
+def give_input(line: str | None, run: int) -> None:
+    """A line the user typed for this worker's debugger in `run` (None: there is none to give).
 
-    Called by the worker's inbox thread; a line nobody waits for is dropped, bounded.
+    Called by the worker's inbox thread; a line for another run, or that nobody waits for,
+    is dropped (bounded).
+    """
+    link = _link
+    if link is None:
+        return
+    run_input = link.input
+    if run_input.run not in (None, run) or run_input.closed.is_set():
+        return
+    with contextlib.suppress(queue.Full):
+        run_input.lines.put_nowait(line)
+
+
+def end_run() -> None:
+    """A kept worker's run is over: its debugging ends with it (a fresh worker's would).
+
+    Breakpoints set with ``b`` are cleared, pdb's trace function leaves this thread (it
+    would stop the next run in code that never calls ``breakpoint()``, and slow it), and a
+    pdb still waiting for a line (a thread the function left) gets end of input: it goes on.
+    Called by the worker's main thread, once the run's result is sent.
     """
     link = _link
     if link is not None:
+        link.input.closed.set()
         with contextlib.suppress(queue.Full):
-            link.lines.put_nowait(line)
+            link.input.lines.put_nowait(None)  # (wakes a waiting pdb at once)
+    if "slurmrun.node.pdb_session" not in sys.modules:
+        return  # no breakpoint() was ever served here: nothing to clear
+    ours = set(_debuggers)
+    for debugger in ours:
+        debugger.breaks = {}
+    sys.modules["bdb"].Breakpoint.clearBreakpoints()  # (pdb's are class-wide)
+    if _traced_by(sys.gettrace(), ours):
+        sys.settrace(None)
+    if _traced_by(threading.gettrace(), ours):
+        threading.settrace(None)
+    frame: FrameType | None = sys._getframe()
+    while frame is not None:  # bdb's set_trace gave each caller's frame its trace too
+        if _traced_by(frame.f_trace, ours):
+            frame.f_trace = None
+        frame = frame.f_back
+
+
+def begin_run(run: int) -> None:
+    """A kept worker takes `run`: the lines typed from now on are for that run's sessions."""
+    link = _link
+    if link is not None:
+        link.input = _RunInput(run)
+
+
+def _traced_by(trace: object, debuggers: set[bdb.Bdb]) -> bool:
+    return getattr(trace, "__self__", None) in debuggers
 
 
 class _Channel:
@@ -75,6 +141,7 @@ class _Channel:
 
     def __init__(self, link: _Link) -> None:
         self._link = link
+        self._input = link.input  # this run's lines; once it is over, end of input
         self._parts: list[str] = []
         self._size = 0
         self._cut = 0
@@ -100,18 +167,22 @@ class _Channel:
 
     def readline(self, size: int | None = -1) -> str:
         """Sends pdb's output and prompt to the launcher; returns the line typed ("": none)."""
+        run_input = self._input
         self.send(protocol.DebugState.PROMPT)
-        link = self._link
-        while True:
+        while not run_input.closed.is_set():
             try:
-                line = link.lines.get(timeout=_LINE_POLL)
+                line = run_input.lines.get(timeout=_LINE_POLL)
             except queue.Empty:
                 continue
             if line is None:
                 return ""
             return line if line.endswith("\n") else line + "\n"
+        return ""
 
     def send(self, state: protocol.DebugState) -> None:
+        if self._input.closed.is_set() or self._input is not self._link.input:
+            self.take()  # its run is over, and the launcher's session with it
+            return
         message = protocol.Debugger(state=state.value, where=self._link.where)
         self._link.conn.send(message.header(), self.take().encode(errors="surrogateescape"))
 
@@ -148,7 +219,9 @@ def set_trace(*_args: Any, frame: FrameType | None = None, **_kwargs: Any) -> No
         return
     from slurmrun.node.pdb_session import LinkedPdb  # noqa: PLC0415 - pdb: only when used
 
-    LinkedPdb(_Channel(link), link.where).set_trace(caller)
+    debugger = LinkedPdb(_Channel(link), link.where)
+    _debuggers.add(debugger)
+    debugger.set_trace(caller)
 
 
 def breakpoint(*, frame: FrameType | None = None) -> None:

@@ -53,9 +53,12 @@ def next_call() -> Frame:
     """The next run's FUNC frame, for a kept worker.
 
     No timeout: the agent's connection ending (or its STOP) ends this process from the inbox
-    thread.
+    thread. The run that ended takes its debugging with it (`debugger.end_run`).
     """
-    return _calls.get()
+    debugger.end_run()
+    frame = _calls.get()
+    debugger.begin_run(protocol.Func.from_header(frame.header).run)
+    return frame
 
 
 def watch_agent(conn: Connection) -> None:
@@ -77,7 +80,7 @@ def _read(conn: Connection) -> None:
                 _answer(conn, message)
             elif isinstance(message, protocol.DebugInput):
                 line = None if message.eof else bytes(frame.body).decode(errors="replace")
-                debugger.give_input(line)
+                debugger.give_input(line, message.run)
     except (OSError, EOFError, protocol.ProtocolError, queue.Full):
         pass
     os.kill(os.getpid(), signal.SIGKILL)

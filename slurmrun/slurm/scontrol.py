@@ -1,4 +1,4 @@
-"""Running ``scontrol`` and reading what it prints: a job's fields, tasks and GPUs per node.
+"""Running ``scontrol`` and reading what it prints: a job's fields, tasks and GPUs, node states.
 
 Every run of scontrol is bounded by a time limit and answers None when scontrol is missing or
 fails.
@@ -9,18 +9,22 @@ from __future__ import annotations
 import re
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from slurmrun.slurm.notation import expand_hostlist, scontrol_gres_gpus
 
 __all__ = [
     "SCONTROL_SOURCE",
+    "NodeState",
     "first_record",
     "job_tasks_per_node",
+    "parse_node_states",
     "parse_scontrol_gpus",
     "parse_scontrol_tasks",
     "scontrol",
     "scontrol_fields",
     "scontrol_gpus",
+    "scontrol_node_states",
     "scontrol_show_job",
 ]
 
@@ -30,6 +34,26 @@ _SCONTROL_NODE_KEYS = frozenset({"Nodes", "CPU_IDs", "Mem", "GRES", "GRES_IDX"})
 SCONTROL_SOURCE = "scontrol show job -d"
 # `scontrol show job` fields that tell how many tasks the job has (see job_tasks_per_node).
 _SCONTROL_TASK_FIELDS = re.compile(r"\b(NumNodes|NumTasks|CPUs/Task|NtasksPerN:B:S:C)=(\S+)")
+# The words of a node's ``State=`` (a base state and its flags, joined by "+": DOWN+NOT_RESPONDING,
+# IDLE+DRAIN, MIXED+DRAIN+FAIL; sinfo's DRAINED/DRAINING/FAILING too) that say it cannot run a
+# step now: down, drained or draining, failing, not responding, powered off or rebooting.
+UNUSABLE_NODE_STATES = frozenset(
+    {
+        "DOWN",
+        "DRAIN",
+        "DRAINED",
+        "DRAINING",
+        "FAIL",
+        "FAILING",
+        "NOT_RESPONDING",
+        "NO_RESPOND",
+        "POWERED_DOWN",
+        "POWERING_DOWN",
+        "REBOOT_ISSUED",
+    }
+)
+# A node's ``Reason=`` runs to the next ``Key=`` word (it may hold spaces); "[user@time]" ends it.
+_NODE_REASON = re.compile(r"\bReason=(.*?)\s*(?:\[[^\]]*\])?(?=\s+[A-Za-z_/]+=|\s*$)", re.S)
 
 
 def scontrol(args: Sequence[str], timeout: float = 10) -> str | None:
@@ -202,3 +226,77 @@ def scontrol_gpus(job_id: str, timeout: float = 10) -> dict[str, int] | None:
     except ValueError:
         return None
     return gpus or None
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A node's state as ``scontrol show node`` says it.
+
+    Attributes:
+        name: the node's name (``NodeName``).
+        words: its base state and flags (``("DOWN", "NOT_RESPONDING")`` from
+            ``State=DOWN+NOT_RESPONDING``), upper case.
+        reason: why an administrator, a health check or SLURM set it so (``Reason``), or "".
+    """
+
+    name: str
+    words: tuple[str, ...]
+    reason: str = ""
+
+    @property
+    def usable(self) -> bool:
+        """Whether a step may run on it: none of `UNUSABLE_NODE_STATES` is among its words."""
+        return UNUSABLE_NODE_STATES.isdisjoint(self.words)
+
+    def __str__(self) -> str:
+        state = "+".join(self.words) or "of an unknown state"
+        return f"{state} (reason: {self.reason})" if self.reason else state
+
+
+def parse_node_states(text: str) -> dict[str, NodeState]:
+    """Read each node's state from ``scontrol [-o] show node`` output.
+
+    A record starts at its ``NodeName=`` word (one a line with ``-o``, or a block of lines).
+    A state's words are those of ``State=`` split at "+", upper case, without the marks
+    sinfo's short form appends (``down*``).
+
+    Args:
+        text: the output of ``scontrol [-o] show node [NODES]``.
+
+    Returns:
+        The nodes' states by name; empty if the text names no node.
+    """
+    states: dict[str, NodeState] = {}
+    for record in re.split(r"(?=\bNodeName=)", text):
+        fields = scontrol_fields(record)
+        name = fields.get("NodeName", "")
+        if not name:
+            continue
+        words = tuple(
+            word.upper().rstrip("*~#!%$@^-")
+            for word in fields.get("State", "").split("+")
+            if word.strip()
+        )
+        reason = _NODE_REASON.search(record)
+        states[name] = NodeState(name, words, reason.group(1).strip() if reason else "")
+    return states
+
+
+def scontrol_node_states(nodes: Sequence[str], timeout: float = 10) -> dict[str, NodeState] | None:
+    """Ask ``scontrol -o show node`` the states of `nodes`, now.
+
+    Args:
+        nodes: the nodes' names.
+        timeout: seconds to wait for scontrol before giving up.
+
+    Returns:
+        The states by node name (the nodes scontrol told of), or None if scontrol is missing,
+        fails, times out, or names none of them.
+    """
+    if not nodes:
+        return {}
+    text = scontrol(["-o", "show", "node", ",".join(nodes)], timeout)
+    if text is None:
+        return None
+    states = parse_node_states(text)
+    return {node: states[node] for node in nodes if node in states} or None

@@ -6,9 +6,13 @@ survivors. With `min_hosts=3` the same loss fails the launch, as before."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +180,99 @@ def test_min_hosts_of_every_host_fails_on_a_lost_node_as_before(
     out = _result(_batch_job(run_cmd, slurm_cluster, tmp_path, _script(tmp_path, 3)))
     assert out.get("error") == "AgentFailedError", out
     assert out["hostname"] == LOST_NODE, out
+
+
+# A node that SLURM marks DOWN (a failed health check, an admin, or SLURM itself when a slurmd
+# stops answering) while its agent runs: node2 hangs (its slurmd stopped), SLURM marks it
+# DOWN, srun says "Node failure on node2" and ends the tasks of node1 and node3, whose
+# connections then close first; node2's agent is killed a moment later. The node lost is the
+# one SLURM says is down, and the restart does not ask for it (SLURM would refuse the step).
+DOWN_SCRIPT = r"""
+import json, os, signal, subprocess, time
+import psutil
+import slurmrun
+
+LOST = @LOST@
+SLURMD_PID = @SLURMD_PID@
+MIN_HOSTS = @MIN_HOSTS@
+
+
+def mark_the_node_down_then_report():
+    import torch.distributed as dist
+
+    dist.barrier()
+    if os.environ["SLURMRUN_RESTART_COUNT"] == "0":
+        if os.environ["SLURMD_NODENAME"] == LOST:
+            agent = next(p for p in psutil.Process().parents() if p.name() == "slurmrun-agent")
+            os.kill(SLURMD_PID, signal.SIGSTOP)  # the node hangs: its slurmd answers no one
+            subprocess.run(
+                ["scontrol", "update", f"nodename={LOST}", "state=down", "reason=slurmrun-test"],
+                check=True, timeout=10,
+            )
+            time.sleep(1)
+            agent.kill()
+        time.sleep(300)
+    return [os.environ["SLURMD_NODENAME"], int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])]
+
+
+options = dict(min_hosts=MIN_HOSTS, max_restarts=1, workers_per_host=1, backend="gloo",
+               heartbeat_timeout=6, timeout=60)
+out = {}
+try:
+    with slurmrun.Launcher(**options) as launcher:
+        result = launcher.run(mark_the_node_down_then_report)
+        out["values"] = result.values()
+        out["hosts"] = result.hostnames
+        out["lost"] = dict(result.lost_hosts)
+except Exception as e:
+    out["error"] = type(e).__name__
+    out["message"] = str(e)
+    out["notes"] = getattr(e, "__notes__", [])
+os.kill(SLURMD_PID, signal.SIGCONT)
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.fixture
+def slurmd_continued(slurm_cluster: Any) -> Iterator[int]:
+    """The lost node's slurmd pid; it runs again after the test (before its node is resumed)."""
+    pid = int((slurm_cluster.state_dir / "pids" / f"slurmd-{LOST_NODE}.pid").read_text())
+    yield pid
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
+
+
+def _node_marked_down(
+    run_cmd: Any, cluster: Any, tmp_path: Path, slurmd_pid: int, min_hosts: int
+) -> tuple[dict[str, Any], str]:
+    """Runs DOWN_SCRIPT in a job of 3 nodes; returns its result and output (in under 60 s)."""
+    started = time.monotonic()
+    script = DOWN_SCRIPT.replace("@LOST@", repr(LOST_NODE)).replace("@MIN_HOSTS@", repr(min_hosts))
+    output = _batch_job(
+        run_cmd, cluster, tmp_path, script.replace("@SLURMD_PID@", repr(slurmd_pid))
+    )
+    assert time.monotonic() - started < 60
+    return _result(output), output
+
+
+@pytest.mark.usefixtures("lost_node_restorer")  # node2 is resumed even when the test fails
+def test_a_node_slurm_marks_down_is_the_one_lost_and_the_restart_leaves_it_out(
+    run_cmd: Any, slurm_cluster: Any, tmp_path: Path, slurmd_continued: int
+) -> None:
+    out, output = _node_marked_down(run_cmd, slurm_cluster, tmp_path, slurmd_continued, 2)
+    assert "error" not in out, json.dumps(out, indent=1) + output[-3000:]
+    assert out["hosts"] == ["node1", "node3"], out
+    assert out["lost"].keys() == {LOST_NODE}, out
+    assert "DOWN" in out["lost"][LOST_NODE], out
+    assert out["values"] == [["node1", 0, 2], ["node3", 1, 2]], out
+
+
+@pytest.mark.usefixtures("lost_node_restorer")
+def test_a_node_slurm_marks_down_that_min_hosts_keeps_ends_the_launch_without_a_restart(
+    run_cmd: Any, slurm_cluster: Any, tmp_path: Path, slurmd_continued: int
+) -> None:
+    # min_hosts=3: node2 cannot be left out, and a restart would ask SLURM for it in vain
+    out, output = _node_marked_down(run_cmd, slurm_cluster, tmp_path, slurmd_continued, 3)
+    assert out.get("error"), out
+    assert "not restarted: SLURM marks node2 DOWN" in "".join(out["notes"]), out
+    assert "restarting the workers" not in output, output
