@@ -16,7 +16,8 @@ One agent's life, as the launcher sees it::
            <------------------  START + pickled call      \
     STARTED ----------------->                             |
     LOG, RESULT, ERROR, DIED -->                           |  one run; again for every run
-    DONE   ------------------>                             |  of a warm launcher
+           <------------------  CREDIT (for LOG shown)     |  of a warm launcher
+    DONE   ------------------>                             |
            <------------------  END                        |
     IDLE   ------------------>            (workers gone)  /
            <------------------  CLOSE     (or the connection closes, or the launcher is silent)
