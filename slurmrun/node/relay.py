@@ -24,7 +24,15 @@ from slurmrun.logs import WorkerLog
 from slurmrun.node.link import LauncherConnection
 from slurmrun.node.spawner import WorkerProcess
 from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED
-from slurmrun.output import LineAssembler, LineJoiner, log_frame, log_text, note_cut, printable
+from slurmrun.output import (
+    PROGRESS,
+    LineAssembler,
+    LineJoiner,
+    log_frame,
+    log_text,
+    note_cut,
+    printable,
+)
 from slurmrun.transport import Connection, Frame, FrameHead
 from slurmrun.waiting import wait_readable
 
@@ -196,10 +204,11 @@ class Relay:
         def emit(piece: str, end: str) -> None:
             finished = line.add(piece, end)
             if finished is not None:
-                text = finished[0]
-                worker.last_lines.append(_tail_line(text))
+                text, ended = finished
+                if ended != PROGRESS:  # a failure's message quotes lines, not a bar's states
+                    worker.last_lines.append(_tail_line(text))
                 if worker.log is not None:
-                    worker.log.write(stream, logging.INFO, "", text)
+                    worker.log.write(stream, logging.INFO, "", text, ended)
             if worker.forward:
                 header, body = log_frame(
                     stream, piece, end=end, local_rank=worker.local_rank, run=worker.run
