@@ -135,7 +135,7 @@ def log_level(environ: dict[str, str] | None = None) -> int:
 
 
 def tail_file(path: str | None, lines: int = 20, max_bytes: int = 16384) -> str:
-    """The last `lines` lines of a text file ('' if it cannot be read), as a terminal shows them.
+    r"""The last `lines` lines of a text file ('' if it cannot be read), as a terminal shows them.
 
     Of a line rewritten by ``\r`` (a progress bar's states), its last state.
     """

@@ -15,7 +15,7 @@ import pytest
 
 import slurmrun
 from slurmrun.launcher.run import Run
-from slurmrun.logs import LineAssembler
+from slurmrun.logs import LineAssembler, tail_file
 from slurmrun.output import CRLF, EOF, LINE, MORE, PROGRESS, LineJoiner, line_end
 
 # ---------------------------------------------------------------- functions run on workers
@@ -181,6 +181,32 @@ def test_a_line_a_library_logger_already_wrote_to_stderr_is_shown_once(tmp_path,
     assert sum("fw line once" in line for line in seen) == 1, seen
     assert sum("fw warning once" in line for line in seen) == 1, seen
     assert sum("other line once" in line for line in seen) == 1, seen
+
+
+def log_through_a_console_handler_on_the_root_logger():
+    root = logging.getLogger()
+    console = logging.StreamHandler()  # stderr: the agent's socket, as in a terminal
+    root.addHandler(console)
+    try:
+        logging.getLogger("user.code").warning("root line once")
+    finally:
+        root.removeHandler(console)
+
+
+def test_a_line_a_console_handler_on_the_root_logger_already_wrote_is_shown_once(monkeypatch):
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    slurmrun.launch(
+        log_through_a_console_handler_on_the_root_logger,
+        workers_per_host=1,
+        backend=None,
+        log_handlers=[Collect()],
+    )
+    assert sum("root line once" in line for line in seen) == 1, seen
 
 
 def print_lines_then_return(lines: int, n_bytes: int):
@@ -374,6 +400,12 @@ def test_finished_records_joined_with_their_ends_are_the_bytes_written():
     lines.close()
     joined = "".join(text + line_end(end) for text, end in got)
     assert joined.encode("utf-8", "surrogateescape") == data
+
+
+def test_a_files_tail_shows_a_progress_bars_last_state_as_a_terminal_would(tmp_path):
+    log = tmp_path / "w.log"
+    log.write_bytes(b"start\n  0%\r 50%\r100%\rdone\r\nlast without an end")
+    assert tail_file(str(log)) == "start\ndone\nlast without an end"
 
 
 def test_a_line_past_the_limit_is_cut_there_and_said_once():
