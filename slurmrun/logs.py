@@ -6,11 +6,16 @@ into plain records: JSON fields, never pickles. The launcher turns each record i
 
 - ``hostname``, ``local_rank`` (None for the agent itself), ``rank`` (global, or None);
 - ``stream``: ``"stdout"``, ``"stderr"`` or ``"logging"``;
-- ``slurmrun_end``: ``"\\n"`` for a finished line, ``"\\r"`` for the current state of a line that
-  is still being rewritten (a progress bar, or text not yet ended by a newline).
+- ``slurmrun_end``: what ended the text in the worker's output: ``"\\n"``, ``"\\r\\n"``, ``"\\r"``
+  (a state of a line that the next one overwrites: a progress bar), or ``""`` (nothing: the
+  stream ended there, or the line is not finished yet);
+- ``slurmrun_partial``: True for the text so far of a line not finished yet (a prompt, a
+  progress bar's current state), which only handlers with ``slurmrun_partial = True`` get
+  (the live view); the finished record follows it. A stream's other records, joined with
+  their ends, are the bytes the worker wrote.
 
-The default handlers print agent 0 and worker rank 0 live, and a file per worker holds its
-finished lines. Where the agents see the launcher's log directory (srun and local agents),
+The default handlers print agent 0 and worker rank 0 live, and a file per worker holds the
+bytes it wrote. Where the agents see the launcher's log directory (srun and local agents),
 each agent writes its own workers' files (`WorkerLog`) and sends the launcher only what it
 shows: 32,768 workers' lines and files would otherwise all pass through one process. Agents
 over ssh may not share the directory: their lines come to the launcher, which writes them
@@ -37,9 +42,10 @@ from slurmrun import protocol
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.output import (
     LINE,
-    PROGRESS,
+    MORE,
     LineAssembler,
     LineJoiner,
+    line_end,
     log_text,
     note_cut,
     report_handler_error,
@@ -63,7 +69,8 @@ __all__ = [
 ]
 
 LOG_LEVEL_VAR = "SLURMRUN_LOG_LEVEL"
-_APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+# Read too: `_Ends` looks at the last byte a former run wrote.
+_APPEND = os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
 WRITER_CLOSE_TIMEOUT = 30.0  # what the end of a run waits for queued lines to reach the files
 
 
@@ -128,7 +135,10 @@ def log_level(environ: dict[str, str] | None = None) -> int:
 
 
 def tail_file(path: str | None, lines: int = 20, max_bytes: int = 16384) -> str:
-    """The last `lines` lines of a text file ('' if it cannot be read)."""
+    r"""The last `lines` lines of a text file ('' if it cannot be read), as a terminal shows them.
+
+    Of a line rewritten by ``\r`` (a progress bar's states), its last state.
+    """
     if path is None:
         return ""
     try:
@@ -138,12 +148,49 @@ def tail_file(path: str | None, lines: int = 20, max_bytes: int = 16384) -> str:
             data = f.read()
     except OSError:
         return ""
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
+    shown = data.decode(errors="replace").split("\n")
+    if shown[-1] == "":
+        shown.pop()
+    return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in shown[-lines:])
 
 
-def file_line(stream: str, levelname: str, name: str, msg: str) -> str:
-    """A record as a worker's log file holds it: output as printed, logging records prefixed."""
-    return f"{levelname}:{name}: {msg}" if stream == "logging" else msg
+def file_bytes(stream: str, levelname: str, name: str, msg: str, end: str) -> bytes:
+    """A record as a log file holds it (`end`: what ended it in the output, see `line_end`).
+
+    Output as the worker wrote it; a logging record on a line of its own, prefixed with its
+    level and logger.
+    """
+    if stream == "logging":
+        return to_bytes(f"{levelname}:{name}: {msg}\n")
+    return to_bytes(msg + end)
+
+
+class _Ends:
+    """Whether a log file's last line was left without an end: what comes next starts a new one.
+
+    A stream's last line may have no end (`slurmrun.output.EOF`); what is written after it
+    (the other stream's last line, the next run's output) starts on a line of its own. Nothing
+    else is added: the file holds the worker's bytes.
+    """
+
+    def __init__(self) -> None:
+        self.open = False
+
+    def opened(self, fd: int) -> None:
+        """Looks at the file's last byte: a former run's stream ended there, without a line end."""
+        try:
+            size = os.fstat(fd).st_size
+            self.open = size > 0 and os.pread(fd, 1, size - 1) not in (b"\n", b"\r")
+        except OSError:
+            self.open = False
+
+    def before(self, data: bytes, end: str) -> bytes:
+        """`data`, which `end` ended, on a new line if the file's last line has no end."""
+        if not data:
+            return data
+        data = b"\n" + data if self.open else data
+        self.open = end == ""
+        return data
 
 
 # ---------------------------------------------------------------------- agent side
@@ -152,9 +199,10 @@ def file_line(stream: str, levelname: str, name: str, msg: str) -> str:
 class WorkerLog:
     """One worker's log file, ``<dir>/<host>.<local rank>.log``, written by its agent.
 
-    It holds the same finished lines as the launcher's files would (progress states dropped,
-    logging records prefixed with their level and logger, and only records at the launch's
-    log level or above: stdout and stderr lines count as INFO). Each line is one ``write`` of an
+    It holds what the launcher's files would: the worker's bytes (each finished piece with
+    its end, progress states too: ``cat`` shows a bar's final state), logging records on lines
+    of their own prefixed with their level and logger, and only records at the launch's log
+    level or above (stdout and stderr count as INFO). Each piece is one ``write`` of an
     ``O_APPEND`` descriptor, so stdout, stderr and logging records, written from different
     threads, never interleave within a line. A file that cannot be written is reported once
     on the agent's stderr (its own log) and then left alone: output must not fail a run.
@@ -167,19 +215,25 @@ class WorkerLog:
         self._failed = False
         self._closed = False  # the run is over: a late write is dropped, not reopened
         self._lock = threading.Lock()
+        self._ends = _Ends()
 
     def write(self, stream: str, level: int, name: str, msg: str, end: str = LINE) -> None:
-        """Appends one record (dropped when it is a progress state, or below the level)."""
-        if end == PROGRESS or level < self.level or self._failed:
+        """Appends one finished record: `msg` and what ended it (`slurmrun.output`'s ends).
+
+        Dropped below the level. A partial record (end `MORE`) is never written.
+        """
+        if end == MORE or level < self.level or self._failed:
             return
-        line = file_line(stream, logging.getLevelName(level), name, msg)
-        data = to_bytes(line + "\n")
+        ended = line_end(end) if stream != "logging" else LINE
+        data = file_bytes(stream, logging.getLevelName(level), name, msg, ended)
         with self._lock:
             if self._closed:
                 return
             try:
                 if self._fd is None:
                     self._fd = os.open(self.path, _APPEND, 0o644)
+                    self._ends.opened(self._fd)
+                data = self._ends.before(data, ended)
                 while data:
                     data = data[os.write(self._fd, data) :]
             except OSError as e:
@@ -234,29 +288,28 @@ def add_filter_to_handler(
 
 
 class _FileHandler(logging.Handler):
-    """Appends finished lines to a file (progress states are dropped: files keep the result).
-
-    The file gets the bytes the worker wrote (see `slurmrun.output`).
-    """
+    """Appends records to a file: the bytes the worker wrote (see `slurmrun.output`)."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path
         self._file: IO[bytes] | None = None
+        self._ends = _Ends()
 
     def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, "slurmrun_end", LINE) == PROGRESS:
-            return
         try:
             if self._file is None:
-                self._file = open(self.path, "ab")  # noqa: SIM115 - closed in close()
-            text = file_line(
+                self._file = open(self.path, "a+b")  # noqa: SIM115 - closed in close()
+                self._ends.opened(self._file.fileno())
+            ended = str(getattr(record, "slurmrun_end", LINE))
+            data = file_bytes(
                 str(getattr(record, "stream", "")),
                 record.levelname,
                 record.name,
                 record.getMessage(),
+                ended,
             )
-            self._file.write(to_bytes(text + "\n"))
+            self._file.write(self._ends.before(data, ended))
             self._file.flush()
         except Exception:
             self.handleError(record)
@@ -299,7 +352,7 @@ def file_handler(
     local_rank: int | None = None,
     log_level: int = logging.NOTSET,
 ) -> logging.Handler:
-    """A handler that appends the finished lines of matching records to `path`.
+    """A handler that appends what matching records hold to `path`: the workers' bytes.
 
     Raises:
         ValueError: `path` cannot be written (its directory is missing or not writable, or it
@@ -344,31 +397,40 @@ class _WorkerFiles(logging.Handler):
     def __init__(self, log_dir: str) -> None:
         super().__init__()
         self.log_dir = log_dir
-        self._queue: queue.SimpleQueue[tuple[tuple[str, int], str] | None] = queue.SimpleQueue()
+        # (host, local rank), a record's bytes, what ended it
+        self._queue: queue.SimpleQueue[tuple[tuple[str, int], bytes, str] | None] = (
+            queue.SimpleQueue()
+        )
         self._writer: threading.Thread | None = None
+        self._ends: dict[tuple[str, int], _Ends] = {}
         self.lines_written = 0
 
     def emit(self, record: logging.LogRecord) -> None:
         local_rank = getattr(record, "local_rank", None)
-        if local_rank is None or getattr(record, "slurmrun_end", LINE) == PROGRESS:
-            return  # agents' own output is in <host>.agent.log; files keep finished lines
-        text = file_line(
-            str(getattr(record, "stream", "")), record.levelname, record.name, record.getMessage()
+        if local_rank is None:
+            return  # agents' own output is in <host>.agent.log
+        ended = str(getattr(record, "slurmrun_end", LINE))
+        text = file_bytes(
+            str(getattr(record, "stream", "")),
+            record.levelname,
+            record.name,
+            record.getMessage(),
+            ended,
         )
         if self._writer is None:
             self._writer = threading.Thread(
                 target=self._write_loop, name="slurmrun-log-writer", daemon=True
             )
             self._writer.start()
-        self._queue.put(((str(getattr(record, "hostname", "")), int(local_rank)), text))
+        self._queue.put(((str(getattr(record, "hostname", "")), int(local_rank)), text, ended))
 
     def _write_loop(self) -> None:
         failed: set[tuple[str, int]] = set()
         while True:
             item = self._queue.get()
-            batch: dict[tuple[str, int], list[str]] = {}
+            batch: dict[tuple[str, int], list[tuple[bytes, str]]] = {}
             while item is not None:
-                batch.setdefault(item[0], []).append(item[1])
+                batch.setdefault(item[0], []).append(item[1:])
                 try:
                     item = self._queue.get_nowait()
                 except queue.Empty:
@@ -379,13 +441,17 @@ class _WorkerFiles(logging.Handler):
             if item is None:
                 return
 
-    def _append(self, key: tuple[str, int], lines: list[str]) -> bool:
+    def _append(self, key: tuple[str, int], pieces: list[tuple[bytes, str]]) -> bool:
         # Opened per batch, not kept: 32,768 workers must not hold 32,768 descriptors, and
         # one line per worker is the common case.
-        data = to_bytes("\n".join(lines) + "\n")
         try:
             fd = os.open(worker_log_path(self.log_dir, *key), _APPEND, 0o644)
             try:
+                ends = self._ends.get(key)
+                if ends is None:
+                    ends = self._ends[key] = _Ends()
+                    ends.opened(fd)
+                data = b"".join(ends.before(piece, ended) for piece, ended in pieces)
                 while data:
                     data = data[os.write(fd, data) :]
             finally:
@@ -393,7 +459,7 @@ class _WorkerFiles(logging.Handler):
         except OSError as e:
             print(f"slurmrun: cannot write a worker's log: {e}", file=sys.stderr)
             return False
-        self.lines_written += len(lines)
+        self.lines_written += len(pieces)
         return True
 
     def close(self) -> None:
@@ -421,7 +487,10 @@ def default_handlers(
 def make_record(
     log: protocol.Log, hostname: str, rank: int | None, msg: str, end: str
 ) -> logging.LogRecord:
-    """A LogRecord from a LOG message, the text it makes (`msg`) and how that line ends."""
+    """A LogRecord from a LOG message, the text it makes (`msg`) and how that ends.
+
+    `end` is one of `slurmrun.output`'s: `MORE` makes a partial record.
+    """
     record = logging.makeLogRecord(
         {
             "name": log.name or f"slurmrun.{hostname}",
@@ -434,7 +503,8 @@ def make_record(
     record.local_rank = log.local_rank if log.local_rank >= 0 else None
     record.rank = rank
     record.stream = log.stream
-    record.slurmrun_end = PROGRESS if end == PROGRESS else LINE
+    record.slurmrun_end = line_end(end)
+    record.slurmrun_partial = end == MORE
     return record
 
 
@@ -442,7 +512,9 @@ class RunOutput:
     """The launcher's side of one run's LOG messages: pieces of lines in, records out.
 
     It holds the unfinished line of every (host, local rank, stream), and hands the handlers
-    a record per finished line and per state of an unfinished one (see `slurmrun.output`).
+    a record per finished piece (a line, a progress state); the states of an unfinished line
+    (partial records) go only to handlers whose ``slurmrun_partial`` is true (see
+    `slurmrun.output`).
     """
 
     def __init__(self) -> None:
@@ -457,19 +529,36 @@ class RunOutput:
         handlers: Iterable[logging.Handler],
     ) -> None:
         """Hands the records that one LOG message (and its body) makes to `handlers`."""
-        text, end = log_text(body), log.end
+        text, end, handlers = log_text(body), log.end, list(handlers)
         if log.stream != "logging":
             key = (hostname, log.local_rank, log.stream)
             joiner = self._lines.get(key)
             if joiner is None:
-                joiner = self._lines[key] = LineJoiner()
+                live = any(wants_partial(h) for h in handlers)
+                joiner = self._lines[key] = LineJoiner(progress=live)
             made = joiner.add(text, end)
             if joiner.cut == 1 and made is not None and made[1] == LINE:
                 note_cut(f"{hostname}:{log.local_rank} ({log.stream})")
             if made is None:
                 return
             text, end = made
+            if end == MORE:
+                handlers = [h for h in handlers if wants_partial(h)]
         dispatch(make_record(log, hostname, rank, text, end), handlers)
+
+
+def wants_partial(handler: logging.Handler) -> bool:
+    """Whether `handler` asked for partial records (``handler.slurmrun_partial = True``)."""
+    return getattr(handler, "slurmrun_partial", False) is True
+
+
+def flush_handlers(handlers: Iterable[logging.Handler]) -> None:
+    """Flushes each handler at the end of a run (a failure is reported once, as `dispatch`'s)."""
+    for handler in handlers:
+        try:
+            handler.flush()
+        except Exception:
+            report_handler_error(handler, logging.makeLogRecord({"msg": "(flush)"}))
 
 
 def dispatch(record: logging.LogRecord, handlers: Iterable[logging.Handler]) -> None:

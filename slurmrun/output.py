@@ -2,12 +2,19 @@ r"""Workers' output as it travels: bytes cut into lines, LOG messages, lines put
 
 A worker's stdout and stderr are byte streams. Its agent reads them in chunks of up to 64 KiB,
 decodes each stream with one incremental UTF-8 decoder (a character split between two reads
-arrives whole) and cuts it at ``\n`` and ``\r`` (`LineAssembler`). What it sends the launcher
-is only what is new: a piece of the current line and how the piece ends, never the whole line
-again, so a line that grows by small writes costs the wire its length, not its length squared.
-The launcher keeps the current unfinished line of each (host, local rank, stream) and turns
-pieces back into records (`LineJoiner`): ``"\n"`` for a finished line, ``"\r"`` for the
-current state of a line not finished yet (see `slurmrun.logs`).
+arrives whole) and cuts it at ``\n``, ``\r\n`` and ``\r`` (`LineAssembler`). What it sends the
+launcher is only what is new: a piece of the current line and how the piece ends, never the
+whole line again, so a line that grows by small writes costs the wire its length, not its
+length squared. The launcher keeps the current unfinished line of each (host, local rank,
+stream) and turns pieces back into records (`LineJoiner`).
+
+Every byte a worker wrote is in exactly one finished record, with what ended it: ``"\n"``,
+``"\r\n"``, ``"\r"`` (a state of a line that the next one overwrites: a progress bar), or
+``""`` (the stream ended there). Files and handlers join a stream's records with their ends
+and get the worker's bytes back, exactly. The text of a line that is not finished yet (a
+prompt, a progress bar's current state) is a *partial* record, made only for those that show
+it live (`slurmrun.terminal`); a finished record follows it, so nothing is counted twice by
+those that take only finished ones.
 
 Bytes that are not UTF-8 are carried, not replaced: they decode with ``surrogateescape`` (each
 such byte becomes one lone surrogate, U+DC80 to U+DCFF, as `os.fsdecode` does), and files are
@@ -24,16 +31,17 @@ A LOG message (worker -> agent -> launcher) is one frame (`log_frame`, `log_text
 - body: the text, as UTF-8 with ``surrogateescape`` (raw bytes: never pickled, never JSON).
 
 For stdout and stderr the text is a piece of the current line, and ``end`` says what follows
-it: ``""`` the line goes on, ``"\n"`` the line is finished, ``"\r"`` the line was a state
-that the next one overwrites (a progress bar). A ``logging`` record's text is its whole
-message, with ``end`` ``"\n"``.
+it: `MORE` (``""``) the line goes on; `LINE` (``"\n"``) or `CRLF` (``"\r\n"``) the line is
+finished; `PROGRESS` (``"\r"``) the line was a state that the next one overwrites; `EOF` the
+stream ended, and the line has no end. A ``logging`` record's text is its whole message, with
+``end`` ``"\n"``.
 
 Bounds: a line is held whole in memory, by the agent (for the worker's file) and by the
 launcher (for its records), up to `MAX_LINE` characters (64 Mi: 64 MiB of ASCII); a longer
 line is cut there, as if it had a line end, and the agent says so once per stream on its
 stderr (its own log). A ``logging`` record's message is cut to `MAX_LINE` characters by the
-worker, with a note at the cut. A line still unfinished past `MAX_PROGRESS` characters is not
-shown again (each state would be a copy of it all) until it is finished.
+worker, with a note at the cut. A line still unfinished past `MAX_PROGRESS` characters makes
+no partial record (each would be a copy of it all) until it is finished.
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ from typing import Any
 from slurmrun import protocol
 
 __all__ = [
+    "CRLF",
+    "EOF",
     "LINE",
     "MAX_LINE",
     "MAX_PROGRESS",
@@ -58,6 +68,7 @@ __all__ = [
     "PROGRESS",
     "LineAssembler",
     "LineJoiner",
+    "line_end",
     "log_frame",
     "log_text",
     "printable",
@@ -66,8 +77,11 @@ __all__ = [
 ]
 
 LINE = "\n"  # the piece finishes its line
+CRLF = "\r\n"  # the piece finishes its line, ended by "\r\n"
 PROGRESS = "\r"  # the piece finishes a state of a line that the next state overwrites
 MORE = ""  # the line goes on
+EOF = "eof"  # the stream ended: the piece finishes a last line that has no end
+_FINISHED = (LINE, CRLF, PROGRESS, EOF)
 MAX_LINE = 64 << 20
 MAX_PROGRESS = 1 << 20
 _BREAK = re.compile(r"\r\n|\r|\n")
@@ -80,6 +94,11 @@ def to_bytes(text: str) -> bytes:
         return text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # a surrogate that no decoding made (a logging message's)
         return text.encode("utf-8", "backslashreplace")
+
+
+def line_end(end: str) -> str:
+    """What ended a piece in the worker's output: `end`, or ``""`` for `EOF` (nothing did)."""
+    return "" if end == EOF else end
 
 
 def printable(text: str) -> str:
@@ -121,9 +140,10 @@ class LineAssembler:
     r"""Cuts one output stream of a worker into pieces of lines (see the module's docstring).
 
     `feed` calls ``emit(piece, end)`` with what is new: end `MORE` for a piece of a line that
-    goes on (once per chunk, so a prompt or a progress bar shows at once), `LINE` when the line
-    is finished, `PROGRESS` when a ``\r`` ends a state of it. ``"\r\n"`` is a line end, also
-    when a read ends between the two.
+    goes on (once per chunk, so a prompt or a progress bar shows at once), `LINE` or `CRLF`
+    when the line is finished, `PROGRESS` when a ``\r`` ends a state of it (an empty one
+    too: every ``\r`` is in the stream), `EOF` for the rest of a last line without an end.
+    ``"\r\n"`` is one line end, also when a read ends between the two.
 
     Args:
         emit: receives each piece and how it ends.
@@ -155,7 +175,7 @@ class LineAssembler:
             self._cr = False
             self._send("", PROGRESS)
         if self._open:
-            self._send("", LINE)
+            self._send("", EOF)
 
     def _cut(self, text: str) -> None:
         if not text:
@@ -163,7 +183,7 @@ class LineAssembler:
         if self._cr:
             self._cr = False
             if text[0] == "\n":
-                self._send("", LINE)
+                self._send("", CRLF)
                 text = text[1:]
             else:
                 self._send("", PROGRESS)
@@ -175,7 +195,7 @@ class LineAssembler:
                 self._send(piece, MORE)  # shown now; whether it ends a line, the next read says
                 self._cr = True
             else:
-                self._send(piece, LINE if match.group() != "\r" else PROGRESS)
+                self._send(piece, match.group())  # LINE, CRLF or PROGRESS
         self._send(text[start:], MORE)
 
     def _send(self, piece: str, end: str) -> None:
@@ -190,7 +210,7 @@ class LineAssembler:
             if piece:
                 self._emit(piece, MORE)
                 self._open += len(piece)
-        elif end == LINE or piece or self._open:  # a state already shown needs only its end
+        else:  # an empty state too: "\r\r" is two bytes of the stream
             self._emit(piece, end)
             self._open = 0
 
@@ -199,13 +219,14 @@ class LineAssembler:
 
 
 class LineJoiner:
-    """Puts one stream's pieces back together: `add` returns the record to show, if any.
+    """Puts one stream's pieces back together: `add` returns the record it makes, if any.
 
-    A record is ``(text, end)``: `LINE` for a finished line, `PROGRESS` for the current state
-    of an unfinished one (shown while it is at most `MAX_PROGRESS` characters long).
+    A record is ``(text, end)``: a finished one (end `LINE`, `CRLF`, `PROGRESS` or `EOF`) for
+    every finished piece, and with `progress`, a partial one (end `MORE`: the line so far, while
+    it is at most `MAX_PROGRESS` characters long) for each piece of a line not finished yet.
 
     Args:
-        progress: False where states are not shown (the agent, for files): none is made.
+        progress: whether partial records are made (for a live view; files take none).
         limit: the longest line held; a longer one is returned as finished (see `cut`).
     """
 
@@ -218,24 +239,17 @@ class LineJoiner:
 
     def add(self, piece: str, end: str) -> tuple[str, str] | None:
         """Takes one piece (see `LineAssembler`); returns the record it makes, if any."""
-        if end not in (LINE, PROGRESS):
-            if piece:
-                self._parts.append(piece)
-                self._size += len(piece)
-            if self._size > self._limit:
-                self.cut += 1
-                return self._take(), LINE
-            if self._progress and piece and self._size <= MAX_PROGRESS:
-                return self._peek(), PROGRESS
-            return None
-        if end == PROGRESS and not piece:
-            self._take()  # its state was shown already
-            return None
-        self._parts.append(piece)
-        text = self._take()
-        if end == PROGRESS and not self._progress:
-            return None
-        return text, end
+        if piece:
+            self._parts.append(piece)
+            self._size += len(piece)
+        if end in _FINISHED:
+            return self._take(), end
+        if self._size > self._limit:
+            self.cut += 1
+            return self._take(), LINE
+        if self._progress and piece and self._size <= MAX_PROGRESS:
+            return self._peek(), MORE
+        return None
 
     def _peek(self) -> str:
         if len(self._parts) > 1:

@@ -372,7 +372,8 @@ class Log(Message):
     KIND: ClassVar[str] = LOG
     stream: str  # "stdout", "stderr" or "logging"
     level: int
-    # "": the line goes on; "\n": it is finished; "\r": a state of it (a progress bar) ends
+    # "": the line goes on; "\n", "\r\n": it is finished; "\r": a state of it (a progress bar)
+    # ends; "eof": the stream ended, and the line has no end (see `slurmrun.output`)
     end: str = "\n"
     name: str = ""  # the logger's (logging records)
     local_rank: int = -1

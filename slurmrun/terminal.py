@@ -25,6 +25,11 @@ def _isatty(stream: IO[str]) -> bool:
         return False
 
 
+def _rewrites(stream: IO[str]) -> bool:
+    r"""Whether `stream` shows a ``\r`` as a rewrite of its line: a terminal, a notebook's cell."""
+    return _isatty(stream) or type(stream).__module__.partition(".")[0] == "ipykernel"
+
+
 @dataclass
 class _Bar:
     target: IO[str]
@@ -33,17 +38,26 @@ class _Bar:
 
 
 class TerminalHandler(logging.Handler):
-    """Writes records with a ``[host:rank]`` prefix; progress states rewrite their line.
+    r"""Writes records with a ``[host:rank]`` prefix; on a terminal, progress states in place.
 
-    Like ``tqdm.write``: at most one progress line is open; another line is printed by
-    clearing the bar, printing the line, and drawing the bar again below it.
+    On a terminal, like ``tqdm.write``: at most one progress line is open; another line is
+    printed by clearing the bar, printing the line, and drawing the bar again below it; a
+    line not finished yet (a prompt) shows as it grows (partial records: it asks for them).
+    A notebook's cell rewrites a line at ``\r`` too, but knows no escape codes: another line
+    there ends the bar's line first. Where a stream is neither (a file, a pipe), it gets
+    finished lines only: of a progress bar (``\r`` states) its last state, as a line of its
+    own, once the bar's line ends or the handler is flushed (at the end of each run, at exit).
     """
+
+    slurmrun_partial = True  # a prompt shows before its line ends (see `slurmrun.logs`)
 
     def __init__(self, stdout: IO[str] | None, stderr: IO[str] | None) -> None:
         super().__init__()
         self._out = stdout
         self._err = stderr
         self._bar: _Bar | None = None
+        # Neither a terminal nor a notebook: each source's last progress state, held until final.
+        self._held: dict[tuple[object, ...], _Bar] = {}
         self._write_lock = threading.Lock()
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -57,6 +71,24 @@ class TerminalHandler(logging.Handler):
         """Reports the exception once for this handler (`report_handler_error`)."""
         report_handler_error(self, record)
 
+    def flush(self) -> None:
+        """Ends the open progress line, and writes the progress states held back (see above)."""
+        try:
+            with self._write_lock:
+                if self._bar is not None:
+                    _write(self._bar.target, "\n")
+                    self._bar = None
+                held, self._held = self._held, {}
+                for bar in held.values():
+                    _write(bar.target, f"{bar.text}\n")
+        except Exception:  # a closed stream: reported once, never raised
+            self.handleError(logging.makeLogRecord({"msg": "(flush)"}))
+
+    def close(self) -> None:
+        """Flushes (see `flush`), then closes."""
+        self.flush()
+        super().close()
+
     def _emit(self, record: logging.LogRecord) -> None:
         stream = getattr(record, "stream", "logging")
         target = (self._out or sys.stdout) if stream == "stdout" else (self._err or sys.stderr)
@@ -65,20 +97,31 @@ class TerminalHandler(logging.Handler):
             message = f"{record.levelname}:{record.name}: {message}"
         text = printable(f"{_prefix(record)} {message}")
         source = (getattr(record, "hostname", None), getattr(record, "local_rank", None), stream)
+        partial = getattr(record, "slurmrun_partial", False) is True
         with self._write_lock:
-            if getattr(record, "slurmrun_end", LINE) == PROGRESS:
-                self._progress(target, source, text)
+            if partial or getattr(record, "slurmrun_end", LINE) == PROGRESS:
+                if message:  # an empty state ("\r\r") leaves what is shown as it is
+                    self._progress(target, source, text, partial)
             else:
                 self._line(target, source, text)
 
-    def _progress(self, target: IO[str], source: tuple[object, ...], text: str) -> None:
+    def _progress(
+        self, target: IO[str], source: tuple[object, ...], text: str, partial: bool
+    ) -> None:
+        if not _rewrites(target):
+            if not partial:  # a finished state: the last one so far
+                self._held[source] = _Bar(target, source, text)
+            return
         bar = self._bar
+        if bar is not None and bar.source == source and bar.text == text:
+            return  # the state that was shown while it was partial
         if bar is not None and bar.source != source:
             _write(bar.target, "\n")  # another source's bar: leave it as it is
         _write(target, f"\r{text}{_clear(target)}")
         self._bar = _Bar(target, source, text)
 
     def _line(self, target: IO[str], source: tuple[object, ...], text: str) -> None:
+        self._held.pop(source, None)  # the line overwrites its states
         bar = self._bar
         if bar is None:
             _write(target, f"{text}\n")
@@ -90,7 +133,7 @@ class TerminalHandler(logging.Handler):
             _write(target, f"{text}\n")
             _write(bar.target, bar.text)
         else:
-            _write(bar.target, "\n")  # a file or pipe cannot redraw: end the bar's line
+            _write(bar.target, "\n")  # a notebook cannot erase: end the bar's line
             _write(target, f"{text}\n")
             self._bar = None
 

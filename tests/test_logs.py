@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import random
 import subprocess
 import sys
 import time
@@ -14,8 +15,8 @@ import pytest
 
 import slurmrun
 from slurmrun.launcher.run import Run
-from slurmrun.logs import LINE, PROGRESS, LineAssembler
-from slurmrun.output import LineJoiner
+from slurmrun.logs import LineAssembler, tail_file
+from slurmrun.output import CRLF, EOF, LINE, MORE, PROGRESS, LineJoiner, line_end
 
 # ---------------------------------------------------------------- functions run on workers
 
@@ -182,6 +183,32 @@ def test_a_line_a_library_logger_already_wrote_to_stderr_is_shown_once(tmp_path,
     assert sum("other line once" in line for line in seen) == 1, seen
 
 
+def log_through_a_console_handler_on_the_root_logger():
+    root = logging.getLogger()
+    console = logging.StreamHandler()  # stderr: the agent's socket, as in a terminal
+    root.addHandler(console)
+    try:
+        logging.getLogger("user.code").warning("root line once")
+    finally:
+        root.removeHandler(console)
+
+
+def test_a_line_a_console_handler_on_the_root_logger_already_wrote_is_shown_once(monkeypatch):
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    slurmrun.launch(
+        log_through_a_console_handler_on_the_root_logger,
+        workers_per_host=1,
+        backend=None,
+        log_handlers=[Collect()],
+    )
+    assert sum("root line once" in line for line in seen) == 1, seen
+
+
 def print_lines_then_return(lines: int, n_bytes: int):
     import torch
 
@@ -215,15 +242,24 @@ def test_output_printed_before_returning_is_handled_before_the_result(n_bytes, m
         assert mine == ["line"] * 300 + ["result"]
 
 
+class Terminal(io.StringIO):
+    """What a terminal gets written (the handler asks `isatty` to draw bars in place)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_progress_bar_updates_in_place_and_promptly(capfd, tmp_path):
     shown = tmp_path / "shown"
 
     class Watch(logging.Handler):
+        slurmrun_partial = True  # the bar's state before the next "\r" ends it
+
         def emit(self, record):
-            if record.slurmrun_end == PROGRESS and "1/3" in record.getMessage():
+            if record.slurmrun_partial and "1/3" in record.getMessage():
                 shown.touch()
 
-    terminal = io.StringIO()
+    terminal = Terminal()
     handlers = [slurmrun.stream_handler(local_rank=0, stdout=terminal, stderr=terminal), Watch()]
     result = slurmrun.launch(progress_bar, (str(shown),), workers_per_host=2, log_handlers=handlers)
     # shown while rank 0 still waited before its next update, not delayed to the end
@@ -232,6 +268,25 @@ def test_progress_bar_updates_in_place_and_promptly(capfd, tmp_path):
     assert "\r[localhost:0]  33%" in text
     assert text.count("\n") <= 2  # one final line, not a line per update
     assert "3/3" in text.rstrip("\n").splitlines()[-1]
+
+
+def progress_without_a_final_newline():
+    if os.environ["RANK"] == "0":
+        for percent in range(0, 101, 25):
+            os.write(1, f"{percent:3d}%\r".encode())
+            time.sleep(0.01)  # read one by one: a state each
+    return True
+
+
+def test_where_stdout_is_not_a_terminal_a_progress_bar_shows_its_final_state_as_a_line(
+    capfd, monkeypatch
+):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", "")
+    slurmrun.launch(progress_without_a_final_newline, workers_per_host=1, backend=None)
+    out, _ = capfd.readouterr()  # a file, as in `python train.py > log`
+    assert out.count("[localhost:0]") == 1
+    assert "[localhost:0] 100%\n" in out
+    assert "\r" not in out
 
 
 def test_worker_error_names_its_log_file(tmp_path, monkeypatch):
@@ -285,22 +340,28 @@ def test_agent_failure_names_the_agent_log(tmp_path, monkeypatch):
     ("chunks", "expected"),
     [
         ([b"a\nb\n"], [("a", LINE), ("b", LINE)]),
-        ([b"par", b"tial\n"], [("par", PROGRESS), ("partial", LINE)]),
+        ([b"par", b"tial\n"], [("par", MORE), ("partial", LINE)]),
         (
             [b"\r 10%", b"\r 20%", b"\r100%\n"],
-            [(" 10%", PROGRESS), (" 20%", PROGRESS), ("100%", LINE)],
+            [
+                ("", PROGRESS),
+                (" 10%", MORE),
+                (" 10%", PROGRESS),
+                (" 20%", MORE),
+                (" 20%", PROGRESS),
+                ("100%", LINE),
+            ],
         ),
-        ([b"x\r\ny\n"], [("x", LINE), ("y", LINE)]),
+        ([b"x\r\ny\n"], [("x", CRLF), ("y", LINE)]),
         (
             [b"one\rtwo\rthree"],
-            [("one", PROGRESS), ("two", PROGRESS), ("three", PROGRESS), ("three", LINE)],
+            [("one", PROGRESS), ("two", PROGRESS), ("three", MORE), ("three", EOF)],
         ),
-        (
-            [b"end without newline"],
-            [("end without newline", PROGRESS), ("end without newline", LINE)],
-        ),
+        ([b"end without newline"], [("end without newline", MORE), ("end without newline", EOF)]),
         # "\r\n" cut between two reads is still one line end, not an extra empty line
-        ([b"x\r", b"\ny\n"], [("x", PROGRESS), ("x", LINE), ("y", LINE)]),
+        ([b"x\r", b"\ny\n"], [("x", MORE), ("x", CRLF), ("y", LINE)]),
+        # every "\r" is a state, an empty one too
+        ([b"a\r\r\nb"], [("a", PROGRESS), ("", CRLF), ("b", MORE), ("b", EOF)]),
         # a character cut between two reads, and bytes that are not UTF-8, come back exactly
         ([b"\xc3", b"\xa9\xff\n"], [("é\udcff", LINE)]),
     ],
@@ -320,6 +381,31 @@ def test_line_assembler_cuts_lines_and_progress_states(chunks, expected):
         lines.feed(chunk)
     lines.close()
     assert got == expected
+
+
+def test_finished_records_joined_with_their_ends_are_the_bytes_written():
+    rng = random.Random(6)
+    data = rng.randbytes(200_001)
+    got: list[tuple[str, str]] = []
+    joiner = LineJoiner(progress=False)  # as the agent's, for the worker's file
+
+    def emit(piece: str, end: str) -> None:
+        record = joiner.add(piece, end)
+        if record is not None:
+            got.append(record)
+
+    lines = LineAssembler(emit)
+    for start in range(0, len(data), 777):
+        lines.feed(data[start : start + 777])
+    lines.close()
+    joined = "".join(text + line_end(end) for text, end in got)
+    assert joined.encode("utf-8", "surrogateescape") == data
+
+
+def test_a_files_tail_shows_a_progress_bars_last_state_as_a_terminal_would(tmp_path):
+    log = tmp_path / "w.log"
+    log.write_bytes(b"start\n  0%\r 50%\r100%\rdone\r\nlast without an end")
+    assert tail_file(str(log)) == "start\ndone\nlast without an end"
 
 
 def test_a_line_past_the_limit_is_cut_there_and_said_once():

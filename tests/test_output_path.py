@@ -62,12 +62,14 @@ class Collect(logging.Handler):
         self.records.append(record)
 
     def finished(self, stream: str, rank: int = 1) -> bytes:
-        """The finished lines of `stream` as the worker wrote them."""
+        """What the worker wrote to `stream`: each record's text and how it ended, joined."""
         return b"".join(
-            r.getMessage().encode("utf-8", "surrogateescape") + b"\n"
-            for r in self.records
-            if r.rank == rank and r.stream == stream and r.slurmrun_end == "\n"
+            (r.getMessage() + r.slurmrun_end).encode("utf-8", "surrogateescape")
+            for r in self.of(stream, rank)
         )
+
+    def of(self, stream: str, rank: int = 1) -> list[logging.LogRecord]:
+        return [r for r in self.records if r.rank == rank and r.stream == stream]
 
 
 @dataclass
@@ -96,10 +98,23 @@ class Launchers:
         # Both launchers have a directory there; only the default one's agent writes files.
         agent_files = list(self.default_dir.glob("20*/localhost.1.log"))  # not via `latest`
         assert len(agent_files) <= 1
-        assert (
-            self.new_bytes(agent_files[0]) if agent_files else b""
-        ) == expected  # written by the agent
-        assert self.new_bytes(self.files_dir / "localhost.1.log") == expected  # by the launcher
+        if agent_files:
+            wanted = self.after(agent_files[0], expected)
+            assert self.new_bytes(agent_files[0]) == wanted  # written by the agent
+        else:
+            assert not expected
+        launcher_file = self.files_dir / "localhost.1.log"
+        wanted = self.after(launcher_file, expected)
+        assert self.new_bytes(launcher_file) == wanted  # by the launcher
+
+    def after(self, path: Path, expected: bytes) -> bytes:
+        """`expected` as a run appends it to `path`: on a new line after one left unended."""
+        seen = self.seen.get(path, 0)
+        if not expected or not seen:
+            return expected
+        with path.open("rb") as f:
+            f.seek(seen - 1)
+            return expected if f.read(1) in (b"\n", b"\r") else b"\n" + expected
 
 
 @pytest.fixture
@@ -160,8 +175,7 @@ def test_an_unfinished_line_growing_by_small_writes_costs_the_wire_its_length(
 
 
 # Bytes a worker may write: text with multibyte characters, bytes that are not UTF-8 (stray
-# continuation bytes, cut sequences), newlines. No "\r": progress states are left out of
-# files by design (the unit tests of LineAssembler cover them).
+# continuation bytes, cut sequences), line ends of every kind (progress states too).
 _CHARS = ["a", "é", "█", "中", "😀", " "]
 _SEGMENTS = st.tuples(
     st.sampled_from(["text", "invalid", "newlines", "random"]), st.integers(1, 1 << 19)
@@ -174,8 +188,8 @@ def _segment(rng: random.Random, kind: str, n: int) -> bytes:
     if kind == "invalid":
         return rng.choice([b"\x80", b"\xff", b"\xe2\x96", b"\xf0\x9f\x98", b"\xed\xa0\x80"])
     if kind == "newlines":
-        return b"\n" * (n % 3 + 1)
-    return rng.randbytes(n).replace(b"\r", b"")
+        return rng.choice([b"\n", b"\r", b"\r\n"]) * (n % 3 + 1)
+    return rng.randbytes(n)
 
 
 def test_any_bytes_in_any_writes_reach_handlers_and_files_exactly(launchers: Launchers) -> None:
@@ -197,11 +211,64 @@ def test_any_bytes_in_any_writes_reach_handlers_and_files_exactly(launchers: Lau
         pieces = [data[a:b] for a, b in itertools.pairwise(points)]
         pauses = [rng.random() < 0.3 for _ in pieces]
         launchers.run_both(write_pieces, fd, pieces, pauses)
-        expected = data if not data or data.endswith(b"\n") else data + b"\n"
+        expected = data  # byte for byte, also without a final line end
         assert launchers.collect.finished("stdout" if fd == 1 else "stderr") == expected
         launchers.check_files(expected)
 
     check()
+
+
+def test_random_bytes_with_bare_carriage_returns_reach_the_files_byte_exact(
+    launchers: Launchers,
+) -> None:
+    data = random.Random(6).randbytes(200_001)
+    assert data.count(b"\r") > 700 and not data.endswith(b"\n")
+    pieces = [data[i : i + 20_000] for i in range(0, len(data), 20_000)]
+    launchers.run_both(write_pieces, 1, pieces, [True] * len(pieces))
+    assert launchers.collect.finished("stdout") == data
+    launchers.check_files(data)
+
+
+def test_a_progress_bar_without_a_final_newline_keeps_its_states_in_the_files(
+    launchers: Launchers,
+) -> None:
+    states = [f"{p:3d}%\r".encode() for p in range(0, 101, 10)]
+    launchers.run_both(write_pieces, 2, states, [True] * len(states))
+    launchers.check_files(b"".join(states))  # `cat` shows the final state: 100%
+    records = launchers.collect.of("stderr")
+    assert [(r.getMessage(), r.slurmrun_end) for r in records] == [
+        (s.decode()[:-1], "\r") for s in states
+    ]
+
+
+def test_a_handler_gets_each_finished_line_once_not_its_growing_states(
+    launchers: Launchers,
+) -> None:
+    long_line, accents = "x" * 3_000_000, "é" * 100_000
+    data = f"{long_line}\n{accents}\n".encode()
+    pieces = [data[i : i + 100_000] for i in range(0, len(data), 100_000)]
+    launchers.custom.run(write_pieces, (1, pieces, [True] * len(pieces)))
+    records = launchers.collect.of("stdout")
+    assert [(r.getMessage(), r.slurmrun_end, r.slurmrun_partial) for r in records] == [
+        (long_line, "\n", False),
+        (accents, "\n", False),
+    ]
+
+
+def test_a_handler_that_asks_for_partial_lines_gets_them_marked(tmp_path: Path) -> None:
+    class Partial(Collect):
+        slurmrun_partial = True
+
+    plain, partial = Collect(), Partial()
+    pieces = [b"Enter", b" a number: ", b"42\n"]
+    slurmrun.launch(write_pieces, (1, pieces, [True] * 3), **OPTIONS, log_handlers=[plain, partial])
+    assert [(r.getMessage(), r.slurmrun_partial) for r in plain.of("stdout")] == [
+        ("Enter a number: 42", False)
+    ]
+    got = [(r.getMessage(), r.slurmrun_end, r.slurmrun_partial) for r in partial.of("stdout")]
+    assert got[-1] == ("Enter a number: 42", "\n", False)
+    assert all(end == "" and marked for _, end, marked in got[:-1])
+    assert ("Enter a number: ", "", True) in got  # a prompt shows before its line ends
 
 
 # ---------------------------------------------------------------- handlers that fail

@@ -10,6 +10,7 @@ later runs are repeated until the answer comes (`later_runs`).
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import select
 import sys
@@ -164,3 +165,91 @@ def test_a_package_that_initialises_cuda_at_import_is_never_preloaded(site: Path
     probe_until_done(learned)
     assert learned.skipped == {"cudainit"}
     assert learned.safe == []
+
+
+# ---------------------------------------------------------------- what an import changes
+
+
+def log_a_record(marker: str, names: list[str]) -> dict[str, Any]:
+    """Which of `names` were loaded when this worker started; imports them; logs `marker`."""
+    found = loaded_then_import(names)
+    logging.getLogger("user.code").warning(marker)
+    return found
+
+
+def test_a_package_that_configures_logging_at_import_leaves_each_record_shown_once(
+    site: Path,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # logging.basicConfig() at import: in a fresh worker, a no-op (slurmrun's handler is on
+    # the root logger already); imported in the spawner, a root StreamHandler for every worker.
+    (site / "configures.py").write_text("import logging\n\nlogging.basicConfig()\n")
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path / "logs"))
+    names = ["configures", "learnme"]  # the probe judges both before learnme is preloaded
+    markers = []
+    with slurmrun.Launcher(**OPTIONS) as launcher:
+        deadline = time.monotonic() + LEARN_WITHIN
+        while True:
+            markers.append(f"record of run {len(markers) + 1}")
+            answer = launcher.run(log_a_record, (markers[-1], names)).values()[0]
+            if answer["learnme"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    assert answer["learnme"], "learnme was never preloaded"
+    assert len(markers) >= 2
+    out, err = capfd.readouterr()
+    (log_file,) = (tmp_path / "logs").glob("20*/localhost.0.log")
+    in_file = log_file.read_text()
+    for marker in markers:
+        assert (out + err).count(marker) == 1, f"{marker!r} shown {(out + err).count(marker)} times"
+        assert in_file.count(marker) == 1, f"{marker!r} in the file {in_file.count(marker)} times"
+    assert not answer["configures"], "a package that configured logging was preloaded"
+
+
+def test_the_probe_refuses_what_an_import_changes_in_the_process(site: Path) -> None:
+    changes = {
+        # (basicConfig() is a no-op here: pytest's handlers are on the root logger)
+        "logging": "import logging\nlogging.getLogger().addHandler(logging.StreamHandler())\n",
+        "signals": "import signal\nsignal.signal(signal.SIGUSR2, lambda *a: None)\n",
+        "hooks": "import sys\nsys.excepthook = lambda *a: None\n",
+        "faulthandler": "import faulthandler as f\nf.disable() if f.is_enabled() else f.enable()\n",
+        "cwd": "import os\nos.chdir('/')\n",
+        "environ": "import os\nos.environ['SET_AT_IMPORT'] = '1'\n",
+        "stdio": "import io, sys\nsys.stdout = io.StringIO()\n",
+        "sys_path": "import sys\nsys.path.append('/nowhere')\n",
+    }
+    for what, code in changes.items():
+        (site / f"changes_{what}.py").write_text(code)
+    learned = preloads.Preloads(later=[], learn=True)
+    for what in changes:  # one probe each: a probe stops at the first unsafe import
+        learned.pending = {f"changes_{what}": str(site / f"changes_{what}.py")}
+        learned.between_runs(idle=True)
+        probe_until_done(learned)
+        assert f"changes_{what}" in learned.skipped, f"an import that changes {what} was approved"
+    learned.pending = {"learnme": str(site / "learnme.py")}
+    learned.between_runs(idle=True)
+    probe_until_done(learned)
+    assert learned.safe == ["learnme"], "a package that changes nothing was refused"
+
+
+def test_a_change_the_probe_did_not_see_is_undone_in_the_spawner_and_learning_stops(
+    site: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # As if its import did something else in the probe: the spawner imports it (here).
+    (site / "sometimes.py").write_text(
+        "import logging, os\n"
+        "os.environ['SET_AT_IMPORT'] = '1'\n"
+        "logging.getLogger().addHandler(logging.StreamHandler())\n"
+    )
+    monkeypatch.delenv("SET_AT_IMPORT", raising=False)
+    handlers = list(logging.getLogger().handlers)
+    learned = preloads.Preloads(later=[], learn=True)
+    learned.safe = ["sometimes"]
+    learned.between_runs(idle=True)
+    assert "SET_AT_IMPORT" not in os.environ
+    assert logging.getLogger().handlers == handlers
+    assert "sometimes" not in sys.modules, "workers must import it themselves"
+    assert not learned.learn
+    assert "changed logging, environ here although a probe did not" in capfd.readouterr().err

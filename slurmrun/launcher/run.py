@@ -25,7 +25,7 @@ from slurmrun.launcher.pump import Local, all_of, pump
 from slurmrun.launcher.share import PoolAgent, Share
 from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.launcher.watch import RunWatch
-from slurmrun.logs import RunOutput, default_handlers, host_labels
+from slurmrun.logs import RunOutput, default_handlers, flush_handlers, host_labels
 from slurmrun.pickling import loads
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame
@@ -108,6 +108,8 @@ class Run:
             if self._own_handlers:
                 for handler in self._handlers:
                     handler.close()
+            else:  # the run's streams ended: a progress line's final state shows now
+                flush_handlers(self._handlers)
 
     def _end(self) -> None:
         """Tells every agent to stop the run's workers, and waits until each is idle.

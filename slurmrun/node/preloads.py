@@ -17,18 +17,25 @@ Which modules are learned:
 - at most `MAX_NAMES` names of at most `MAX_NAME` characters, `MAX_BYTES` bytes in all per
   worker; what is over is dropped, never an error.
 
-What stays out (fork safety): a forked child has only the thread that forked, so a package
-that starts a thread when it is imported (a BLAS thread pool, a monitor thread) or that
-initialises CUDA must never be imported in the spawner. Every candidate is therefore first
-imported in a probe: a throwaway fork of the spawner, in the spawner's very state, that
-imports the candidates one by one and reports, for each, whether the process's threads (its
-native tasks, `/proc/self/task`) grew, whether torch's CUDA became initialised, or whether
-the name now resolves to another file than the worker's. The probe runs while the spawner
-goes on serving; it has `PROBE_TIMEOUT` seconds, and a candidate whose import had not ended
-by then is skipped for good, as is every candidate that failed or was unsafe. The spawner
-then imports what the probe found safe, and checks again: a package that started a thread
-in the spawner after all cannot be unloaded, so the spawner says so in the agent's log and
-learns nothing more.
+What stays out: a forked child has only the thread that forked, so a package that starts a
+thread when it is imported (a BLAS thread pool, a monitor thread) or that initialises CUDA
+must never be imported in the spawner (fork safety). Nor may a preload leave a worker in
+another state than a fresh interpreter that imports the package in the worker: a package
+that changes logging (``logging.basicConfig()``), a signal handler, a hook, ``faulthandler``,
+the working directory, the environment, the standard streams or ``sys.path`` when it is
+imported is left to the workers (`slurmrun.node.import_effects` says why, and what is
+restored). Every candidate is therefore first imported in a probe: a throwaway fork of the
+spawner, in the spawner's very state, that imports the candidates one by one and reports,
+for each, whether the process's threads (its native tasks, `/proc/self/task`) grew, whether
+torch's CUDA became initialised, whether the import changed any of that state
+(`ProcessState`), or whether the name now resolves to another file than the worker's. The
+probe runs while the spawner goes on serving; it has `PROBE_TIMEOUT` seconds, and a
+candidate whose import had not ended by then is skipped for good, as is every candidate
+that failed or was unsafe. The spawner then imports what the probe found safe, and checks
+again: a package that started a thread in the spawner after all cannot be unloaded, so the
+spawner says so in the agent's log and learns nothing more; one that changed the process's
+state after all has that state restored and its modules dropped (the workers import them
+again), and learning stops too.
 
 The spawner imports in its own single thread: a run that asks for workers while the probe
 works is served at once; an import the probe approved is made only while no worker runs,
@@ -47,6 +54,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from slurmrun.node.import_effects import ProcessState
 from slurmrun.node.parent_death import die_with_parent
 from slurmrun.torch_import import import_module
 
@@ -167,16 +175,19 @@ def _probe(names: Mapping[str, str], out: int) -> None:  # pragma: no cover - in
         elif origin and _origin_of_spec(spec) != origin:
             verdict = "another-file"
         else:
-            threads = thread_count()
+            threads, before = thread_count(), ProcessState.now()
             try:
                 import_module(name)
             except BaseException:
                 verdict = "failed"
             else:
+                changes = ProcessState.now().changes(before)
                 if thread_count() > threads:
                     verdict = "threads"
                 elif cuda_initialised():
                     verdict = "cuda"
+                elif changes:
+                    verdict = "changes-" + ",".join(changes)
         os.write(out, f"{verdict} {name}\n".encode())
         if verdict != _SAFE:
             return  # what it left behind would taint the next verdicts
@@ -275,7 +286,7 @@ class Preloads:
             self._start_probe()
 
     def _import(self, name: str) -> None:
-        threads = thread_count()
+        threads, before, loaded = thread_count(), ProcessState.now(), set(sys.modules)
         with contextlib.suppress(Exception):  # not installed here, or broken: workers import it
             import_module(name)
         if thread_count() > threads or cuda_initialised():
@@ -283,6 +294,20 @@ class Preloads:
             print(
                 f"slurmrun spawner: importing {name!r} started a thread or initialised CUDA "
                 "here although a probe did not; learning preloads stops for this launcher",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.learn = False
+            return
+        changes = ProcessState.now().changes(before)
+        if changes:  # undone, and left to the workers (see `slurmrun.node.import_effects`)
+            before.restore()
+            for module in set(sys.modules) - loaded:
+                del sys.modules[module]
+            print(
+                f"slurmrun spawner: importing {name!r} changed {', '.join(changes)} here "
+                "although a probe did not; undone, not preloaded, and learning preloads stops "
+                "for this launcher",
                 file=sys.stderr,
                 flush=True,
             )

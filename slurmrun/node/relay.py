@@ -30,6 +30,7 @@ from slurmrun.node.spawner import WorkerProcess
 from slurmrun.node.worker import STREAM_GRANTED, STREAM_REFUSED
 from slurmrun.output import (
     LINE,
+    PROGRESS,
     LineAssembler,
     LineJoiner,
     log_frame,
@@ -238,10 +239,11 @@ class Relay:
         def emit(piece: str, end: str) -> None:
             finished = line.add(piece, end)
             if finished is not None:
-                text = finished[0]
-                worker.last_lines.append(_tail_line(text))
+                text, ended = finished
+                if ended != PROGRESS:  # a failure's message quotes lines, not a bar's states
+                    worker.last_lines.append(_tail_line(text))
                 if worker.log is not None:
-                    worker.log.write(stream, logging.INFO, "", text)
+                    worker.log.write(stream, logging.INFO, "", text, ended)
             if not worker.forward:
                 return
             if end == LINE:

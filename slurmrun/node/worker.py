@@ -97,11 +97,13 @@ def _written_already(record: logging.LogRecord) -> bool:
     """Whether a handler on the way to the root logger wrote `record` to stdout or stderr.
 
     Those are the agent's sockets, so the line is output already; a library that gives its
-    own logger a console handler and lets records propagate (``lightning`` does) would show
-    each line twice. Python calls a logger's handlers before its parent's, so they ran.
+    own logger a console handler and lets records propagate (``lightning`` does), or a
+    console handler beside ours on the root logger, would show each line twice. Python calls
+    a logger's handlers before its parent's, so they ran; of the root's, those added before
+    ours ran, and the others will run.
     """
     logger: logging.Logger | None = logging.getLogger(record.name)
-    while logger is not None and logger.parent is not None:  # the root's are not: ours is there
+    while logger is not None:
         for handler in logger.handlers:
             if (
                 isinstance(handler, logging.StreamHandler)
@@ -109,7 +111,7 @@ def _written_already(record: logging.LogRecord) -> bool:
                 and _is_output(handler.stream)
             ):
                 return True
-        logger = logger.parent
+        logger = logger.parent if logger.propagate else None
     return False
 
 
