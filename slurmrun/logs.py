@@ -36,18 +36,14 @@ import sys
 import threading
 import urllib.parse
 from collections.abc import Iterable, Sequence
-from typing import IO, Any
+from typing import IO
 
-from slurmrun import protocol
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.output import (
     LINE,
     MORE,
     LineAssembler,
-    LineJoiner,
     line_end,
-    log_text,
-    note_cut,
     report_handler_error,
     to_bytes,
 )
@@ -56,6 +52,7 @@ from slurmrun.terminal import TerminalHandler
 __all__ = [
     "LineAssembler",
     "LogDir",
+    "SourceFilter",
     "WorkerLog",
     "add_filter_to_handler",
     "default_handlers",
@@ -259,6 +256,26 @@ def _matches(record: logging.LogRecord, hostname: str | None, local_rank: int | 
     return local_rank is None or getattr(record, "local_rank", None) == local_rank
 
 
+class SourceFilter(logging.Filter):
+    """Takes the records of one host and local rank (`add_filter_to_handler`).
+
+    It looks only at where a record comes from, never at its text: every line of one read of
+    a worker's pipe passes it or none does (`slurmrun.launcher.records` asks it once for all).
+    """
+
+    def __init__(self, hostname: str | None, local_rank: int | None) -> None:
+        super().__init__()
+        self.hostname = hostname
+        self.local_rank = local_rank
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether `record` comes from this filter's host and rank (-1: the agent alone)."""
+        if self.local_rank == -1:
+            agent = getattr(record, "local_rank", 0) is None
+            return agent and _matches(record, self.hostname, None)
+        return _matches(record, self.hostname, self.local_rank)
+
+
 def add_filter_to_handler(
     handler: logging.Handler,
     hostname: str | None = None,
@@ -278,12 +295,7 @@ def add_filter_to_handler(
         `handler`, for chaining.
     """
     handler.setLevel(log_level)
-    if local_rank == -1:
-        handler.addFilter(
-            lambda r: _matches(r, hostname, None) and getattr(r, "local_rank", 0) is None
-        )
-    else:
-        handler.addFilter(lambda r: _matches(r, hostname, local_rank))
+    handler.addFilter(SourceFilter(hostname, local_rank))
     return handler
 
 
@@ -482,93 +494,3 @@ def default_handlers(
         files.setLevel(level)
         handlers.append(files)
     return handlers
-
-
-def make_record(
-    log: protocol.Log, hostname: str, rank: int | None, msg: str, end: str
-) -> logging.LogRecord:
-    """A LogRecord from a LOG message, the text it makes (`msg`) and how that ends.
-
-    `end` is one of `slurmrun.output`'s: `MORE` makes a partial record.
-    """
-    record = logging.makeLogRecord(
-        {
-            "name": log.name or f"slurmrun.{hostname}",
-            "levelno": log.level,
-            "levelname": logging.getLevelName(log.level),
-            "msg": msg,
-        }
-    )
-    record.hostname = hostname
-    record.local_rank = log.local_rank if log.local_rank >= 0 else None
-    record.rank = rank
-    record.stream = log.stream
-    record.slurmrun_end = line_end(end)
-    record.slurmrun_partial = end == MORE
-    return record
-
-
-class RunOutput:
-    """The launcher's side of one run's LOG messages: pieces of lines in, records out.
-
-    It holds the unfinished line of every (host, local rank, stream), and hands the handlers
-    a record per finished piece (a line, a progress state); the states of an unfinished line
-    (partial records) go only to handlers whose ``slurmrun_partial`` is true (see
-    `slurmrun.output`).
-    """
-
-    def __init__(self) -> None:
-        self._lines: dict[tuple[str, object, str], LineJoiner] = {}
-
-    def dispatch(
-        self,
-        log: protocol.Log,
-        body: Any,
-        hostname: str,
-        rank: int | None,
-        handlers: Iterable[logging.Handler],
-    ) -> None:
-        """Hands the records that one LOG message (and its body) makes to `handlers`."""
-        text, end, handlers = log_text(body), log.end, list(handlers)
-        if log.stream != "logging":
-            key = (hostname, log.local_rank, log.stream)
-            joiner = self._lines.get(key)
-            if joiner is None:
-                live = any(wants_partial(h) for h in handlers)
-                joiner = self._lines[key] = LineJoiner(progress=live)
-            made = joiner.add(text, end)
-            if joiner.cut == 1 and made is not None and made[1] == LINE:
-                note_cut(f"{hostname}:{log.local_rank} ({log.stream})")
-            if made is None:
-                return
-            text, end = made
-            if end == MORE:
-                handlers = [h for h in handlers if wants_partial(h)]
-        dispatch(make_record(log, hostname, rank, text, end), handlers)
-
-
-def wants_partial(handler: logging.Handler) -> bool:
-    """Whether `handler` asked for partial records (``handler.slurmrun_partial = True``)."""
-    return getattr(handler, "slurmrun_partial", False) is True
-
-
-def flush_handlers(handlers: Iterable[logging.Handler]) -> None:
-    """Flushes each handler at the end of a run (a failure is reported once, as `dispatch`'s)."""
-    for handler in handlers:
-        try:
-            handler.flush()
-        except Exception:
-            report_handler_error(handler, logging.makeLogRecord({"msg": "(flush)"}))
-
-
-def dispatch(record: logging.LogRecord, handlers: Iterable[logging.Handler]) -> None:
-    """Hands `record` to each handler whose level it reaches (as a logger would).
-
-    A handler that raises is reported once (`report_handler_error`); the others still get it.
-    """
-    for handler in handlers:
-        if record.levelno >= handler.level:
-            try:
-                handler.handle(record)
-            except Exception:
-                report_handler_error(handler, record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -88,6 +89,29 @@ class TerminalHandler(logging.Handler):
         """Flushes (see `flush`), then closes."""
         self.flush()
         super().close()
+
+    def emit_lines(self, record: logging.LogRecord, texts: Sequence[str]) -> None:
+        """Prints whole lines of `record`'s source at once: what `emit` prints for each."""
+        try:
+            stream = getattr(record, "stream", "logging")
+            if stream == "logging" or self._bar is not None:
+                for text in texts:  # records of their own: the prefix, the bar's redraw
+                    record.msg = text
+                    self._emit(record)
+                return
+            target = (self._out or sys.stdout) if stream == "stdout" else (self._err or sys.stderr)
+            source = (
+                getattr(record, "hostname", None),
+                getattr(record, "local_rank", None),
+                stream,
+            )
+            prefix = f"{_prefix(record)} "
+            block = printable("".join(f"{prefix}{text}\n" for text in texts))
+            with self._write_lock:
+                self._held.pop(source, None)  # the lines overwrite its states
+                _write(target, block)
+        except Exception:
+            self.handleError(record)
 
     def _emit(self, record: logging.LogRecord) -> None:
         stream = getattr(record, "stream", "logging")

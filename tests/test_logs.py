@@ -14,6 +14,7 @@ import warnings
 import pytest
 
 import slurmrun
+from slurmrun.launcher.records import RunOutput
 from slurmrun.launcher.run import Run
 from slurmrun.logs import LineAssembler, tail_file
 from slurmrun.output import CRLF, EOF, LINE, MORE, PROGRESS, LineJoiner, line_end
@@ -87,18 +88,18 @@ def test_agents_write_the_files_and_send_the_launcher_only_what_it_shows(tmp_pat
     # With the default handlers the launcher shows rank 0 alone: 32,768 workers' lines need
     # not all pass through it. The agents, which see the log directory, write the files.
     monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
-    received: list[logging.LogRecord] = []
-    real = slurmrun.logs.dispatch
+    received: list[tuple[int | None, str]] = []  # (rank, line) of what reached the launcher
+    real = RunOutput.dispatch
 
-    def spy(record, handlers):
-        received.append(record)
-        real(record, handlers)
+    def spy(self, log, body, *args):
+        received.extend((args[1], line) for line in bytes(body).decode().split("\n"))
+        real(self, log, body, *args)
 
-    monkeypatch.setattr(slurmrun.logs, "dispatch", spy)
+    monkeypatch.setattr(RunOutput, "dispatch", spy)
     result = slurmrun.launch(print_lines_then_return, (300, 1024), workers_per_host=3)
     assert result.world_size == 3
-    assert {r.rank for r in received} == {0}, "only rank 0's records reach the launcher"
-    assert [r.getMessage() for r in received if "line" in r.getMessage()] == [
+    assert {rank for rank, _ in received} == {0}, "only rank 0's records reach the launcher"
+    assert [line for _, line in received if "line" in line] == [
         f"rank 0 line {i}" for i in range(300)
     ]
     (launch_dir,) = tmp_path.glob("20*")

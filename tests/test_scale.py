@@ -26,7 +26,8 @@ from slurmrun.authentication import (
     new_secret,
     server_handshake,
 )
-from slurmrun.logs import default_handlers, dispatch, make_record
+from slurmrun.launcher.records import dispatch, make_record
+from slurmrun.logs import default_handlers
 from slurmrun.node.agent import CONNECT_RETRY_VAR, connect_with_backoff
 from slurmrun.transport import Connection, recv_exact
 
@@ -151,7 +152,7 @@ def test_worker_files_get_every_finished_line_in_order(tmp_path: os.PathLike[str
         for host in hosts:
             for local_rank in range(4):
                 dispatch(_record(host, local_rank, f"{host}:{local_rank} line {line}"), handlers)
-    dispatch(_record("node0", 0, "50% [bar]", "\r"), handlers)  # a progress state: not kept
+    dispatch(_record("node0", 0, "50% [bar]", "\r"), handlers)  # a progress state: kept as written
     dispatch(_record("node0", None, "the agent's own line"), handlers)  # in its own file
     for handler in handlers:
         handler.close()
@@ -159,9 +160,10 @@ def test_worker_files_get_every_finished_line_in_order(tmp_path: os.PathLike[str
     assert len(files) == 64 * 4
     for host in hosts:
         for local_rank in range(4):
-            with open(os.path.join(tmp_path, f"{host}.{local_rank}.log")) as f:
-                lines = f.read().splitlines()
-            assert lines == [f"{host}:{local_rank} line {i}" for i in range(20)]
+            with open(os.path.join(tmp_path, f"{host}.{local_rank}.log"), "rb") as f:
+                data = f.read()
+            lines = "".join(f"{host}:{local_rank} line {i}\n" for i in range(20)).encode()
+            assert data == (lines + b"50% [bar]\r" if (host, local_rank) == ("node0", 0) else lines)
 
 
 def chatty() -> int:

@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.logs import RunOutput
-from slurmrun.output import LINE
+from slurmrun.launcher.records import RunOutput
 from slurmrun.transport import Connection
 
 __all__ = ["Credits", "OutputStage", "output_window"]
@@ -35,7 +34,6 @@ OUTPUT_MEMORY = 16 << 20
 MIN_WINDOW = 64 << 10
 # Credit goes back once this part of a window is owed (and whenever the stage runs dry).
 _CREDIT_PART = 4
-LOGGING = "logging"  # the stream of a logging record: one record, whatever lines it holds
 
 
 def output_window(agents: int) -> int:
@@ -101,7 +99,7 @@ class OutputStage:
     """Hands one run's LOG messages to its handlers on a thread of its own, in order.
 
     Args:
-        output: the run's unfinished lines (`slurmrun.logs.RunOutput`).
+        output: the run's unfinished lines (`slurmrun.launcher.records.RunOutput`).
         credits: where the cost of what was shown goes back to its agent.
     """
 
@@ -156,15 +154,6 @@ class OutputStage:
             self._changed.notify_all()
         self._credits.settle()
 
-    def _dispatch(self, item: _Item) -> None:
-        log = item.log
-        if log.stream == LOGGING or log.end != LINE:
-            self._output.dispatch(log, item.body, item.label, item.rank, item.handlers)
-            return
-        # Output's finished lines come several to a message (`slurmrun.node.relay`).
-        for line in bytes(item.body).split(b"\n"):
-            self._output.dispatch(log, line, item.label, item.rank, item.handlers)
-
     def _show(self) -> None:
         while True:
             with self._changed:
@@ -174,7 +163,7 @@ class OutputStage:
                     return
                 item = self._items.popleft()
             try:
-                self._dispatch(item)
+                self._output.dispatch(item.log, item.body, item.label, item.rank, item.handlers)
             except Exception:  # a handler's own errors are reported by dispatch: this is ours
                 log.exception("slurmrun: could not show a line of output")
             self._credits.give(item.conn, item.cost)

@@ -22,10 +22,11 @@ from slurmrun.events import Trace, WorkersStarted
 from slurmrun.launcher.output_stage import OutputStage
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool
 from slurmrun.launcher.pump import Local, all_of, pump
+from slurmrun.launcher.records import RunOutput, flush_handlers
 from slurmrun.launcher.share import PoolAgent, Share
 from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.launcher.watch import RunWatch
-from slurmrun.logs import RunOutput, default_handlers, flush_handlers, host_labels
+from slurmrun.logs import default_handlers, host_labels
 from slurmrun.pickling import loads
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame
