@@ -222,7 +222,14 @@ class WorkerLog:
         if end == MORE or level < self.level or self._failed:
             return
         ended = line_end(end) if stream != "logging" else LINE
-        data = file_bytes(stream, logging.getLevelName(level), name, msg, ended)
+        self._append(file_bytes(stream, logging.getLevelName(level), name, msg, ended), ended)
+
+    def write_lines(self, texts: Sequence[str]) -> None:
+        """Appends whole lines of the worker's stdout or stderr (INFO), each ended by a newline."""
+        if texts and self.level <= logging.INFO and not self._failed:
+            self._append(to_bytes("\n".join(texts) + "\n"), LINE)
+
+    def _append(self, data: bytes, ended: str) -> None:
         with self._lock:
             if self._closed:
                 return

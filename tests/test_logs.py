@@ -14,6 +14,7 @@ import warnings
 import pytest
 
 import slurmrun
+from slurmrun.launcher.output_stage import OutputStage
 from slurmrun.launcher.records import RunOutput
 from slurmrun.launcher.run import Run
 from slurmrun.logs import LineAssembler, tail_file
@@ -221,26 +222,34 @@ def print_lines_then_return(lines: int, n_bytes: int):
 
 @pytest.mark.parametrize("n_bytes", [1024, 8 << 20], ids=["via-agent", "own-connection"])
 def test_output_printed_before_returning_is_handled_before_the_result(n_bytes, monkeypatch):
+    # The launcher's loop takes a rank's lines before its result (the agent drains the
+    # worker's output first), and its handlers have every line by the time launch returns.
     events: list[tuple[str, int]] = []
+    shown: list[tuple[int, str]] = []
 
     class Collect(logging.Handler):
         def emit(self, record):
-            if "line" in record.getMessage():
-                events.append(("line", record.local_rank))
+            shown.append((record.local_rank, record.getMessage()))
 
-    real = Run._got_result
+    real_put, real_result = OutputStage.put, Run._got_result
 
-    def spy(self, agent, local_rank, frame, now):
+    def put(self, conn, log, body, **kwargs):
+        events.extend(("line", log.local_rank) for _ in bytes(body).decode().split("\n"))
+        return real_put(self, conn, log, body, **kwargs)
+
+    def got_result(self, agent, local_rank, frame, now):
         events.append(("result", local_rank))
-        return real(self, agent, local_rank, frame, now)
+        return real_result(self, agent, local_rank, frame, now)
 
-    monkeypatch.setattr(Run, "_got_result", spy)
+    monkeypatch.setattr(OutputStage, "put", put)
+    monkeypatch.setattr(Run, "_got_result", got_result)
     slurmrun.launch(
         print_lines_then_return, (300, n_bytes), workers_per_host=2, log_handlers=[Collect()]
     )
     for rank in (0, 1):
         mine = [kind for kind, r in events if r == rank]
         assert mine == ["line"] * 300 + ["result"]
+        assert [m for r, m in shown if r == rank] == [f"rank {rank} line {i}" for i in range(300)]
 
 
 class Terminal(io.StringIO):

@@ -34,6 +34,7 @@ OUTPUT_MEMORY = 16 << 20
 MIN_WINDOW = 64 << 10
 # Credit goes back once this part of a window is owed (and whenever the stage runs dry).
 _CREDIT_PART = 4
+_SETTLE_DELAY = 0.005
 
 
 def output_window(agents: int) -> int:
@@ -157,6 +158,13 @@ class OutputStage:
     def _show(self) -> None:
         while True:
             with self._changed:
+                # Run dry: the rest of the credit goes back unless more comes at once (a
+                # credit per message would cost as much as the message itself).
+                dry = not self._items and not self._stop
+                dry = dry and not self._changed.wait(_SETTLE_DELAY)
+            if dry:
+                self._credits.settle()
+            with self._changed:
                 while not self._items and not self._stop:
                     self._changed.wait()
                 if not self._items:
@@ -169,7 +177,4 @@ class OutputStage:
             self._credits.give(item.conn, item.cost)
             with self._changed:
                 self._shown += 1
-                idle = not self._items
                 self._changed.notify_all()
-            if idle:
-                self._credits.settle()

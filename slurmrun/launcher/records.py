@@ -91,9 +91,11 @@ class RunOutput:
             return
         # Finished lines of one read, joined by "\n" (no piece holds one): the first may end
         # a line begun earlier; the others are whole.
-        first, _, rest = text.partition("\n")
-        self._piece(log, first, hostname, rank, handlers)
-        _lines(make_record(log, hostname, rank, "", LINE), rest.split("\n"), handlers)
+        joiner = self._lines.get((hostname, log.local_rank, log.stream))
+        if joiner is not None and joiner.open:
+            first, _, text = text.partition("\n")
+            self._piece(log, first, hostname, rank, handlers)
+        _lines(make_record(log, hostname, rank, "", LINE), text.split("\n"), handlers)
 
     def _piece(
         self,

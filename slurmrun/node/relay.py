@@ -252,10 +252,17 @@ class Relay:
                 flush()
                 send(piece, end)
 
+        def emit_lines(texts: list[str]) -> None:  # whole lines of one read, none begun before
+            worker.last_lines.extend(_tail_line(text) for text in texts[-TAIL_LINES:])
+            if worker.log is not None:
+                worker.log.write_lines(texts)
+            if worker.forward:
+                batch.extend(texts)
+
         def on_cut() -> None:
             note_cut(f"local rank {worker.local_rank}'s {stream}")
 
-        lines = LineAssembler(emit, on_cut=on_cut)
+        lines = LineAssembler(emit, on_cut=on_cut, emit_lines=emit_lines)
         try:
             while True:
                 if not wait_readable([sock.fileno()], 3600.0):
