@@ -1,6 +1,6 @@
 """Output throughput: MB/s from a worker's prints to the launcher's terminal and to the files.
 
-    python benchmarks/bench_output.py [--mb 50] [--rounds 3] [--repo PATH ...] [--no-srun]
+    python benchmarks/bench_output.py [--mb 100] [--rounds 3] [--repo PATH ...] [--no-srun]
 
 A worker prints `--mb` MB of 100-byte lines as fast as Python writes them; the figure is the
 marginal rate, MB / (time with the lines - time of the same command printing nothing), so
@@ -33,23 +33,23 @@ from pathlib import Path
 LINE = 100  # bytes per line, newline included
 REPO = Path(__file__).resolve().parent.parent
 
-PRINT = """
+PRINT = f"""
 import sys
 n = int(sys.argv[1])
-filler = "x" * {filler}
+filler = "x" * {LINE - 12}
 write = sys.stdout.write
 for i in range(n):
     write(f"{{i:010d}} {{filler}}\\n")
 sys.stdout.flush()
-""".format(filler=LINE - 12)
+"""
 
-LAUNCH = """
+LAUNCH = f"""
 import os, sys
 import slurmrun
 
 def work(n, rank):
     if int(os.environ["RANK"]) == rank:
-        filler = "x" * {filler}
+        filler = "x" * {LINE - 12}
         write = sys.stdout.write
         for i in range(n):
             write(f"{{i:010d}} {{filler}}\\n")
@@ -58,13 +58,23 @@ def work(n, rank):
 
 n, rank = int(sys.argv[1]), int(sys.argv[2])
 slurmrun.launch(work, (n, rank), hostnames=["localhost"], workers_per_host=2, backend="gloo")
-""".format(filler=LINE - 12)
+"""
 
 
 def _timed(cmd: list[str], out: Path, env: dict[str, str]) -> float:
+    # In the output's folder: `python -c` imports from its working directory first, which
+    # would be this checkout, whatever --repo says.
     with out.open("wb") as f:
         t0 = time.perf_counter()
-        subprocess.run(cmd, stdout=f, stderr=subprocess.DEVNULL, env=env, check=True, timeout=900)
+        subprocess.run(
+            cmd,
+            stdout=f,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            check=True,
+            timeout=900,
+            cwd=out.parent,
+        )
         return time.perf_counter() - t0
 
 
@@ -77,8 +87,15 @@ def _rate(mb: float, full: list[float], empty: list[float]) -> float:
     return mb / max(1e-6, statistics.median(full) - statistics.median(empty))
 
 
-def measure(name: str, cmd: list[str], lines: int, rounds: int, env: dict[str, str],
-            counted: str | None = None) -> tuple[str, float, str]:  # fmt: skip
+def measure(
+    name: str,
+    cmd: list[str],
+    lines: int,
+    rounds: int,
+    env: dict[str, str],
+    *,
+    counted: str | None = None,
+) -> tuple[str, float, str]:
     """(row, MB/s, what arrived) for `cmd`, which takes the line count as its last argument."""
     work = Path(tempfile.mkdtemp(prefix="slurmrun-bench-output-"))
     try:
@@ -102,7 +119,7 @@ def measure(name: str, cmd: list[str], lines: int, rounds: int, env: dict[str, s
 def main() -> None:
     """Measures every row for every --repo and prints a markdown table."""
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--mb", type=float, default=50.0)
+    parser.add_argument("--mb", type=float, default=100.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repo", action="append", help="a checkout to measure (default: this)")
     parser.add_argument("--no-srun", action="store_true")
@@ -110,8 +127,11 @@ def main() -> None:
     lines = int(a.mb * 1e6 / LINE)
     env = dict(os.environ)
     rows: list[tuple[str, float, str]] = []
-    rows.append(measure("floor (python > file)", [sys.executable, "-c", PRINT, "LINES"], lines,
-                        a.rounds, env))  # fmt: skip
+    rows.append(
+        measure(
+            "floor (python > file)", [sys.executable, "-c", PRINT, "LINES"], lines, a.rounds, env
+        )
+    )
     if not a.no_srun and shutil.which("sinfo"):
         cmd = ["srun", "-N1", sys.executable, "-c", PRINT, "LINES"]
         rows.append(measure("srun relay (srun -N1)", cmd, lines, a.rounds, env))
@@ -119,11 +139,20 @@ def main() -> None:
         env = {**os.environ, "PYTHONPATH": repo, "SLURMRUN_LOG_DIR": ""}
         script = [sys.executable, "-c", LAUNCH]
         tag = Path(repo).name
-        rows.append(measure(f"slurmrun terminal ({tag})", [*script, "LINES", "0"], lines,
-                            a.rounds, env))  # fmt: skip
+        rows.append(
+            measure(f"slurmrun terminal ({tag})", [*script, "LINES", "0"], lines, a.rounds, env)
+        )
         env = {**env, "SLURMRUN_LOG_DIR": "LOGS"}
-        rows.append(measure(f"slurmrun files ({tag})", [*script, "LINES", "1"], lines,
-                            a.rounds, env, counted="*.1.log"))  # fmt: skip
+        rows.append(
+            measure(
+                f"slurmrun files ({tag})",
+                [*script, "LINES", "1"],
+                lines,
+                a.rounds,
+                env,
+                counted="*.1.log",
+            )
+        )
     peer = next((r for r in rows if r[0].startswith("srun")), None)
     print(f"\n{a.mb:g} MB in {LINE}-byte lines, median of {a.rounds} rounds (marginal MB/s)\n")
     print("| relay | MB/s | / srun | lines arrived |")

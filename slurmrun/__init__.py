@@ -28,8 +28,8 @@ if TYPE_CHECKING:
         VersionMismatchError,
         WorkerFailedError,
     )
+    from slurmrun.handlers import add_filter_to_handler, file_handler, stream_handler
     from slurmrun.launcher import Launcher, launch
-    from slurmrun.logs import add_filter_to_handler, file_handler, stream_handler
     from slurmrun.node.debugger import breakpoint
     from slurmrun.node.worker_state import worker_state
     from slurmrun.result import LaunchResult
@@ -48,11 +48,11 @@ _EXPORTS = {
     "SubmittedLaunch": "slurmrun.batch",
     "VersionMismatchError": "slurmrun.errors",
     "WorkerFailedError": "slurmrun.errors",
-    "add_filter_to_handler": "slurmrun.logs",
-    "file_handler": "slurmrun.logs",
+    "add_filter_to_handler": "slurmrun.handlers",
+    "file_handler": "slurmrun.handlers",
     "launch": "slurmrun.launcher",
     "slurm_allocation": "slurmrun.slurm.job",
-    "stream_handler": "slurmrun.logs",
+    "stream_handler": "slurmrun.handlers",
     "attach": "slurmrun.batch",
     "jobs": "slurmrun.batch",
     "submit": "slurmrun.batch",

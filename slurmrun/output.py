@@ -38,8 +38,9 @@ stream ended, and the line has no end. A ``logging`` record's text is its whole 
 
 Bounds: a line is held whole in memory, by the agent (for the worker's file) and by the
 launcher (for its records), up to `MAX_LINE` characters (64 Mi: 64 MiB of ASCII); a longer
-line is cut there, as if it had a line end, and the agent says so once per stream on its
-stderr (its own log). A ``logging`` record's message is cut to `MAX_LINE` characters by the
+line is cut there, as if it had a line end, with `cut_mark` at the cut (the stream and the
+file say where), and the agent says so once per stream on its stderr (its own log). A
+``logging`` record's message is cut to `MAX_LINE` characters by the
 worker, with a note at the cut. A line still unfinished past `MAX_PROGRESS` characters makes
 no partial record (each would be a copy of it all) until it is finished.
 """
@@ -68,6 +69,7 @@ __all__ = [
     "PROGRESS",
     "LineAssembler",
     "LineJoiner",
+    "cut_mark",
     "line_end",
     "log_frame",
     "log_text",
@@ -213,7 +215,7 @@ class LineAssembler:
     def _send(self, piece: str, end: str) -> None:
         while self._open + len(piece) > self._limit:
             cut = self._limit - self._open
-            self._emit(piece[:cut], LINE)
+            self._emit(piece[:cut] + cut_mark(self._limit), LINE)
             self._open, piece = 0, piece[cut:]
             if self._on_cut is not None:
                 self._on_cut()
@@ -277,6 +279,11 @@ class LineJoiner:
         text = "".join(self._parts)
         self._parts, self._size = [], 0
         return text
+
+
+def cut_mark(limit: int) -> str:
+    """What ends a line cut at `limit` characters, in the stream and the file: it says so there."""
+    return f" [slurmrun: line cut at {limit} characters; it goes on on the next line]"
 
 
 def note_cut(what: str) -> None:

@@ -18,7 +18,7 @@ from slurmrun.launcher.output_stage import OutputStage
 from slurmrun.launcher.records import RunOutput
 from slurmrun.launcher.run import Run
 from slurmrun.logs import LineAssembler, tail_file
-from slurmrun.output import CRLF, EOF, LINE, MORE, PROGRESS, LineJoiner, line_end
+from slurmrun.output import CRLF, EOF, LINE, MORE, PROGRESS, LineJoiner, cut_mark, line_end
 
 # ---------------------------------------------------------------- functions run on workers
 
@@ -424,7 +424,10 @@ def test_a_line_past_the_limit_is_cut_there_and_said_once():
     lines = LineAssembler(lambda piece, end: got.append((piece, end)), 4, lambda: cuts.append(None))
     lines.feed(b"abcdefghij\n")
     lines.close()
-    assert got == [("abcd", LINE), ("efgh", LINE), ("ij", LINE)]
+    # Where it was cut, the stream (and so the file, which the agent writes from it) says so.
+    mark = cut_mark(4)
+    assert "cut at 4 characters" in mark
+    assert got == [("abcd" + mark, LINE), ("efgh" + mark, LINE), ("ij", LINE)]
     assert len(cuts) == 1
 
 

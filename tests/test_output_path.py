@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import slurmrun
+from slurmrun.handlers import _WorkerFiles
 from slurmrun.launcher.run import Run
-from slurmrun.logs import _WorkerFiles
 
 OPTIONS = {"hostnames": ["localhost"], "workers_per_host": 2, "backend": None, "timeout": 120}
 

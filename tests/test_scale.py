@@ -26,8 +26,8 @@ from slurmrun.authentication import (
     new_secret,
     server_handshake,
 )
+from slurmrun.handlers import default_handlers
 from slurmrun.launcher.records import dispatch, make_record
-from slurmrun.logs import default_handlers
 from slurmrun.node.agent import CONNECT_RETRY_VAR, connect_with_backoff
 from slurmrun.transport import Connection, recv_exact
 

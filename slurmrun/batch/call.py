@@ -32,9 +32,9 @@ from slurmrun.batch.requeue import (
     requeue_this_job,
 )
 from slurmrun.errors import RemoteTraceback
+from slurmrun.handlers import _FileHandler, stream_handler
 from slurmrun.launcher import Launcher
 from slurmrun.log_dirs import LOG_DIR_VAR
-from slurmrun.logs import _FileHandler, stream_handler
 from slurmrun.pickling import dumps_inband, loads
 from slurmrun.protocol import IGNORED_SIGNALS_VAR
 from slurmrun.slurm.job import own_job_id

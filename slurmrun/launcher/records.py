@@ -4,7 +4,7 @@ What a record carries is `slurmrun.logs`'s to say (its module docstring). Here e
 becomes the records of what it finished, a record per line, and goes to every handler whose
 level it reaches. The finished lines of one read of a worker's pipe come in one message
 (`slurmrun.node.relay`); a handler that can print them at once (``emit_lines``, the terminal
-view) gets them so, where its filters are slurmrun's own (`slurmrun.logs.SourceFilter`, which
+view) gets them so, where its filters are slurmrun's own (`slurmrun.handlers.SourceFilter`, which
 look only at where a record comes from): the live view then costs a write per read, not per
 line. Every other handler gets a record per line, as from a logger.
 """
@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.logs import SourceFilter
+from slurmrun.handlers import SourceFilter
 from slurmrun.output import (
     LINE,
     MORE,

@@ -19,6 +19,7 @@ from typing import Any
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace, WorkersStarted
+from slurmrun.handlers import default_handlers
 from slurmrun.launcher.output_stage import OutputStage
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool
 from slurmrun.launcher.pump import Local, all_of, pump
@@ -26,7 +27,7 @@ from slurmrun.launcher.records import RunOutput, flush_handlers
 from slurmrun.launcher.share import PoolAgent, Share
 from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.launcher.watch import RunWatch
-from slurmrun.logs import default_handlers, host_labels
+from slurmrun.logs import host_labels
 from slurmrun.pickling import loads
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame

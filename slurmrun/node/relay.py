@@ -47,6 +47,9 @@ __all__ = ["Relay", "WorkerLink"]
 # output back: then the launcher is alive and the wait is its terminal's).
 OUTPUT_DRAIN_LIMIT = 1.0
 TAIL_LINES = 30
+READ_SIZE = 1 << 16
+READ_LINGER = 0.001  # seconds (see `_read`)
+_FULL = 4096
 # Each line kept for a failure's message is cut to this: the message travels in a header.
 TAIL_LINE_CHARS = 2000
 
@@ -268,7 +271,7 @@ class Relay:
                 if not wait_readable([sock.fileno()], 3600.0):
                     continue
                 with worker.output_lock:  # a read and its forwarding are one step
-                    data = sock.recv(1 << 16)
+                    data = _read(sock)
                     if not data:
                         break
                     worker.output_read += len(data)
@@ -280,6 +283,24 @@ class Relay:
             lines.close()
             flush()
             sock.close()
+
+
+def _read(sock: socket.socket) -> bytes:
+    """What the worker wrote, up to `READ_SIZE` bytes; empty at the end of its stream.
+
+    A fast printer writes a buffer at a time (8 KiB: Python's for a pipe); what comes within
+    `READ_LINGER` of a full one is read with it, so that a message carries many of them (each
+    costs both sides a message's work, whatever it holds). A line that ends a pause goes at once.
+    """
+    data = sock.recv(READ_SIZE)
+    while len(data) >= _FULL and wait_readable([sock.fileno()], READ_LINGER):
+        more = sock.recv(READ_SIZE - len(data))
+        if not more:
+            break  # the end of the stream: the next read says so
+        data += more
+        if len(data) >= READ_SIZE:
+            break
+    return data
 
 
 def _unread(socks: list[socket.socket]) -> int:
