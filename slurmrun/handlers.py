@@ -8,6 +8,7 @@ per worker (`_WorkerFiles`). What a record carries: `slurmrun.logs`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -27,6 +28,8 @@ __all__ = [
     "file_handler",
     "stream_handler",
 ]
+
+WRITER_QUEUE = 16384  # records waiting for the files' writer (`_WorkerFiles`)
 
 
 def _matches(record: logging.LogRecord, hostname: str | None, local_rank: int | None) -> bool:
@@ -179,18 +182,19 @@ def _check_writable(path: str) -> None:
 class _WorkerFiles(logging.Handler):
     """One file per worker, ``<dir>/<host>.<local rank>.log``, written by a thread of its own.
 
-    `emit` runs on the launcher's decision thread: it only formats the line and queues it.
-    Opening thousands of files and writing every line there would hold back results and
-    verdicts, and more so on a slow shared filesystem. The writer takes whatever is queued
-    and appends each worker's lines with one write; `close` waits for it, bounded.
+    `emit` only formats the line and queues it: opening thousands of files and writing every
+    line there would hold back the terminal's lines, and more so on a slow shared filesystem.
+    The writer takes whatever is queued and appends each worker's lines with one write; `close`
+    waits for it, bounded. The queue holds at most `WRITER_QUEUE` records: a filesystem slower
+    than the workers makes `emit` wait (and so, through the launcher's credit, the workers).
     """
 
     def __init__(self, log_dir: str) -> None:
         super().__init__()
         self.log_dir = log_dir
         # (host, local rank), a record's bytes, what ended it
-        self._queue: queue.SimpleQueue[tuple[tuple[str, int], bytes, str] | None] = (
-            queue.SimpleQueue()
+        self._queue: queue.Queue[tuple[tuple[str, int], bytes, str] | None] = queue.Queue(
+            WRITER_QUEUE
         )
         self._writer: threading.Thread | None = None
         self._ends: dict[tuple[str, int], FileEnds] = {}
@@ -213,7 +217,18 @@ class _WorkerFiles(logging.Handler):
                 target=self._write_loop, name="slurmrun-log-writer", daemon=True
             )
             self._writer.start()
-        self._queue.put(((str(getattr(record, "hostname", "")), int(local_rank)), text, ended))
+        self._put(((str(getattr(record, "hostname", "")), int(local_rank)), text, ended))
+
+    def _put(self, item: tuple[tuple[str, int], bytes, str] | None) -> None:
+        """Queues `item`, waiting while the queue is full and the writer is alive."""
+        while True:
+            try:
+                self._queue.put(item, timeout=1.0)
+            except queue.Full:
+                if self._writer is None or not self._writer.is_alive():
+                    raise OSError("the log files' writer is gone") from None
+            else:
+                return
 
     def _write_loop(self) -> None:
         failed: set[tuple[str, int]] = set()
@@ -256,7 +271,8 @@ class _WorkerFiles(logging.Handler):
     def close(self) -> None:
         """Writes what is queued and stops the writer (waits at most `WRITER_CLOSE_TIMEOUT`)."""
         if self._writer is not None:
-            self._queue.put(None)
+            with contextlib.suppress(OSError):  # (gone: there is nothing to wait for)
+                self._put(None)
             self._writer.join(timeout=WRITER_CLOSE_TIMEOUT)
             self._writer = None
         super().close()

@@ -19,7 +19,7 @@ import time
 import pytest
 
 import slurmrun
-from slurmrun import protocol
+from slurmrun import handlers, protocol
 from slurmrun.authentication import (
     ServerChallenge,
     client_handshake,
@@ -164,6 +164,29 @@ def test_worker_files_get_every_finished_line_in_order(tmp_path: os.PathLike[str
                 data = f.read()
             lines = "".join(f"{host}:{local_rank} line {i}\n" for i in range(20)).encode()
             assert data == (lines + b"50% [bar]\r" if (host, local_rank) == ("node0", 0) else lines)
+
+
+def test_worker_files_hold_a_bounded_queue_a_slow_disk_slows_their_emit(
+    tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem slower than the output makes the handler wait, not its queue grow."""
+    monkeypatch.setattr(handlers, "WRITER_QUEUE", 8)
+    files = handlers._WorkerFiles(str(tmp_path))
+    real_append = files._append
+
+    def slow_append(key: tuple[str, int], pieces: list[tuple[bytes, str]]) -> bool:
+        time.sleep(0.01)
+        return real_append(key, pieces)
+
+    monkeypatch.setattr(files, "_append", slow_append)
+    longest = 0
+    for i in range(200):
+        files.handle(_record("node0", 0, f"line {i}"))
+        longest = max(longest, files._queue.qsize())
+    files.close()
+    assert longest <= 8
+    with open(os.path.join(tmp_path, "node0.0.log")) as f:
+        assert f.read().splitlines() == [f"line {i}" for i in range(200)]
 
 
 def chatty() -> int:
