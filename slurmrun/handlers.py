@@ -81,6 +81,13 @@ def add_filter_to_handler(
     return handler
 
 
+def _file_bytes(record: logging.LogRecord) -> tuple[bytes, str]:
+    """What a file holds of `record` (`slurmrun.logs.file_bytes`), and what ended it."""
+    ended = str(getattr(record, "slurmrun_end", LINE))
+    stream = str(getattr(record, "stream", ""))
+    return file_bytes(stream, record.levelname, record.name, record.getMessage(), ended), ended
+
+
 class _FileHandler(logging.Handler):
     """Appends records to a file: the bytes the worker wrote (see `slurmrun.output`)."""
 
@@ -95,14 +102,7 @@ class _FileHandler(logging.Handler):
             if self._file is None:
                 self._file = open(self.path, "a+b")  # noqa: SIM115 - closed in close()
                 self._ends.opened(self._file.fileno())
-            ended = str(getattr(record, "slurmrun_end", LINE))
-            data = file_bytes(
-                str(getattr(record, "stream", "")),
-                record.levelname,
-                record.name,
-                record.getMessage(),
-                ended,
-            )
+            data, ended = _file_bytes(record)
             self._file.write(self._ends.before(data, ended))
             self._file.flush()
         except Exception:
@@ -204,14 +204,7 @@ class _WorkerFiles(logging.Handler):
         local_rank = getattr(record, "local_rank", None)
         if local_rank is None:
             return  # agents' own output is in <host>.agent.log
-        ended = str(getattr(record, "slurmrun_end", LINE))
-        text = file_bytes(
-            str(getattr(record, "stream", "")),
-            record.levelname,
-            record.name,
-            record.getMessage(),
-            ended,
-        )
+        text, ended = _file_bytes(record)
         if self._writer is None:
             self._writer = threading.Thread(
                 target=self._write_loop, name="slurmrun-log-writer", daemon=True
