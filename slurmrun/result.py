@@ -23,8 +23,9 @@ class LaunchResult(Generic[T]):
             (``agents_connected``, ``workers_started``, ``first_result``, ``last_result``,
             ``total``, in that order). A failed launch's exception carries them as
             ``exc.timings`` (the milestones it reached).
-        lost_hosts: the hosts lost during the launch and why (`Launcher.min_hosts`); the run
-            that returned ran on `hostnames` without them.
+        lost_hosts: the hosts lost during the launch and why (`Launcher.min_hosts`), by their
+            log label (a host named twice in `hostnames` is ``host#<node rank>`` from its
+            second entry on); the run that returned ran on `hostnames` without them.
     """
 
     hostnames: list[str]

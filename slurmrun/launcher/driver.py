@@ -95,6 +95,10 @@ class Launcher(Options):
         Returns:
             The report (`print(report.format())`, `report.summary()`), or None when no run
             is in progress. docs/debugging.md shows one.
+
+        Raises:
+            ValueError: `timeout` is not a number of seconds above 0 (NaN, inf, negative)
+                or is over a day.
         """
         warm = self._warm  # read once: `close` may drop it meanwhile
         return None if warm is None else warm.stacks(timeout)
