@@ -226,6 +226,8 @@ def answers(path: Path) -> bool:
             probe.connect(str(path))
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             return False
-        except OSError:  # timed out (backlog full), not ours to reach: someone's, alive
-            return True
+        except OSError as e:
+            # No errno: the path is too long for a socket (none can be there). Else timed
+            # out (backlog full), or not ours to reach: someone's, alive.
+            return e.errno is not None
     return True

@@ -32,6 +32,7 @@ import pytest
 
 from slurmrun import control
 from slurmrun.control import ControlError, ControlServer, LauncherEntry, ask, launchers
+from slurmrun.control_dir import answers
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -63,12 +64,17 @@ IN_HOST = (
 
 
 @pytest.fixture
-def xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private XDG_RUNTIME_DIR of this test (for this process and those it starts)."""
-    path = tmp_path / "xdg"
-    path.mkdir(mode=0o700)
+def xdg(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private XDG_RUNTIME_DIR of this test (for this process and those it starts).
+
+    Under /tmp, not pytest's tmp_path: a socket's path holds 107 bytes, and pytest-xdist's
+    tmp_path with a test's name and ``slurmrun/<host>-<pid>.sock`` is longer.
+    """
+    path = Path(tempfile.mkdtemp(prefix="xdg-", dir="/tmp"))
+    path.chmod(0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(path))
-    return path
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -699,3 +705,9 @@ def test_stacks_asks_the_launches_of_this_terminal_wherever_they_were_started(
     pid, status, stdout, stderr = json.loads(out.stdout)
     assert (status, stdout) == (0, f"stacks of {pid}\n"), stderr
     assert "1 other launch of yours runs on this host" in stderr
+
+
+def test_a_socket_path_too_long_to_exist_is_no_live_socket() -> None:
+    # No socket can be there: the name is free (binding it then fails, and says so), not
+    # "held by a live process" (every name was, and the launcher said so wrongly).
+    assert not answers(Path("/tmp") / ("x" * 120))
