@@ -268,10 +268,11 @@ class Close(Message):
 
 @dataclass(frozen=True)
 class Credit(Message):
-    """The launcher showed (or dropped) LOG frames of the agent that cost `cost` in all."""
+    """The launcher showed (or dropped) LOG frames of run `run` that cost `cost` in all."""
 
     KIND: ClassVar[str] = CREDIT
     cost: int
+    run: int = 0
 
 
 @dataclass(frozen=True)

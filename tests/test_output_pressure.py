@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -198,3 +200,43 @@ def test_a_failure_stops_the_workers_while_the_launchers_stdout_is_stalled(
     assert b"rank 1 fails while rank 0 floods" in err, err.decode()[-3000:]
     assert b"sent nothing" not in err, err.decode()[-3000:]
     _check_numbered(out, None)
+
+
+def flood_forever() -> int:
+    """Rank 0 prints until it is stopped; the others wait."""
+    if os.environ["RANK"] == "0":
+        write = sys.stdout.write
+        i = 0
+        while True:
+            write(f"{i} {'x' * 80}\n")
+            i += 1
+    time.sleep(60)
+    return 0
+
+
+def log_huge(size: int) -> int:
+    """Rank 0 logs one record of `size` characters: a frame larger than its agent's window."""
+    if os.environ["RANK"] == "0":
+        logging.getLogger("huge").warning("y" * size)
+    return size
+
+
+@pytest.mark.timeout(120)
+def test_after_a_run_cut_short_in_a_flood_a_record_larger_than_the_window_still_goes() -> None:
+    # Output of the cut run that arrives after it ended is dropped, and given back at once:
+    # the next run's frame larger than the whole window waits for all of it.
+    counter = CountInOrder()
+    sizes: list[int] = []
+    counter.emit = lambda record: sizes.append(len(record.getMessage()))  # type: ignore[method-assign]
+    with slurmrun.Launcher(
+        hostnames=["localhost"], workers_per_host=2, backend="gloo", log_handlers=[counter]
+    ) as launcher:
+        for _ in range(3):
+            timer = threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            with pytest.raises(KeyboardInterrupt):
+                launcher.run(flood_forever)
+            timer.join()
+            sizes.clear()
+            assert launcher.run(log_huge, (9 << 20,)).values() == [9 << 20, 9 << 20]
+            assert sizes.count(9 << 20) == 1

@@ -49,7 +49,7 @@ def test_every_kind_round_trips_through_its_header() -> None:
     messages = [
         protocol.End(run=3),
         protocol.Close(),
-        protocol.Credit(cost=4096),
+        protocol.Credit(cost=4096, run=3),
         protocol.Heartbeat(),
         protocol.Started(run=3, pids=[11, 12]),
         protocol.Idle(run=3, master_port=29500),

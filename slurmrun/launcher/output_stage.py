@@ -51,35 +51,47 @@ class Credits:
 
     def __init__(self, window: int) -> None:
         self.window = window
-        self._owed: dict[int, tuple[Connection, int]] = {}
+        self._owed: dict[tuple[int, int], tuple[Connection, int]] = {}  # (conn, run): cost
         self._lock = threading.Lock()
 
-    def give(self, conn: Connection, cost: int) -> None:
-        """Owes `conn`'s agent `cost`; sends the debt once it is a good part of the window."""
+    def give(self, conn: Connection, run: int, cost: int, *, at_once: bool = False) -> None:
+        """Owes `conn`'s agent `cost` for frames of `run`; sends it once it is enough.
+
+        Enough: a good part of the window, or `at_once`.
+
+        Args:
+            conn: the agent's connection.
+            run: the run the frames belong to (an agent counts only its current run's).
+            cost: the frames' cost (`slurmrun.protocol.log_cost`).
+            at_once: send it now (a frame dropped outside any run: no output stage may run
+                dry to settle the rest, and the agent may wait for all of it, to send a frame
+                larger than its window).
+        """
+        key = (id(conn), run)
         with self._lock:
-            owed = self._owed.get(id(conn), (conn, 0))[1] + cost
-            if owed < self.window // _CREDIT_PART:
-                self._owed[id(conn)] = (conn, owed)
+            owed = self._owed.get(key, (conn, 0))[1] + cost
+            if owed < self.window // _CREDIT_PART and not at_once:
+                self._owed[key] = (conn, owed)
                 return
-            self._owed.pop(id(conn), None)
-        _send(conn, owed)
+            self._owed.pop(key, None)
+        _send(conn, run, owed)
 
     def settle(self) -> None:
         """Sends every debt now."""
         with self._lock:
-            owed, self._owed = list(self._owed.values()), {}
-        for conn, cost in owed:
-            _send(conn, cost)
+            owed, self._owed = self._owed, {}
+        for (_, run), (conn, cost) in owed.items():
+            _send(conn, run, cost)
 
 
-def _send(conn: Connection, cost: int) -> None:
+def _send(conn: Connection, run: int, cost: int) -> None:
     """Sends credit; a connection that cannot take it is ended, so that its agent sees that.
 
     The agent waits for this credit: a failed send must not leave it waiting (its window
     closes when the connection ends), nor the launcher a half-sent frame on the connection.
     """
     try:
-        conn.send(protocol.Credit(cost=cost).header())
+        conn.send(protocol.Credit(cost=cost, run=run).header())
     except (OSError, ValueError):
         with contextlib.suppress(OSError):
             conn.sock.shutdown(socket.SHUT_RDWR)
@@ -174,7 +186,7 @@ class OutputStage:
                 self._output.dispatch(item.log, item.body, item.label, item.rank, item.handlers)
             except Exception:  # a handler's own errors are reported by dispatch: this is ours
                 log.exception("slurmrun: could not show a line of output")
-            self._credits.give(item.conn, item.cost)
+            self._credits.give(item.conn, item.log.run, item.cost)
             with self._changed:
                 self._shown += 1
                 self._changed.notify_all()

@@ -311,7 +311,8 @@ class Router:
         else:
             self.pool.dropped += 1
             if isinstance(message, protocol.Log):  # taken all the same: the agent may send more
-                self.pool.credits.give(event.conn, protocol.log_cost(len(event.frame.body)))
+                cost = protocol.log_cost(len(event.frame.body))
+                self.pool.credits.give(event.conn, message.run, cost, at_once=True)
 
     def _on_agents_own(self, agent: PoolAgent, message: protocol.Message) -> None:
         """A message about the agent itself, whatever the run."""

@@ -163,9 +163,9 @@ class Agent:
     def _take(self, message: protocol.Message, frame: Frame) -> None:
         """One message of the launcher (but CLOSE, which ends the reader)."""
         if isinstance(message, protocol.Credit):
-            self.relay.window.release(message.cost)
+            self.relay.window.release(message.cost, message.run)
         elif isinstance(message, protocol.Start):
-            self.relay.window.resize(message.output_window)
+            self.relay.window.begin(message.run, message.output_window)
             self.inbox.put(frame)
         elif isinstance(message, protocol.End):
             self.runs.end(message.run, message.keep)

@@ -5,6 +5,11 @@ dropped. A sender that finds the window full waits for credit, and so stops read
 worker's pipe: the worker's writes then wait, as they would on a slow terminal, and nothing is
 dropped anywhere. Heartbeats, results and failures do not go through the window: a launcher
 whose terminal stalls still hears that its agents are alive, and of their failures.
+
+The window counts the frames of the run in progress: each START begins it afresh (`begin`),
+and credit for another run is ignored. What a run left in flight (the frames a Ctrl-C cut
+short, which the launcher may never take) then never shrinks a later run's window; late
+frames of an ended run are few (its workers were stopped) and go uncounted.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ class OutputWindow:
 
     def __init__(self, capacity: int = protocol.OUTPUT_WINDOW) -> None:
         self._capacity = max(1, capacity)
+        self._run = 0
         self._in_flight = 0
         self._closed = False
         self._waiting = 0
@@ -47,15 +53,20 @@ class OutputWindow:
         """Whether a sender waits for credit (its worker's output waits for the launcher)."""
         return self._waiting > 0
 
-    def acquire(self, cost: int) -> None:
-        """Takes `cost` from the window, waiting for credit while it is full.
+    def acquire(self, cost: int, run: int) -> None:
+        """Takes `cost` from the window for a frame of `run`, waiting for credit while it is full.
 
-        A frame larger than the whole window goes alone (when nothing else is in flight).
+        A frame larger than the whole window goes alone (when nothing else is in flight); one
+        of another run than the window's goes uncounted.
 
         Raises:
             WindowClosed: the connection to the launcher ended.
         """
         with self._changed:
+            if run != self._run:
+                if self._closed:
+                    raise WindowClosed("the connection to the launcher ended")
+                return
             self._waiting += 1
             try:
                 while not self._closed and not self._fits(cost):
@@ -69,18 +80,21 @@ class OutputWindow:
     def _fits(self, cost: int) -> bool:
         return self._in_flight == 0 or self._in_flight + cost <= self._capacity
 
-    def release(self, cost: int) -> None:
-        """The launcher took frames of this cost (a CREDIT)."""
+    def release(self, cost: int, run: int) -> None:
+        """The launcher took frames of `run` of this cost (a CREDIT)."""
         with self._changed:
-            self._in_flight = max(0, self._in_flight - cost)
-            self._changed.notify_all()
-
-    def resize(self, capacity: int) -> None:
-        """Sets the window (a START's `output_window`; 0 leaves it as it is)."""
-        if capacity > 0:
-            with self._changed:
-                self._capacity = capacity
+            if run == self._run:
+                self._in_flight = max(0, self._in_flight - cost)
                 self._changed.notify_all()
+
+    def begin(self, run: int, capacity: int) -> None:
+        """Counts the frames of `run` from now on, in a window of `capacity` (0: as it is)."""
+        with self._changed:
+            self._run = run
+            self._in_flight = 0
+            if capacity > 0:
+                self._capacity = capacity
+            self._changed.notify_all()
 
     def close(self) -> None:
         """No credit will come: every waiting sender raises `WindowClosed`, and later ones."""

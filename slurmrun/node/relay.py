@@ -171,7 +171,7 @@ class Relay:
         # log: the launcher sees it end and fails the run; nothing waits on this message.
         # A closed window (`WindowClosed`) is that connection's end too.
         with contextlib.suppress(OSError):
-            self.window.acquire(protocol.log_cost(len(body)))
+            self.window.acquire(protocol.log_cost(len(body)), int(header.get("run", 0)))
             self.launcher.send(header, body)
 
     def _grant_stream(self, worker: WorkerLink) -> None:
@@ -189,6 +189,22 @@ class Relay:
             return
         with sock:
             socket.send_fds(worker.streams, [STREAM_GRANTED], [sock.fileno()])
+
+    def join_relay(self, worker: WorkerLink, limit: float) -> None:
+        """Waits for the thread forwarding the worker's frames to end (the worker exited).
+
+        It gives up after `limit` seconds, counted again while that thread waits for the
+        launcher's window (the launcher is alive and takes the output as its terminal does).
+        """
+        thread = worker.relay
+        deadline = time.monotonic() + limit
+        while thread is not None and thread.is_alive():
+            thread.join(timeout=0.05)
+            now = time.monotonic()
+            if self.window.waiting:
+                deadline = now + limit
+            elif now >= deadline:
+                return
 
     def drain_output(
         self, worker: WorkerLink, limit: float = OUTPUT_DRAIN_LIMIT, *, hold: bool = True

@@ -225,11 +225,13 @@ class RunWorkers:
     def _judge(self, worker: WorkerLink) -> bool:
         """Called once a worker exited; reports it if it died without a result. True if it did."""
         worker.judged = True
-        # Its result or error may still be on its way: the relay forwards it as one step. Its
-        # output is waited for (`Relay.drain_output`) until nothing unread is left, not until
-        # the sockets close: a process it started may hold them open.
+        # Its result or error may still be on its way: the relay forwards it as one step (after
+        # the logging records before it, which may wait for the launcher's window: a result is
+        # never taken for a death because the launcher's terminal is slow). Its output is
+        # waited for (`Relay.drain_output`) until nothing unread is left, not until the
+        # sockets close: a process it started may hold them open.
         if worker.relay is not None and not worker.delivered:
-            worker.relay.join(timeout=DRAIN_TIMEOUT)
+            self.relay.join_relay(worker, DRAIN_TIMEOUT)
         # A death is not held back by a stalled terminal: the other ranks may wait for it.
         self.relay.drain_output(worker, DRAIN_TIMEOUT, hold=False)
         if worker.delivered:
