@@ -180,6 +180,62 @@ def test_a_launchers_workers_per_host_are_the_jobs_tasks(tmp_path):
         slurmrun.submit(print, launcher=launcher, workers_per_node=2, dry_run=True)
 
 
+@pytest.mark.parametrize(
+    ("options", "job", "message"),
+    [
+        ({"min_hosts": 2}, {"nodes": 3}, "min_hosts=2 restarts without a host that is lost"),
+        ({"hosts": 2}, {"nodes": 3}, r"hosts=2 \(with spares\) restarts without a host"),
+        ({"min_hosts": 4, "max_restarts": 1}, {"nodes": 3}, "min_hosts must be an int from 1"),
+        ({"hosts": 4, "max_restarts": 1}, {"nodes": 3}, "hosts must be an int from 1 to the 3"),
+        ({"srun_args": ("--nodes=2",)}, {}, "conflicts with slurmrun's own --nodes"),
+    ],
+)
+def test_what_a_launch_would_refuse_in_the_job_is_refused_before_submitting(
+    monkeypatch, tmp_path, options, job, message
+):
+    """Issue 45 (4): the launch's own checks run on the login node, not in the job."""
+    hide_slurm(monkeypatch, tmp_path)  # refused before SLURM is asked: it need not be here
+    launcher = slurmrun.Launcher(**options)
+    for dry_run in (True, False):  # no SLURM is needed to refuse it
+        with pytest.raises(slurmrun.OptionsValueError, match=message):
+            slurmrun.submit(
+                print, launcher=launcher, folder=tmp_path / "jobs", dry_run=dry_run, **job
+            )
+        with pytest.raises(slurmrun.OptionsValueError, match=message):
+            slurmrun.submit_array(
+                print, [(1,)], launcher=launcher, folder=tmp_path / "jobs", dry_run=dry_run, **job
+            )
+    assert not (tmp_path / "jobs").exists()
+
+
+def hide_slurm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A PATH without SLURM's commands: what would be submitted cannot be."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+
+
+def test_cli_submit_refuses_a_launch_the_job_would_refuse_before_submitting(
+    monkeypatch, tmp_path, capsys
+):
+    """Issue 45 (4): ``--min-hosts`` without ``--max-restarts`` is exit 2, nothing submitted."""
+    from slurmrun.cli.main import main
+
+    hide_slurm(monkeypatch, tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("raise AssertionError('must not run')\n")
+    folder = ["--folder", str(tmp_path / "jobs")]
+    for dry_run in ([], ["--dry-run"]):
+        assert (
+            main(["submit", *dry_run, *folder, "--nodes", "3", "--min-hosts", "2", str(script)])
+            == 2
+        )
+        err = capsys.readouterr().err
+        assert "slurmrun submit: error: min_hosts=2 restarts without a host that is lost" in err
+        assert "set max_restarts >= 1" in err
+    assert not (tmp_path / "jobs").exists()
+
+
 def test_requeue_count_and_request_outside_a_job(monkeypatch, tmp_path):
     from slurmrun.batch import requeue_count
 

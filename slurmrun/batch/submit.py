@@ -19,6 +19,7 @@ from slurmrun.batch.requeue import Requeue
 from slurmrun.batch.sbatch import batch_script
 from slurmrun.launcher import Launcher
 from slurmrun.launcher.checks import check_call
+from slurmrun.launcher.plan import check_for_hosts
 from slurmrun.pickling import dumps_inband
 from slurmrun.slurm.cluster import check_slurm
 
@@ -110,7 +111,9 @@ def submit(
         The job's handle (`SubmittedLaunch`), or with `dry_run` a `SubmitDryRun`.
 
     Raises:
-        TypeError, ValueError: bad options or an unpicklable call, before submitting.
+        TypeError, ValueError: bad options or an unpicklable call, before submitting: every
+            check that the launch makes in the job (`Launcher.dry_run`'s) that needs no
+            allocation, such as ``min_hosts`` without ``max_restarts`` (an `OptionsError`).
         OSError: `folder` cannot be created.
         RuntimeError: SLURM cannot take the job from here (a
             `slurmrun.slurm.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
@@ -197,6 +200,10 @@ class JobSpec:
         extra = dict(job.slurm_parameters or {})
         params["additional_parameters"].update(extra.pop("additional_parameters", None) or {})
         params.update(extra)
+        # What the launch would refuse on the job's nodes is refused here, before submitting.
+        nodes = params["nodes"] if isinstance(params["nodes"], int) else job.nodes or 1
+        hostnames = launcher.hostnames
+        check_for_hosts(launcher, len(hostnames) if isinstance(hostnames, list | tuple) else nodes)
         return cls(
             launcher=launcher,
             func=func,
