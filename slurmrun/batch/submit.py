@@ -235,6 +235,8 @@ class JobSpec:
 
         submitit writes the pickled calls and a batch script into the folder before it runs
         sbatch; when sbatch refuses the job they would stay (and a folder made for nothing).
+        When sbatch takes it, submitit moves the script into the job's folder and leaves a
+        symlink to it behind (one per job, ``.submission_file_<uuid>.sh``): removed too.
 
         Raises:
             OSError: the folder cannot be created.
@@ -256,6 +258,10 @@ class JobSpec:
                 with contextlib.suppress(OSError):
                     self.base.rmdir()  # only if empty
             raise
+        with contextlib.suppress(OSError):
+            for name in set(os.listdir(self.base)) - before:
+                if name.startswith(".submission_file_") and (self.base / name).is_symlink():
+                    (self.base / name).unlink()
 
     def call(self, func_args: Sequence[Any] | None = None) -> JobCall:
         """What the job runs (`func_args`: other positional arguments, for an array element)."""
