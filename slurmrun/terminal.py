@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import select
 import sys
 import threading
 from collections.abc import Sequence
@@ -11,7 +14,7 @@ from typing import IO
 
 from slurmrun.output import LINE, PROGRESS, printable, report_handler_error
 
-__all__ = ["TerminalHandler"]
+__all__ = ["TerminalHandler", "silence_gone_readers"]
 
 
 def _prefix(record: logging.LogRecord) -> str:
@@ -69,7 +72,14 @@ class TerminalHandler(logging.Handler):
             self.handleError(record)
 
     def handleError(self, record: logging.LogRecord) -> None:
-        """Reports the exception once for this handler (`report_handler_error`)."""
+        """Reports the exception once for this handler (`report_handler_error`).
+
+        A stream whose reader has gone (``slurmrun train.py | head -1``) is no error: what
+        it would get goes nowhere from then on (`silence_gone_readers`), and the run goes on.
+        """
+        gone = isinstance(sys.exc_info()[1], BrokenPipeError)
+        if gone and silence_gone_readers(self._out or sys.stdout, self._err or sys.stderr):
+            return
         report_handler_error(self, record)
 
     def flush(self) -> None:
@@ -170,3 +180,27 @@ def _clear(target: IO[str]) -> str:
 def _write(target: IO[str], text: str) -> None:
     target.write(text)
     target.flush()
+
+
+def silence_gone_readers(*streams: IO[str]) -> bool:
+    """Points the file of each of `streams` whose reader has gone at /dev/null; whether any.
+
+    A pipe whose reading end was closed (``| head -1``) fails every write with EPIPE: what is
+    still buffered for it, and whatever comes later, then goes nowhere instead, without
+    another BrokenPipeError (at the interpreter's exit either), as other Unix tools stop
+    printing quietly.
+    """
+    gone = []
+    for stream in streams:
+        with contextlib.suppress(AttributeError, OSError, ValueError):  # no file: not a pipe
+            fd = stream.fileno()
+            poll = select.poll()
+            poll.register(fd, 0)  # POLLERR and POLLHUP are always reported
+            if any(event & (select.POLLERR | select.POLLHUP) for _, event in poll.poll(0)):
+                gone.append(fd)
+    if gone:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for fd in gone:
+            os.dup2(devnull, fd)
+        os.close(devnull)
+    return bool(gone)

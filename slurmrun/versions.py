@@ -12,13 +12,14 @@ import dataclasses
 import functools
 import hashlib
 import os
+import shlex
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from slurmrun import protocol
 
-__all__ = ["mismatch", "protocol_fingerprint", "slurmrun_version"]
+__all__ = ["mismatch", "missing_dependency", "protocol_fingerprint", "slurmrun_version"]
 
 
 @functools.cache
@@ -42,6 +43,25 @@ def slurmrun_version() -> str:
                 if version:
                     return version
     return "0+unknown"
+
+
+def missing_dependency(module: str) -> str:
+    """What to do when this Python (the agents', `Launcher.agent_python`) lacks `module`.
+
+    Said on one line by the agent (and its worker spawner) instead of the traceback of the
+    import that failed; `slurmrun.launcher.containers.start_hint` points at it.
+    """
+    version = slurmrun_version()
+    if version == "0+unknown":  # a checkout never installed: this one (on PYTHONPATH)
+        package = shlex.quote(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    else:
+        package = f"'slurmrun=={version}'"
+    python = sys.executable
+    return (
+        f"{python} (Python {sys.version.split()[0]}) cannot import {module!r}, which slurmrun "
+        f"needs: install slurmrun and its dependencies in it (`{python} -m pip install "
+        f"{package}`), or set agent_python (--agent-python) to an interpreter that has them."
+    )
 
 
 def _metadata_version(info: str) -> str | None:

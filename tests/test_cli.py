@@ -17,6 +17,7 @@ import pytest
 import tyro
 
 import slurmrun
+from slurmrun.batch.folder import JobFolder
 from slurmrun.cli.command import parse_launcher, split_command
 from slurmrun.cli.main import main
 
@@ -452,3 +453,45 @@ def test_bad_options_and_calls_raise_one_typed_error_before_anything_starts() ->
             slurmrun.Launcher(**options).dry_run(print, args)  # type: ignore[arg-type]
     assert issubclass(slurmrun.OptionsValueError, ValueError)
     assert issubclass(slurmrun.OptionsTypeError, TypeError)
+
+
+def test_a_reader_gone_ends_every_command_quietly(tmp_path):
+    """Issue 45 (6e): ``slurmrun status 2 | head -1`` is no BrokenPipeError, for every command."""
+    bare = tmp_path / "bin"  # no SLURM: `status` reads the job's folder
+    bare.mkdir()
+    files = JobFolder.of(tmp_path / "slurmrun_jobs", "2")
+    files.path.mkdir(parents=True)
+    files.submitted_pickle.write_bytes(b"")
+    files.stderr.write_text("".join(f"line {i}\n" for i in range(20)))
+    files.cache_state("FAILED")
+    _write(tmp_path / "talk.py", "for i in range(20000):\n    print('line', i)\n")
+    for args, status in (
+        (["--help"], 141),
+        (["--version"], 141),
+        (["status", "2"], 141),
+        (["logs", "2"], 0),  # prints nothing: its rank has no log
+        (["jobs"], 141),
+        (["submit", "--help"], 0),  # argparse ignores the error itself
+        (["--workers-per-host", "2", "talk.py"], 0),  # a launch runs on: the run's own status
+    ):
+        read, write = os.pipe()
+        os.close(read)  # the reader has gone before anything is written
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "slurmrun", *args],
+                cwd=tmp_path,
+                env={
+                    **os.environ,
+                    "PYTHONPATH": str(REPO),
+                    "PATH": str(bare),
+                    "SLURMRUN_LOG_DIR": str(tmp_path / "logs"),
+                },
+                stdout=write,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=LIMIT,
+                check=False,
+            )
+        finally:
+            os.close(write)
+        assert (done.returncode, done.stderr) == (status, ""), args

@@ -24,7 +24,12 @@ from slurmrun.launcher.containers import (
     no_srun_message,
     start_hint,
 )
-from slurmrun.versions import mismatch, protocol_fingerprint, slurmrun_version
+from slurmrun.versions import (
+    mismatch,
+    missing_dependency,
+    protocol_fingerprint,
+    slurmrun_version,
+)
 
 
 @pytest.mark.parametrize(
@@ -138,6 +143,27 @@ def test_the_usual_start_failures_get_what_to_do():
     dropped = start_hint("slurmrun.node.agent: SLURMRUN_SECRET is not set; agents...", "n3")
     assert dropped is not None and "podman needs --env-host" in dropped
     assert start_hint("Traceback: KeyError", "n1") is None
+
+
+def test_an_agent_python_without_slurmruns_dependencies_is_told_what_to_install(tmp_path: Path):
+    """Issue 45 (6b): the interpreter, what it lacks and how to install it; no traceback."""
+    # A Python without cloudpickle and the rest (slurmrun itself comes from PYTHONPATH).
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")],
+        check=True,
+        timeout=120,
+    )
+    python = str(tmp_path / "bare" / "bin" / "python")
+    with pytest.raises(slurmrun.AgentFailedError) as info:
+        slurmrun.launch(lambda: 1, workers_per_host=1, backend=None, agent_python=python)
+    said = str(info.value)
+    assert "Traceback" not in said, said
+    assert f"{python} (Python {sys.version.split()[0]}) cannot import 'cloudpickle'" in said
+    assert f"`{python} -m pip install " in said
+    assert "or set agent_python (--agent-python) to an interpreter that has them" in said
+    assert len(said.splitlines()) <= 4, said
+    hint = start_hint(f"slurmrun.node.agent: {missing_dependency('yaml')}", "n1")
+    assert hint is not None and "the agents' Python on n1 lacks a package slurmrun needs" in hint
 
 
 def test_a_driver_in_a_container_without_srun_is_told_to_run_outside(tmp_path: Path):

@@ -24,7 +24,7 @@ import pytest
 
 import slurmrun
 from slurmrun.batch.call import Outcome
-from slurmrun.batch.folder import base_folder
+from slurmrun.batch.folder import JobFolder, base_folder
 from slurmrun.errors import RemoteTraceback
 from slurmrun.slurm.queue import FINAL_STATES, normalise_state, parse_sacct, parse_squeue
 
@@ -178,6 +178,138 @@ def test_a_launchers_workers_per_host_are_the_jobs_tasks(tmp_path):
         slurmrun.submit(print, launcher=slurmrun.Launcher(workers_per_host=[1, 2]), dry_run=True)
     with pytest.raises(ValueError, match="not both"):
         slurmrun.submit(print, launcher=launcher, workers_per_node=2, dry_run=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "job", "message"),
+    [
+        ({"min_hosts": 2}, {"nodes": 3}, "min_hosts=2 restarts without a host that is lost"),
+        ({"hosts": 2}, {"nodes": 3}, r"hosts=2 \(with spares\) restarts without a host"),
+        ({"min_hosts": 4, "max_restarts": 1}, {"nodes": 3}, "min_hosts must be an int from 1"),
+        ({"hosts": 4, "max_restarts": 1}, {"nodes": 3}, "hosts must be an int from 1 to the 3"),
+        ({"srun_args": ("--nodes=2",)}, {}, "conflicts with slurmrun's own --nodes"),
+    ],
+)
+def test_what_a_launch_would_refuse_in_the_job_is_refused_before_submitting(
+    monkeypatch, tmp_path, options, job, message
+):
+    """Issue 45 (4): the launch's own checks run on the login node, not in the job."""
+    hide_slurm(monkeypatch, tmp_path)  # refused before SLURM is asked: it need not be here
+    launcher = slurmrun.Launcher(**options)
+    for dry_run in (True, False):  # no SLURM is needed to refuse it
+        with pytest.raises(slurmrun.OptionsValueError, match=message):
+            slurmrun.submit(
+                print, launcher=launcher, folder=tmp_path / "jobs", dry_run=dry_run, **job
+            )
+        with pytest.raises(slurmrun.OptionsValueError, match=message):
+            slurmrun.submit_array(
+                print, [(1,)], launcher=launcher, folder=tmp_path / "jobs", dry_run=dry_run, **job
+            )
+    assert not (tmp_path / "jobs").exists()
+
+
+def hide_slurm(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A PATH without SLURM's commands: what would be submitted cannot be."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+
+
+def test_cli_submit_refuses_a_launch_the_job_would_refuse_before_submitting(
+    monkeypatch, tmp_path, capsys
+):
+    """Issue 45 (4): ``--min-hosts`` without ``--max-restarts`` is exit 2, nothing submitted."""
+    from slurmrun.cli.main import main
+
+    hide_slurm(monkeypatch, tmp_path)
+    script = tmp_path / "train.py"
+    script.write_text("raise AssertionError('must not run')\n")
+    folder = ["--folder", str(tmp_path / "jobs")]
+    for dry_run in ([], ["--dry-run"]):
+        assert (
+            main(["submit", *dry_run, *folder, "--nodes", "3", "--min-hosts", "2", str(script)])
+            == 2
+        )
+        err = capsys.readouterr().err
+        assert "slurmrun submit: error: min_hosts=2 restarts without a host that is lost" in err
+        assert "set max_restarts >= 1" in err
+    assert not (tmp_path / "jobs").exists()
+
+
+def ended_without_a_result(folder: Path, job_id: str, state: str, err: str) -> None:
+    """A job's folder as a job that ended `state` before writing its result leaves it."""
+    files = JobFolder.of(folder, job_id)
+    files.path.mkdir(parents=True)
+    files.submitted_pickle.write_bytes(b"")
+    files.stderr.write_text(err)
+    files.cache_state(state)
+
+
+def test_status_prints_the_whole_outcome_of_a_job(monkeypatch, tmp_path, capsys):
+    """Issue 45 (6d): not its first line only (which ends at "the end of its output (...):")."""
+    from slurmrun.cli.main import main
+
+    hide_slurm(monkeypatch, tmp_path)  # SLURM has forgotten the job: its folder tells
+    folder = tmp_path / "jobs"
+    ended_without_a_result(folder, "14", "CANCELLED", "srun: error: node2: task 0\nKilled\n")
+    assert main(["status", "14", "--folder", str(folder)]) == 0
+    err = JobFolder.of(folder, "14").stderr
+    assert capsys.readouterr().out.splitlines() == [
+        "14 CANCELLED",
+        f"failed: JobFailedError: job 14 ended CANCELLED without a result; the end of its "
+        f"output ({err}):",
+        "srun: error: node2: task 0",
+        "Killed",
+    ]
+
+
+def test_a_scripts_exit_status_keeps_the_rank_that_exited_through_the_job(tmp_path):
+    """Issue 45 (6d): ``exit status 3 on node1:0; its log: ...``, not ``exit status 3 on``."""
+    from slurmrun.cli.jobs import failure_text
+    from slurmrun.cli.script import ScriptExit
+
+    error = ScriptExit(3)
+    error.add_note(f"slurmrun: raised on node1:0; its log: {tmp_path / 'rank0.log'}")
+    # What the job returns, pickled into its result file and read by `status`.
+    outcome = pickle.loads(pickle.dumps(Outcome.of_error(error)))
+    with pytest.raises(ScriptExit) as info:
+        outcome.unwrap()
+    assert info.value.__notes__ == error.__notes__  # the job's pickle kept where it exited
+    assert failure_text(info.value) == f"exit status 3 on node1:0; its log: {tmp_path}/rank0.log"
+    try:
+        raise RuntimeError("two lines\nof message")  # noqa: TRY301 - as the job's launch does
+    except RuntimeError as e:
+        e.add_note("slurmrun: raised on node2:1")
+        outcome = pickle.loads(pickle.dumps(Outcome.of_error(e)))
+    with pytest.raises(RuntimeError) as info:
+        outcome.unwrap()
+    text = failure_text(info.value).splitlines()
+    assert text[:3] == [
+        "failed: RuntimeError: two lines",
+        "of message",
+        "Traceback (most recent call last):",  # the job's, as `slurmrun SCRIPT.py` prints it
+    ]
+    assert text[-1] == "slurmrun: raised on node2:1"
+
+
+def test_the_id_of_a_job_array_names_its_tasks(monkeypatch, tmp_path, capsys):
+    """Issue 45 (6c): ``slurmrun status 19`` of an array suggests ``19_0``, ``19_1``."""
+    from slurmrun.cli.main import main
+
+    hide_slurm(monkeypatch, tmp_path)
+    folder = tmp_path / "jobs"
+    for job_id in ("19_1", "19_0", "190"):
+        ended_without_a_result(folder, job_id, "COMPLETED", "")
+    for verb in ("status", "logs", "cancel"):
+        assert main([verb, "19", "--folder", str(folder)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"slurmrun {verb}: no job 19 was submitted into {folder}")
+        assert err.endswith(
+            f". 19 is a job array, whose tasks are jobs of their own: 19_0, 19_1 "
+            f"(slurmrun {verb} 19_0)\n"
+        )
+    assert main(["status", "18", "--folder", str(folder)]) == 1
+    assert "job array" not in capsys.readouterr().err
 
 
 def test_requeue_count_and_request_outside_a_job(monkeypatch, tmp_path):

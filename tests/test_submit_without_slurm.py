@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from slurmrun.batch.folder import JobFolder
+
 REPO = Path(__file__).resolve().parents[1]
 needs_slurm_commands = pytest.mark.skipif(
     not all(shutil.which(c) for c in ("sbatch", "srun", "scontrol")),
@@ -86,3 +88,58 @@ def test_a_missing_slurm_conf_is_named_at_once(tmp_path):
     assert done.returncode == 1, done.stderr
     assert f"SLURM_CONF={tmp_path / 'no.conf'}: no such file" in done.stderr
     assert took < 15  # SLURM's commands retry a missing file for 60 s
+
+
+@needs_slurm_commands
+def test_a_controller_host_that_does_not_resolve_is_named_at_once(tmp_path):
+    """Issue 45 (6a): not scontrol's ten ``getaddrinfo() failed ... attempt number`` in 10 s."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "ClusterName=elsewhere\n"
+        "SlurmctldHost=nowhere.invalid\n"  # .invalid never resolves (RFC 2606)
+        "NodeName=n1 CPUs=1\n"
+        "PartitionName=p Nodes=n1\n"
+    )
+    done, took = submit(tmp_path, SLURM_CONF=str(conf))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"slurmrun submit: the SLURM controller's host nowhere.invalid (SlurmctldHost in "
+        f"SLURM_CONF={conf}) does not resolve to an address here, so nothing was submitted. "
+        f"Check that SLURM_CONF={conf} is your cluster's, and that this machine's DNS (or "
+        "/etc/hosts) knows that host (`sinfo` fails the same way; your cluster's admins can tell)."
+    ]
+    assert done.stdout == ""
+    assert not (tmp_path / "slurmrun_jobs").exists()
+    assert took < 5  # scontrol ping tries ten times, a second apart
+
+    # `status` asks squeue and sacct, which would retry as long each: its folder answers.
+    files = JobFolder.of(tmp_path / "slurmrun_jobs", "14")
+    files.path.mkdir(parents=True)
+    files.submitted_pickle.write_bytes(b"")
+    files.cache_state("CANCELLED")
+    start = time.monotonic()
+    status = subprocess.run(
+        [sys.executable, "-m", "slurmrun", "status", "14"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO), "SLURM_CONF": str(conf)},
+        check=False,
+    )
+    assert status.stdout.startswith("14 CANCELLED\nfailed: JobFailedError: job 14 ended")
+    assert time.monotonic() - start < 5
+
+
+def test_what_scontrol_says_again_at_each_attempt_is_said_once():
+    from slurmrun.slurm.cluster import _said
+
+    said = "".join(
+        "scontrol: error: get_addr_info: getaddrinfo() failed: Name or service not known: No "
+        f"such file or directory, attempt number {n}\n"
+        for n in range(-4, 6)
+    )
+    assert _said(said, b"*****\n** RESTORE SLURMCTLD DAEMON TO SERVICE **\n") == (
+        "scontrol: error: get_addr_info: getaddrinfo() failed: Name or service not known: No "
+        "such file or directory"
+    )

@@ -19,6 +19,7 @@ from slurmrun.batch.requeue import Requeue
 from slurmrun.batch.sbatch import batch_script
 from slurmrun.launcher import Launcher
 from slurmrun.launcher.checks import check_call
+from slurmrun.launcher.plan import check_for_hosts
 from slurmrun.pickling import dumps_inband
 from slurmrun.slurm.cluster import check_slurm
 
@@ -110,7 +111,9 @@ def submit(
         The job's handle (`SubmittedLaunch`), or with `dry_run` a `SubmitDryRun`.
 
     Raises:
-        TypeError, ValueError: bad options or an unpicklable call, before submitting.
+        TypeError, ValueError: bad options or an unpicklable call, before submitting: every
+            check that the launch makes in the job (`Launcher.dry_run`'s) that needs no
+            allocation, such as ``min_hosts`` without ``max_restarts`` (an `OptionsError`).
         OSError: `folder` cannot be created.
         RuntimeError: SLURM cannot take the job from here (a
             `slurmrun.slurm.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
@@ -197,6 +200,10 @@ class JobSpec:
         extra = dict(job.slurm_parameters or {})
         params["additional_parameters"].update(extra.pop("additional_parameters", None) or {})
         params.update(extra)
+        # What the launch would refuse on the job's nodes is refused here, before submitting.
+        nodes = params["nodes"] if isinstance(params["nodes"], int) else job.nodes or 1
+        hostnames = launcher.hostnames
+        check_for_hosts(launcher, len(hostnames) if isinstance(hostnames, list | tuple) else nodes)
         return cls(
             launcher=launcher,
             func=func,
@@ -228,6 +235,8 @@ class JobSpec:
 
         submitit writes the pickled calls and a batch script into the folder before it runs
         sbatch; when sbatch refuses the job they would stay (and a folder made for nothing).
+        When sbatch takes it, submitit moves the script into the job's folder and leaves a
+        symlink to it behind (one per job, ``.submission_file_<uuid>.sh``): removed too.
 
         Raises:
             OSError: the folder cannot be created.
@@ -249,6 +258,10 @@ class JobSpec:
                 with contextlib.suppress(OSError):
                     self.base.rmdir()  # only if empty
             raise
+        with contextlib.suppress(OSError):
+            for name in set(os.listdir(self.base)) - before:
+                if name.startswith(".submission_file_") and (self.base / name).is_symlink():
+                    (self.base / name).unlink()
 
     def call(self, func_args: Sequence[Any] | None = None) -> JobCall:
         """What the job runs (`func_args`: other positional arguments, for an array element)."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from slurmrun.cli.command import DEFAULT_FOLDER, FOLDER_HELP
 
-__all__ = ["main"]
+__all__ = ["failure_text", "main"]
 
 FOLLOW_POLL = 1.0
 
@@ -57,10 +57,28 @@ def main(argv: list[str]) -> int:
     try:
         return int(verb(args))
     except FileNotFoundError as e:  # attach: no such job in the folder
-        print(f"slurmrun {args.verb}: {e}", file=sys.stderr)
+        print(f"slurmrun {args.verb}: {e}{_array_tasks(args)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C ends `logs --follow` (the job runs on)
         return 130
+
+
+def _array_tasks(args: argparse.Namespace) -> str:
+    """For the id of a job array, which of its tasks were submitted into the folder."""
+    from slurmrun.batch.folder import submitted_jobs  # noqa: PLC0415
+
+    tasks = [
+        job.job_id
+        for job in submitted_jobs(args.folder)
+        if job.job_id.partition("_")[0] == args.job_id and "_" in job.job_id
+    ]
+    if not tasks:
+        return ""
+    shown = ", ".join(tasks[:5]) + (f" ... ({len(tasks)} tasks)" if len(tasks) > 5 else "")
+    return (
+        f". {args.job_id} is a job array, whose tasks are jobs of their own: {shown} "
+        f"(slurmrun {args.verb} {tasks[0]})"
+    )
 
 
 def _handle(args: argparse.Namespace) -> Any:
@@ -76,25 +94,34 @@ def _status(args: argparse.Namespace) -> int:
     state = job.state
     print(f"{job.job_id} {state}")
     if state in FINAL_STATES:
-        print(_outcome(job, state))
+        try:
+            result = job.result(timeout=0)
+        except Exception as e:  # what the launch raised, or JobFailedError
+            print(failure_text(e))
+        else:
+            print(f"every rank finished ({len(result.values())} workers)")
     return 0
 
 
-def _outcome(job: Any, state: str) -> str:
-    """One line on how a job that ended went."""
-    from slurmrun.cli.script import ScriptExit  # noqa: PLC0415
+def failure_text(error: BaseException) -> str:
+    """How a job that ended failed, whole: what the launch raised (its every line), where.
 
-    try:
-        result = job.result(timeout=0)
-    except ScriptExit as e:
-        where = " ".join(
-            str(n).removeprefix("slurmrun: raised on ") for n in getattr(e, "__notes__", ())
-        )
-        return f"exit status {e.code} on {where}".rstrip()
-    except Exception as e:  # what the launch raised, or JobFailedError
-        first = str(e).splitlines()[0] if str(e) else ""
-        return f"failed: {type(e).__name__}: {first}"
-    return f"every rank finished ({len(result.values())} workers)"
+    A script's exit status and the rank that exited; else the exception's type and message,
+    the remote traceback when there is one (as ``slurmrun SCRIPT.py`` prints it), and the
+    notes (which rank raised it, its log).
+    """
+    from slurmrun.cli.script import ScriptExit  # noqa: PLC0415
+    from slurmrun.errors import RemoteTraceback  # noqa: PLC0415
+
+    notes = [str(n) for n in getattr(error, "__notes__", ())]
+    if isinstance(error, ScriptExit):
+        where = " ".join(n.removeprefix("slurmrun: raised on ") for n in notes)
+        return f"exit status {error.code}" + (f" on {where}" if where else "")
+    lines = [f"failed: {type(error).__name__}: {error}".rstrip()]
+    cause = error.__cause__
+    if isinstance(cause, RemoteTraceback) and cause.text.strip():
+        lines.append(cause.text.rstrip())
+    return "\n".join([*lines, *notes])
 
 
 def _logs(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ its own (``submit --nodes``, ``logs --follow``, ``info --json``), which are no d
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 
 from slurmrun.cli.verbs import VERBS
@@ -30,9 +31,26 @@ def main(argv: list[str] | None = None) -> int:
         The verb's exit status; without a verb (running a script): 0 when every rank
         finished (and after ``--help``, ``--version``); the first failing rank's ``sys.exit``
         status; 1 when a rank raised; 128+N for a worker killed by signal N; 130 on Ctrl-C;
-        2 for bad options (tyro and argparse exit with 2 themselves).
+        2 for bad options (tyro and argparse exit with 2 themselves). When what reads its
+        output has gone (``slurmrun status 2 | head -1``), it stops printing quietly, as
+        other Unix tools: a verb ends with 141 (128+SIGPIPE); a launch runs on, and its
+        status is the run's.
     """
-    argv = sys.argv[1:] if argv is None else list(argv)
+    status: int | None = None
+    try:
+        status = _verb(sys.argv[1:] if argv is None else list(argv))
+        sys.stdout.flush()  # a reader gone is met here, not at the interpreter's exit
+    except BrokenPipeError:
+        from slurmrun.terminal import silence_gone_readers  # noqa: PLC0415 - only now
+
+        if not silence_gone_readers(sys.stdout, sys.stderr):
+            raise  # not our output's pipe: a bug to show
+        return 128 + signal.SIGPIPE if status is None else status
+    return status
+
+
+def _verb(argv: list[str]) -> int:
+    """Runs the verb of `argv` (or the script it names); returns the exit status."""
     verb = VERBS.get(argv[0]) if argv else None
     # Only the module that runs is imported (here, not at the top): each pays for its own imports.
     if verb is None:

@@ -25,8 +25,9 @@ class ScriptExit(Exception):
         super().__init__(f"the script exited with status {code}")
         self.code = code
 
-    def __reduce__(self) -> tuple[type[ScriptExit], tuple[int]]:
-        return ScriptExit, (self.code,)
+    def __reduce__(self) -> tuple[type[ScriptExit], tuple[int], dict[str, object]]:
+        # With its __dict__: the note of the rank that exited reaches a submitted job's status.
+        return ScriptExit, (self.code,), self.__dict__
 
 
 def _exit_status(code: object) -> int:

@@ -223,6 +223,11 @@ def start_hint(text: str, host: str) -> str | None:
             "of this checkout) when you build it; or bind-mount the launcher's environment into "
             "the container and set agent_python to its interpreter. docs/containers.md"
         )
+    if ") cannot import '" in text and "which slurmrun needs" in text:  # `missing_dependency`
+        return (
+            f"the agents' Python{where} lacks a package slurmrun needs (the last lines below "
+            "says which, and how to install it). docs/containers.md"
+        )
     missing = _missing_program(text)
     if missing is not None:
         return (

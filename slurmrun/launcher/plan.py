@@ -28,7 +28,7 @@ from slurmrun.slurm.job import (
 if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
 
-__all__ = ["Plan", "job_nodes", "make_plan"]
+__all__ = ["Plan", "check_for_hosts", "job_nodes", "make_plan"]
 
 _LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -91,8 +91,22 @@ def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
             option that slurmrun sets itself (`slurmrun.launcher.containers`).
     """
     plan = _hosts_plan(cfg, check_driver_step)
-    _check_elastic(cfg, plan)
+    _check_elastic(cfg, len(plan.hostnames), spares=len(plan.spares))
     return replace(plan, command=agent_command_of(cfg))
+
+
+def check_for_hosts(cfg: Options, hosts: int) -> None:
+    """`make_plan`'s checks of `cfg` for a launch on `hosts` hosts, before they are known.
+
+    `slurmrun.submit` runs them on the login node, so that a job is not submitted only to
+    refuse its launch on its nodes (where `make_plan` runs them again).
+
+    Raises:
+        OptionsValueError, OptionsTypeError: as `make_plan` would for `hosts` hosts.
+    """
+    active = _active_hosts(cfg, hosts)
+    _check_elastic(cfg, active, spares=hosts - active)
+    agent_command_of(cfg)
 
 
 def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
@@ -160,33 +174,38 @@ def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
 
 def _spares(cfg: Options, hosts: list[str]) -> tuple[list[str], list[str]]:
     """The hosts that run (the first `Launcher.hosts`) and the spares (the rest)."""
-    active = cfg.hosts
-    if active is None:
-        return hosts, []
-    if isinstance(active, bool) or not isinstance(active, int) or not 1 <= active <= len(hosts):
-        raise OptionsValueError(
-            f"hosts must be an int from 1 to the {len(hosts)} host(s) found ({hosts}), "
-            f"got {active!r}"
-        )
+    active = _active_hosts(cfg, len(hosts), hosts)
     return hosts[:active], hosts[active:]
 
 
-def _check_elastic(cfg: Options, plan: Plan) -> None:
-    """Refuses a `min_hosts`, or spares, that the plan cannot honour.
+def _active_hosts(cfg: Options, found: int, hosts: Sequence[str] = ()) -> int:
+    """How many of the `found` hosts run (`Launcher.hosts`, checked); the rest are spares."""
+    active = cfg.hosts
+    if active is None:
+        return found
+    if isinstance(active, bool) or not isinstance(active, int) or not 1 <= active <= found:
+        named = f" ({list(hosts)})" if hosts else ""
+        raise OptionsValueError(
+            f"hosts must be an int from 1 to the {found} host(s) found{named}, got {active!r}"
+        )
+    return active
+
+
+def _check_elastic(cfg: Options, hosts: int, *, spares: int) -> None:
+    """Refuses a `min_hosts`, or spares, that a plan of `hosts` hosts cannot honour.
 
     Planning checks it, so that a dry run refuses what the run would.
     """
     minimum = cfg.min_hosts
-    hosts = len(plan.hostnames)
     if minimum is not None and (
         isinstance(minimum, bool) or not isinstance(minimum, int) or not 1 <= minimum <= hosts
     ):
         raise OptionsValueError(
             f"min_hosts must be an int from 1 to the launch's {hosts} host(s), got {minimum!r}"
         )
-    elastic = plan.spares or (minimum is not None and minimum < hosts)
+    elastic = spares or (minimum is not None and minimum < hosts)
     if elastic and cfg.max_restarts < 1:
-        what = f"min_hosts={minimum}" if not plan.spares else f"hosts={hosts} (with spares)"
+        what = f"min_hosts={minimum}" if not spares else f"hosts={hosts} (with spares)"
         raise OptionsValueError(
             f"{what} restarts without a host that is lost, which takes a restart: set "
             "max_restarts >= 1 (each lost host uses one)"

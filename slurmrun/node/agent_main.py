@@ -26,6 +26,7 @@ from slurmrun.protocol import (
     SECRET_STDIN_VAR,
     SECRET_VAR,
 )
+from slurmrun.versions import missing_dependency
 
 __all__ = ["main", "read_variables", "run"]
 
@@ -134,8 +135,13 @@ def main() -> int:
     else:
         secret = bytes.fromhex(os.environb[_SECRET_KEY].decode("ascii"))
         forget_variable(SECRET_VAR)  # out of /proc/<agent>/environ too
-    from slurmrun.node import agent  # noqa: PLC0415 - loads while the spawner imports torch
-
+    try:
+        from slurmrun.node import agent  # noqa: PLC0415 - loads while the spawner imports torch
+    except ModuleNotFoundError as e:  # this Python lacks a package slurmrun needs
+        if isinstance(spawner, Spawner):
+            spawner.close()
+        print(f"slurmrun.node.agent: {missing_dependency(e.name or str(e))}", file=sys.stderr)
+        return 1
     return agent.main(secret, spawner)
 
 

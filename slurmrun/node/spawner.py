@@ -44,6 +44,7 @@ from slurmrun.node.preloads import Preloads
 from slurmrun.node.proctitle import SPAWNER_COMM, node_name, set_title
 from slurmrun.node.stack_signal import stacks_signal
 from slurmrun.torch_import import import_module
+from slurmrun.versions import missing_dependency
 from slurmrun.waiting import wait_readable
 
 __all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any"]
@@ -192,6 +193,9 @@ class Spawner:
                     forget_variable(name)
                 mine.close()
                 _serve(theirs, preload, agent_pid, Preloads(list(later), learn))
+            except ModuleNotFoundError as e:  # this Python lacks a package slurmrun needs
+                print(f"slurmrun.node.spawner: {missing_dependency(e.name or str(e))}")
+                code = 1
             except BaseException:
                 traceback.print_exc()
                 code = 1

@@ -13,6 +13,8 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 
+from slurmrun.slurm.cluster import unresolved_controllers
+
 __all__ = [
     "ACTIVE_STATES",
     "FINAL_STATES",
@@ -151,7 +153,7 @@ def query_states(job_ids: Iterable[str]) -> dict[str, str]:
         falls back on what the job left in its folder).
     """
     wanted = list(dict.fromkeys(str(j) for j in job_ids))
-    if not wanted:
+    if not wanted or unresolved_controllers():  # squeue and sacct would retry for 10 s each
         return {}
     states = _squeue(wanted)
     lost = [j for j in wanted if j not in states]

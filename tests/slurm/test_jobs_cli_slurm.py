@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -233,3 +234,68 @@ def test_submit_an_array_of_script_runs(slurm_cluster, tmp_path, script):
     listed = slurmrun(tmp_path, "jobs").stdout.splitlines()
     assert [row.split()[:2] for row in listed[1:]] == [[ids[0], "COMPLETED"], [ids[1], "COMPLETED"]]
     assert listed[2].endswith("script train.py --epochs 2 --lr 0.2 --tag 'a b'")
+
+
+def test_a_launch_the_job_would_refuse_is_not_submitted(slurm_cluster, tmp_path, script):
+    """Issue 45 (4): ``--min-hosts`` without ``--max-restarts`` fails before sbatch, not later."""
+    done = slurmrun(tmp_path, "submit", "--nodes", "3", "--min-hosts", "2", script)
+    assert done.returncode == 2, done.stderr
+    assert "min_hosts=2 restarts without a host that is lost" in done.stderr
+    assert "set max_restarts >= 1" in done.stderr
+    assert done.stdout == ""
+    assert not (tmp_path / "slurmrun_jobs").exists()
+    queue = subprocess.run(
+        ["squeue", "--states=all", "--noheader", "--format=%Z"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert str(tmp_path) not in queue.stdout  # no job of this directory, in any state
+
+
+def test_an_arrays_status_names_its_tasks_and_says_a_scripts_whole_exit(slurm_cluster, tmp_path):
+    """Issue 45 (6c, 6d, 6e, 6f) on a real array whose script exits 3."""
+    (tmp_path / "exits.py").write_text("import sys\nprint('leaving', flush=True)\nsys.exit(3)\n")
+    (tmp_path / "sweep.txt").write_text("a\nb\n")
+    done = slurmrun(tmp_path, "submit", "--time", "5", "--array", "sweep.txt", "exits.py")
+    assert done.returncode == 0, done.stderr
+    ids = done.stdout.split()
+    array = ids[0].partition("_")[0]
+    try:
+        for job_id in ids:
+            _wait_completed(tmp_path, job_id, f"completion of {job_id}")
+    finally:
+        slurmrun(tmp_path, "cancel", ids[0])
+        slurmrun(tmp_path, "cancel", ids[1])
+    named = slurmrun(tmp_path, "status", array)
+    assert named.returncode == 1
+    assert named.stderr.rstrip().endswith(
+        f"{array} is a job array, whose tasks are jobs of their own: {ids[0]}, {ids[1]} "
+        f"(slurmrun status {ids[0]})"
+    )
+    status = slurmrun(tmp_path, "status", ids[0]).stdout.splitlines()
+    assert status[0] == f"{ids[0]} COMPLETED"
+    assert re.fullmatch(
+        r"exit status 3 on rank 0 \(host node\d, local rank 0\)(; its log: .+)?", status[1]
+    )
+    assert len(status) == 2
+    # No symlink left behind by the submission (one per job before).
+    left = [p.name for p in (tmp_path / "slurmrun_jobs").iterdir() if p.name.startswith(".")]
+    assert left == []
+    read, write = os.pipe()
+    os.close(read)  # `slurmrun status ... | head -0`: the reader has gone
+    try:
+        piped = subprocess.run(
+            [sys.executable, "-m", "slurmrun", "status", ids[0]],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            check=False,
+        )
+    finally:
+        os.close(write)
+    assert (piped.returncode, piped.stderr) == (141, "")
