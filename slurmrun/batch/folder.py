@@ -5,6 +5,10 @@ output ``<id>_0_log.out``/``.err``, the result ``<id>_0_result.pkl``), ``slurmru
 (what was submitted, written by the submitter), ``rank<N>.log`` (each worker's output,
 written while the job runs) and ``state`` (the last final state seen, for when SLURM has
 forgotten the job).
+
+The folder is the submitter's alone (`check_folder`): what is in it is run and unpickled as
+them, so a folder that someone else owns, may write to or could replace is never used; and
+everything in it is created 0700/0600 (`slurmrun.private.private_umask`, on the nodes too).
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobFolder", "base_folder"]
+from slurmrun.private import Problem, problem, replaceable
+
+__all__ = ["JobFolder", "JobFolderError", "base_folder", "check_folder"]
 
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
 META = "slurmrun.json"
@@ -38,6 +44,58 @@ def base_folder(folder: str | os.PathLike[str]) -> Path:
             "its own subfolder named by its job id (a '%j' may only be the last part)"
         )
     return path.absolute()
+
+
+class JobFolderError(PermissionError):
+    """A job folder that is not the user's alone: slurmrun neither submits into it nor reads it.
+
+    Attributes:
+        path: the folder (or the directory above it that others may write to).
+        owner: the uid that owns it.
+    """
+
+    def __init__(self, message: str, *, path: Path, owner: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.owner = owner
+
+    def __str__(self) -> str:  # not OSError's "[Errno None] ..."
+        return str(self.args[0])
+
+
+def check_folder(path: Path) -> None:
+    """Refuses a job folder that others own, may write to, or could replace.
+
+    A missing folder is refused where others could make it first (`slurmrun.private`).
+
+    Raises:
+        JobFolderError: the message says whose it is, and what to do.
+    """
+    why = problem(path) or replaceable(path)
+    if why is None:
+        return
+    raise JobFolderError(_refusal(why), path=path, owner=why.owner)
+
+
+def _refusal(why: Problem) -> str:
+    who = "its owner" if why.kind == "owner" else "others"
+    fix = "`chmod 700` it, or submit" if why.kind == "mode" else "Submit"
+    return (
+        f"{why.text}: slurmrun does not use it as a job folder ({who} could run code as you "
+        f"through it). {fix} into a folder of your own: folder= in Python, --folder on the "
+        "command line (e.g. ~/slurmrun_jobs; the compute nodes must share it)"
+    )
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Writes `path` (mode 0600, whatever the umask) through a temporary file and a rename."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    tmp.replace(path)
 
 
 @dataclass(frozen=True)
@@ -77,15 +135,22 @@ class JobFolder:
         """The call as submitit pickled it; its presence marks a job submitted into the folder."""
         return self.path / f"{self.job_id}_submitted.pkl"
 
+    def check(self) -> None:
+        """Refuses a folder (this job's, or the one above) that is not the user's alone.
+
+        Raises:
+            JobFolderError: see `check_folder`.
+        """
+        check_folder(self.path.parent)
+        check_folder(self.path)
+
     def rank_log(self, rank: int) -> Path:
         """The output of worker `rank` (all its attempts, appended)."""
         return self.path / f"rank{rank}.log"
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Records what was submitted (read by `slurmrun.batch`)."""
-        tmp = self.path / f".{META}.tmp"
-        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
-        tmp.replace(self.path / META)
+        _write_private(self.path / META, json.dumps(meta, indent=1, sort_keys=True))
 
     def meta(self) -> dict[str, Any]:
         """What `write_meta` recorded; ``{}`` if nothing (yet)."""
@@ -105,7 +170,7 @@ class JobFolder:
     def cache_state(self, state: str) -> None:
         """Remembers a final state, for when neither squeue nor sacct knows the job."""
         with contextlib.suppress(OSError):
-            (self.path / "state").write_text(state + "\n", encoding="utf-8")
+            _write_private(self.path / "state", state + "\n")
 
 
 def submitted_jobs(folder: str | os.PathLike[str]) -> list[JobFolder]:
