@@ -25,6 +25,7 @@ from typing import Literal
 
 __all__ = [
     "PRIVATE_UMASK",
+    "SLURM_UMASK_VAR",
     "Problem",
     "owner_name",
     "private_umask",
@@ -34,6 +35,7 @@ __all__ = [
 ]
 
 PRIVATE_UMASK = 0o077  # what slurmrun creates under it: directories 0700, files 0600
+SLURM_UMASK_VAR = "SLURM_UMASK"  # sbatch's and srun's input: the umask of the job or step
 
 
 @dataclass(frozen=True)
@@ -174,12 +176,20 @@ def umask() -> int:
 
 @contextlib.contextmanager
 def private_umask() -> Iterator[None]:
-    """Runs the body under umask 077: what it creates is this user's alone.
+    """Runs the body under umask 077: what it creates, and what SLURM creates for it, is private.
 
-    The umask is the process's, so threads that create files meanwhile make them private too.
+    sbatch and srun pass ``SLURM_UMASK`` on to the job or step (SLURM creates its output files
+    under it, and its processes start with it); one set by the user would win over the umask.
+    Both are the process's, so threads that create files meanwhile make them private too.
     """
     old = os.umask(PRIVATE_UMASK)
+    slurm = os.environ.get(SLURM_UMASK_VAR)
+    os.environ[SLURM_UMASK_VAR] = f"{PRIVATE_UMASK:04o}"
     try:
         yield
     finally:
         os.umask(old)
+        if slurm is None:
+            os.environ.pop(SLURM_UMASK_VAR, None)
+        else:
+            os.environ[SLURM_UMASK_VAR] = slurm

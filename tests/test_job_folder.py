@@ -194,14 +194,19 @@ def test_folders_only_the_user_can_change_are_used(tmp_path):
 
 
 @pytest.mark.parametrize("mask", [0o022, 0o002])
-def test_the_folder_and_slurmruns_own_files_are_private_whatever_the_umask(tmp_path, umask, mask):
+def test_the_folder_and_slurmruns_own_files_are_private_whatever_the_umask(
+    tmp_path, umask, mask, monkeypatch
+):
     os.umask(mask)
+    monkeypatch.setenv("SLURM_UMASK", f"{mask:04o}")  # a user's own, which sbatch would take
     spec = JobSpec.make(None, print, (), None, folder=tmp_path / "a" / "jobs", job=JobResources())
     with spec.submitting():
         assert os.umask(0o077) == 0o077  # (reading it sets it: what it was is put back)
+        assert os.environ["SLURM_UMASK"] == "0077"  # for sbatch: the job's output files
         (spec.base / "7").mkdir()
         (spec.base / "7" / "7_submitted.pkl").touch()  # as submitit writes
     assert os.umask(mask) == mask  # put back after submitting
+    assert os.environ["SLURM_UMASK"] == f"{mask:04o}"
     assert _mode(tmp_path / "a") == 0o700
     assert _mode(spec.base) == 0o700
     assert _mode(spec.base / "7") == 0o700

@@ -36,7 +36,7 @@ from slurmrun.handlers import _FileHandler, stream_handler
 from slurmrun.launcher import Launcher
 from slurmrun.log_dirs import LOG_DIR_VAR
 from slurmrun.pickling import dumps_inband, loads
-from slurmrun.private import PRIVATE_UMASK
+from slurmrun.private import PRIVATE_UMASK, SLURM_UMASK_VAR
 from slurmrun.protocol import IGNORED_SIGNALS_VAR, WORKER_UMASK_VAR
 from slurmrun.slurm.job import own_job_id
 from slurmrun.slurm.job_end import preemption
@@ -125,7 +125,7 @@ class JobCall:
         # submitter's alone: here, in the agents' steps (srun passes SLURM_UMASK on) and
         # after this returns (submitit's result). The workers take the submitter's umask.
         os.umask(PRIVATE_UMASK)
-        os.environ["SLURM_UMASK"] = f"{PRIVATE_UMASK:04o}"
+        os.environ[SLURM_UMASK_VAR] = f"{PRIVATE_UMASK:04o}"
         os.environ[WORKER_UMASK_VAR] = "" if self.umask is None else f"{self.umask:04o}"
         # SLURM signals USR2 ahead of the time limit (submitit's `--signal=USR2@90`): no part
         # of the job may die of it, and workers get it only if their function asks for it.

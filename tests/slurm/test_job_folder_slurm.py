@@ -58,9 +58,10 @@ def test_a_jobs_folder_and_files_are_private_whatever_the_umask(
         with open(os.path.join(out, f"rank{rank}"), "w") as f:
             f.write("mine\n")
         print("rank", rank, "wrote its file")
-        return rank
+        return rank, os.environ["SLURM_UMASK"]
 
     monkeypatch.chdir(tmp_path)  # the job's working directory: this session's
+    monkeypatch.setenv("SLURM_UMASK", f"{mask:04o}")  # a user's own, which sbatch would take
     out = tmp_path / "out"
     out.mkdir(mode=0o777)
     out.chmod(0o777)
@@ -81,7 +82,7 @@ def test_a_jobs_folder_and_files_are_private_whatever_the_umask(
     except BaseException:
         job.cancel()
         raise
-    assert values == [0, 1]
+    assert values == [(0, f"{mask:04o}"), (1, f"{mask:04o}")]
     assert job.state == "COMPLETED"  # (caches the state in the folder)
     folder = tmp_path / "jobs"
     names = {p.relative_to(folder).as_posix() for p in folder.rglob("*")}
