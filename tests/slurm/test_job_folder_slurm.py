@@ -62,6 +62,7 @@ def test_a_jobs_folder_and_files_are_private_whatever_the_umask(
 
     monkeypatch.chdir(tmp_path)  # the job's working directory: this session's
     monkeypatch.setenv("SLURM_UMASK", f"{mask:04o}")  # a user's own, which sbatch would take
+    monkeypatch.delenv("SLURMRUN_LOG_DIR")  # the job's logs/ then, as a user's
     out = tmp_path / "out"
     out.mkdir(mode=0o777)
     out.chmod(0o777)
@@ -91,7 +92,7 @@ def test_a_jobs_folder_and_files_are_private_whatever_the_umask(
     wrote |= {f"{j}/{j}_submitted.pkl", f"{j}/slurmrun.json", f"{j}/state", f"{j}/rank1.log"}
     assert wrote <= names, sorted(names)
     agents = [n for n in names if n.startswith(f"{j}/logs/") and "node2" in n]
-    assert agents, sorted(names)  # node2's agent wrote its own files into the folder
+    assert agents, "\n".join(sorted(names))  # node2's agent wrote its own files into the folder
     modes = {}
     for path in [folder, *folder.rglob("*")]:
         st = os.lstat(path)
