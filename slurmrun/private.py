@@ -97,7 +97,7 @@ def problem(path: Path, *, others_may_read: bool = True) -> Problem | None:
     """
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # missing: making it will say why not
         return None
     except OSError as e:
         return Problem(f"{path} cannot be read ({e.strerror})", "other", -1)

@@ -78,12 +78,16 @@ def check_folder(path: Path) -> None:
 
 
 def _refusal(why: Problem) -> str:
-    who = "its owner" if why.kind == "owner" else "others"
+    if why.kind == "other":  # not a directory, unreadable: nothing of anyone else's
+        reason = "slurmrun cannot use it as a job folder"
+    else:
+        who = "its owner" if why.kind == "owner" else "others"
+        reason = "slurmrun does not use it as a job folder"
+        reason += f" ({who} could make your jobs run their code)"
     fix = "`chmod 700` it, or submit" if why.kind == "mode" else "Submit"
     return (
-        f"{why.text}: slurmrun does not use it as a job folder ({who} could run code as you "
-        f"through it). {fix} into a folder of your own: folder= in Python, --folder on the "
-        "command line (e.g. ~/slurmrun_jobs; the compute nodes must share it)"
+        f"{why.text}: {reason}. {fix} into a folder of your own: folder= in Python, --folder on "
+        "the command line (e.g. ~/slurmrun_jobs; the compute nodes must share it)"
     )
 
 
