@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,8 +51,8 @@ class JobFolderError(PermissionError):
     """A job folder that is not the user's alone: slurmrun neither submits into it nor reads it.
 
     Attributes:
-        path: the folder (or the directory above it that others may write to).
-        owner: the uid that owns it.
+        path: the folder refused.
+        owner: the uid that owns it, or the directory above it that others may write to.
     """
 
     def __init__(self, message: str, *, path: Path, owner: int) -> None:
@@ -93,13 +94,15 @@ def _refusal(why: Problem) -> str:
 
 def _write_private(path: Path, text: str) -> None:
     """Writes `path` (mode 0600, whatever the umask) through a temporary file and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # (made 0600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 @dataclass(frozen=True)
