@@ -15,6 +15,8 @@ import socket
 import stat
 from pathlib import Path
 
+from slurmrun.private import problem
+
 __all__ = [
     "FALLBACK_ROOT",
     "ControlError",
@@ -121,25 +123,15 @@ def _preferred_dir() -> Path:
 
 def _check_private(path: Path) -> None:
     """Raises ControlError unless `path` is missing or a directory of ours, mode 0700 or less."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
+    why = problem(path, others_may_read=False)
+    if why is None:
         return
-    except OSError as e:
-        raise ControlError(f"cannot read {path}: {e}") from e
     fix = f"remove it (rm -r {path}) and slurmrun creates it anew, only for you"
-    if not stat.S_ISDIR(st.st_mode):
-        raise ControlError(f"{path} is not a directory (it should be slurmrun's, private): {fix}")
-    if st.st_uid != os.getuid():
-        raise ControlError(
-            f"{path} belongs to uid {st.st_uid}, not to you (uid {os.getuid()}): slurmrun does "
-            f"not use it; ask its owner or an admin to {fix}"
-        )
-    if st.st_mode & 0o077:
-        raise ControlError(
-            f"{path} has mode {stat.S_IMODE(st.st_mode):o}: others could reach it, so slurmrun "
-            f"does not use it; `chmod 700 {path}` or {fix}"
-        )
+    if why.kind == "owner":
+        fix = f"ask its owner or an admin to {fix}"
+    elif why.kind == "mode":
+        fix = f"`chmod 700 {path}` or {fix}"
+    raise ControlError(f"{why}: slurmrun does not use it; {fix}")
 
 
 def _search_dirs() -> list[Path]:

@@ -19,11 +19,30 @@ import tempfile
 import uuid
 from dataclasses import dataclass
 
-__all__ = ["LATEST", "LOG_DIR_VAR", "LogDir", "resolve_log_dir"]
+from slurmrun.private import owner_name
+
+__all__ = ["LATEST", "LOG_DIR_VAR", "LogDir", "LogDirError", "resolve_log_dir"]
 
 LOG_DIR_VAR = "SLURMRUN_LOG_DIR"
 LATEST = "latest"  # the link in the root to the newest launch's folder
 GITIGNORE = "# Created by slurmrun: its logs are not source files.\n*\n"
+
+
+class LogDirError(PermissionError):
+    """The log directory cannot be created here (another user's ``slurmrun_logs``, say).
+
+    Attributes:
+        path: the directory that refused (the nearest existing one on the way).
+        owner: its owner's uid.
+    """
+
+    def __init__(self, message: str, *, path: str, owner: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.owner = owner
+
+    def __str__(self) -> str:  # not OSError's "[Errno None] ..."
+        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -47,6 +66,10 @@ def resolve_log_dir(environ: dict[str, str] | None = None, *, create: bool = Tru
     It also points ``<root>/latest`` at it, and gives a root it creates a ``.gitignore``.
     With ``create=False`` (a dry run) nothing is created: the path is the one a launch now
     would create, and a private temporary directory is only named.
+
+    Raises:
+        LogDirError: it cannot be created for lack of permission (it says whose the directory
+            is, and to set ``SLURMRUN_LOG_DIR``).
     """
     env = os.environ if environ is None else environ
     configured = env.get(LOG_DIR_VAR)
@@ -59,11 +82,39 @@ def resolve_log_dir(environ: dict[str, str] | None = None, *, create: bool = Tru
     path = os.path.join(root, stamp)  # one subdirectory per launch: launches never mix files
     if create:
         new_root = not os.path.isdir(root)
-        os.makedirs(path, exist_ok=True)
+        try:
+            os.makedirs(path, exist_ok=True)
+        except PermissionError as e:
+            raise _refused(path, configured is None) from e
         if new_root:
             _ignore_in_git(root)
         point_latest(root, stamp)
     return LogDir(os.path.abspath(path), keep=True)
+
+
+def _refused(path: str, default_root: bool) -> LogDirError:
+    """Why `path` cannot be made: the nearest existing directory on the way, and its owner."""
+    refusing = os.path.abspath(path)
+    while not os.path.lexists(refusing) and os.path.dirname(refusing) != refusing:
+        refusing = os.path.dirname(refusing)
+    try:
+        st = os.stat(refusing)
+    except OSError:
+        owner = -1
+        whose = "cannot be read"
+    else:
+        owner = st.st_uid
+        whose = f"belongs to {owner_name(owner)} (mode {st.st_mode & 0o7777:o})"
+        if owner != os.getuid():
+            whose += f", not to you ({owner_name(os.getuid())})"
+    where = "./slurmrun_logs, the default" if default_root else f"${LOG_DIR_VAR}"
+    return LogDirError(
+        f"cannot create the log folder {path} ({where}): {refusing} {whose}. Set {LOG_DIR_VAR} "
+        f"to a folder of your own (e.g. {LOG_DIR_VAR}=~/slurmrun_logs; {LOG_DIR_VAR}= for no "
+        "log files), or launch from a directory of yours",
+        path=refusing,
+        owner=owner,
+    )
 
 
 def point_latest(root: str, name: str) -> None:

@@ -128,6 +128,9 @@ RESTART_VAR = "SLURMRUN_RESTART_COUNT"
 # Set in a submitted job: signals (names, comma-separated) that workers keep ignored, as their
 # agent set them, instead of restoring the default action (SLURM's --signal=USR2@90).
 IGNORED_SIGNALS_VAR = "SLURMRUN_IGNORED_SIGNALS"
+# Set in a submitted job (octal): the umask workers take, the submitter's; the job's own
+# processes run under 077, so that what they write into the job's folder is private.
+WORKER_UMASK_VAR = "SLURMRUN_WORKER_UMASK"
 
 # Heartbeats (each way) per heartbeat timeout: the interval is the timeout divided by this.
 HEARTBEATS_PER_TIMEOUT = 5

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from slurmrun.batch.array import submit_array
+from slurmrun.batch.folder import JobFolderError
 from slurmrun.batch.handle import JobFailedError, SubmittedLaunch, attach
 from slurmrun.batch.job_resources import JobResources
 from slurmrun.batch.listing import JobInfo, jobs
@@ -11,6 +12,7 @@ from slurmrun.batch.submit import SubmitDryRun, submit
 
 __all__ = [
     "JobFailedError",
+    "JobFolderError",
     "JobInfo",
     "JobResources",
     "Requeue",

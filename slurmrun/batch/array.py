@@ -85,6 +85,7 @@ def submit_array(
 
     Raises:
         TypeError, ValueError: bad options or an unpicklable call, before submitting.
+        slurmrun.batch.JobFolderError: `folder` is not yours alone (see `slurmrun.submit`).
         OSError: `folder` cannot be created.
         RuntimeError: SLURM cannot take the job from here (a
             `slurmrun.slurm.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,

@@ -36,7 +36,8 @@ from slurmrun.handlers import _FileHandler, stream_handler
 from slurmrun.launcher import Launcher
 from slurmrun.log_dirs import LOG_DIR_VAR
 from slurmrun.pickling import dumps_inband, loads
-from slurmrun.protocol import IGNORED_SIGNALS_VAR
+from slurmrun.private import PRIVATE_UMASK, SLURM_UMASK_VAR
+from slurmrun.protocol import IGNORED_SIGNALS_VAR, WORKER_UMASK_VAR
 from slurmrun.slurm.job import own_job_id
 from slurmrun.slurm.job_end import preemption
 
@@ -107,6 +108,7 @@ class JobCall:
         folder: the folder the job was submitted into; its files are in ``<folder>/<job id>``.
         existing: the entries of `sys_path` that existed on the submitter's machine.
         requeue: how the job is requeued when SLURM signals it; None: never.
+        umask: the submitter's umask, which the workers take; None: the job's.
     """
 
     payload: bytes
@@ -115,9 +117,16 @@ class JobCall:
     folder: str
     existing: list[str] = field(default_factory=list)
     requeue: Requeue | None = None
+    umask: int | None = None
 
     def __call__(self) -> Outcome:
         """Runs the launch in the job; returns its `Outcome` (never raises for the launch)."""
+        # What the job writes into its folder (logs, results, requeue flags) is the
+        # submitter's alone: here, in the agents' steps (srun passes SLURM_UMASK on) and
+        # after this returns (submitit's result). The workers take the submitter's umask.
+        os.umask(PRIVATE_UMASK)
+        os.environ[SLURM_UMASK_VAR] = f"{PRIVATE_UMASK:04o}"
+        os.environ[WORKER_UMASK_VAR] = "" if self.umask is None else f"{self.umask:04o}"
         # SLURM signals USR2 ahead of the time limit (submitit's `--signal=USR2@90`): no part
         # of the job may die of it, and workers get it only if their function asks for it.
         policy = self.requeue
@@ -235,7 +244,7 @@ def _job_launcher(launcher: Launcher, workers: int | None, folder: str) -> Launc
     if handlers is None:  # the job's output keeps what a terminal would show: local rank 0
         handlers = [stream_handler(None, 0)]
     extra = launcher.extra_env_vars
-    job_vars = (IGNORED_SIGNALS_VAR, REQUEUE_COUNT_VAR, REQUEUE_FLAG_VAR)
+    job_vars = (IGNORED_SIGNALS_VAR, REQUEUE_COUNT_VAR, REQUEUE_FLAG_VAR, WORKER_UMASK_VAR)
     if isinstance(extra, Mapping):
         extra = {**extra, **{var: os.environ[var] for var in job_vars}}
     else:

@@ -5,6 +5,10 @@ output ``<id>_0_log.out``/``.err``, the result ``<id>_0_result.pkl``), ``slurmru
 (what was submitted, written by the submitter), ``rank<N>.log`` (each worker's output,
 written while the job runs) and ``state`` (the last final state seen, for when SLURM has
 forgotten the job).
+
+The folder is the submitter's alone (`check_folder`): what is in it is run and unpickled as
+them, so a folder that someone else owns, may write to or could replace is never used; and
+everything in it is created 0700/0600 (`slurmrun.private.private_umask`, on the nodes too).
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ import contextlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JobFolder", "base_folder"]
+from slurmrun.private import Problem, problem, replaceable
+
+__all__ = ["JobFolder", "JobFolderError", "base_folder", "check_folder"]
 
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
 META = "slurmrun.json"
@@ -38,6 +45,64 @@ def base_folder(folder: str | os.PathLike[str]) -> Path:
             "its own subfolder named by its job id (a '%j' may only be the last part)"
         )
     return path.absolute()
+
+
+class JobFolderError(PermissionError):
+    """A job folder that is not the user's alone: slurmrun neither submits into it nor reads it.
+
+    Attributes:
+        path: the folder refused.
+        owner: the uid that owns it, or the directory above it that others may write to.
+    """
+
+    def __init__(self, message: str, *, path: Path, owner: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.owner = owner
+
+    def __str__(self) -> str:  # not OSError's "[Errno None] ..."
+        return str(self.args[0])
+
+
+def check_folder(path: Path) -> None:
+    """Refuses a job folder that others own, may write to, or could replace.
+
+    A missing folder is refused where others could make it first (`slurmrun.private`).
+
+    Raises:
+        JobFolderError: the message says whose it is, and what to do.
+    """
+    why = problem(path) or replaceable(path)
+    if why is None:
+        return
+    raise JobFolderError(_refusal(why), path=path, owner=why.owner)
+
+
+def _refusal(why: Problem) -> str:
+    if why.kind == "other":  # not a directory, unreadable: nothing of anyone else's
+        reason = "slurmrun cannot use it as a job folder"
+    else:
+        who = "its owner" if why.kind == "owner" else "others"
+        reason = "slurmrun does not use it as a job folder"
+        reason += f" ({who} could make your jobs run their code)"
+    fix = "`chmod 700` it, or submit" if why.kind == "mode" else "Submit"
+    return (
+        f"{why.text}: {reason}. {fix} into a folder of your own: folder= in Python, --folder on "
+        "the command line (e.g. ~/slurmrun_jobs; the compute nodes must share it)"
+    )
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Writes `path` (mode 0600, whatever the umask) through a temporary file and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # (made 0600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 @dataclass(frozen=True)
@@ -77,15 +142,22 @@ class JobFolder:
         """The call as submitit pickled it; its presence marks a job submitted into the folder."""
         return self.path / f"{self.job_id}_submitted.pkl"
 
+    def check(self) -> None:
+        """Refuses a folder (this job's, or the one above) that is not the user's alone.
+
+        Raises:
+            JobFolderError: see `check_folder`.
+        """
+        check_folder(self.path.parent)
+        check_folder(self.path)
+
     def rank_log(self, rank: int) -> Path:
         """The output of worker `rank` (all its attempts, appended)."""
         return self.path / f"rank{rank}.log"
 
     def write_meta(self, meta: dict[str, Any]) -> None:
         """Records what was submitted (read by `slurmrun.batch`)."""
-        tmp = self.path / f".{META}.tmp"
-        tmp.write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
-        tmp.replace(self.path / META)
+        _write_private(self.path / META, json.dumps(meta, indent=1, sort_keys=True))
 
     def meta(self) -> dict[str, Any]:
         """What `write_meta` recorded; ``{}`` if nothing (yet)."""
@@ -105,7 +177,7 @@ class JobFolder:
     def cache_state(self, state: str) -> None:
         """Remembers a final state, for when neither squeue nor sacct knows the job."""
         with contextlib.suppress(OSError):
-            (self.path / "state").write_text(state + "\n", encoding="utf-8")
+            _write_private(self.path / "state", state + "\n")
 
 
 def submitted_jobs(folder: str | os.PathLike[str]) -> list[JobFolder]:

@@ -113,9 +113,12 @@ class SubmittedLaunch(Generic[T]):
         Raises:
             TimeoutError: the job has not ended within `timeout` (it keeps running).
             JobFailedError: the job ended without a result (cancelled, timed out...).
+            slurmrun.batch.JobFolderError: the job's folder is not yours alone (nothing in it
+                is read).
             Exception: what the launch raised.
         """
         state = self.wait(timeout, poll)
+        self.files.check()
         outcome = self._read_result(state)
         value: LaunchResult[T] = outcome.unwrap()
         return value
@@ -131,7 +134,12 @@ class SubmittedLaunch(Generic[T]):
         )
 
     def logs(self, rank: int = 0) -> str:
-        """The output of worker `rank` so far (also while the job runs); ``""`` before any."""
+        """The output of worker `rank` so far (also while the job runs); ``""`` before any.
+
+        Raises:
+            slurmrun.batch.JobFolderError: the job's folder is not yours alone.
+        """
+        self.files.check()
         try:
             return self.files.rank_log(rank).read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
@@ -192,8 +200,12 @@ def attach(
 
     Raises:
         FileNotFoundError: no job `job_id` was submitted into `folder`.
+        slurmrun.batch.JobFolderError: `folder` or the job's folder is not yours alone:
+            another user owns it, or others may write to it or replace it (nothing in it is
+            read; the message says what to do).
     """
     handle: SubmittedLaunch[Any] = SubmittedLaunch(str(job_id), base_folder(folder))
+    handle.files.check()
     if not handle.files.submitted_pickle.exists():
         raise FileNotFoundError(
             f"no job {job_id} was submitted into {handle.folder} "

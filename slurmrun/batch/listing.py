@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurmrun.batch.folder import base_folder, submitted_jobs
+from slurmrun.batch.folder import base_folder, check_folder, submitted_jobs
 from slurmrun.batch.handle import SubmittedLaunch, states_of
 
 __all__ = ["JobInfo", "jobs"]
@@ -37,8 +37,12 @@ def jobs(folder: str | os.PathLike[str] = "slurmrun_jobs") -> list[JobInfo]:
 
     Args:
         folder: the folder given to `slurmrun.submit`.
+
+    Raises:
+        slurmrun.batch.JobFolderError: `folder` is not yours alone (`slurmrun.attach`).
     """
     base: Path = base_folder(folder)
+    check_folder(base)
     found = submitted_jobs(base)
     handles: list[SubmittedLaunch[Any]] = [SubmittedLaunch(f.job_id, base) for f in found]
     states = states_of(handles)

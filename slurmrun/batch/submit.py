@@ -7,12 +7,12 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from slurmrun.batch.call import JobCall
-from slurmrun.batch.folder import base_folder
+from slurmrun.batch.folder import base_folder, check_folder
 from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.batch.job_resources import JobOptions, JobResources
 from slurmrun.batch.requeue import Requeue
@@ -21,6 +21,7 @@ from slurmrun.launcher import Launcher
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.plan import check_for_hosts
 from slurmrun.pickling import dumps_inband
+from slurmrun.private import private_umask, umask
 from slurmrun.slurm.cluster import check_slurm
 
 if TYPE_CHECKING:
@@ -114,6 +115,9 @@ def submit(
         TypeError, ValueError: bad options or an unpicklable call, before submitting: every
             check that the launch makes in the job (`Launcher.dry_run`'s) that needs no
             allocation, such as ``min_hosts`` without ``max_restarts`` (an `OptionsError`).
+        slurmrun.batch.JobFolderError: `folder` is not yours alone: another user owns it, or
+            others may write to it or replace it (a `PermissionError`; the message says what
+            to do), before submitting.
         OSError: `folder` cannot be created.
         RuntimeError: SLURM cannot take the job from here (a
             `slurmrun.slurm.cluster.SlurmUnavailableError`): sbatch or srun is not on PATH,
@@ -145,6 +149,7 @@ class JobSpec:
     base: Path
     params: dict[str, Any]
     requeue: Requeue | None
+    umask: int = field(default_factory=umask)  # the submitter's: the job's workers run with it
 
     @classmethod
     def make(
@@ -161,6 +166,7 @@ class JobSpec:
         launcher = Launcher() if launcher is None else launcher
         kwargs = {} if func_kwargs is None else func_kwargs
         check_call(launcher, func, tuple(func_args), kwargs)
+        check_folder(base_folder(folder))
         job = job.resolved()
         workers_per_node = job.workers_per_node
         asked = launcher.workers_per_host
@@ -237,15 +243,23 @@ class JobSpec:
         sbatch; when sbatch refuses the job they would stay (and a folder made for nothing).
         When sbatch takes it, submitit moves the script into the job's folder and leaves a
         symlink to it behind (one per job, ``.submission_file_<uuid>.sh``): removed too.
+        Everything created meanwhile is private (umask 077): the folders, the pickled calls,
+        the batch script, and through sbatch (``SLURM_UMASK``) the job's output files.
 
         Raises:
             OSError: the folder cannot be created.
+            JobFolderError: it is not this user's alone (made meanwhile by another user).
         """
+        with private_umask():
+            yield from self._submitting()
+
+    def _submitting(self) -> Iterator[None]:
         existed = self.base.is_dir()
         try:
             self.base.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise OSError(e.errno, f"cannot create the job folder {self.base}: {e.strerror}") from e
+        check_folder(self.base)
         before = set(os.listdir(self.base))
         try:
             yield
@@ -275,6 +289,7 @@ class JobSpec:
             folder=str(self.base),
             existing=[p for p in sys_path if os.path.exists(p)],
             requeue=self.requeue,
+            umask=self.umask,
         )
 
     def meta(self, job_id: str) -> dict[str, Any]:

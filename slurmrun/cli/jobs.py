@@ -1,8 +1,9 @@
 """``slurmrun status|logs|cancel|jobs``: following the jobs of ``slurmrun submit``.
 
 They work on the jobs submitted into ``--folder`` (`slurmrun.cli.submit`). Exit status: 0;
-2 for bad options; 1 for a job that was not submitted into the folder (or a failed
-``scancel``); 130 when Ctrl-C ends ``logs --follow``.
+2 for bad options; 1 for a job that was not submitted into the folder, a folder that is
+not the user's alone (`slurmrun.batch.JobFolderError`), or a failed ``scancel``; 130 when
+Ctrl-C ends ``logs --follow``.
 """
 
 from __future__ import annotations
@@ -54,10 +55,15 @@ def main(argv: list[str]) -> int:
         "cancel": _cancel,
         "jobs": _jobs,
     }[args.verb]
+    from slurmrun.batch.folder import JobFolderError  # noqa: PLC0415 - light (no submitit)
+
     try:
         return int(verb(args))
     except FileNotFoundError as e:  # attach: no such job in the folder
         print(f"slurmrun {args.verb}: {e}{_array_tasks(args)}", file=sys.stderr)
+        return 1
+    except JobFolderError as e:  # not the user's alone: refused before reading anything
+        print(f"slurmrun {args.verb}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C ends `logs --follow` (the job runs on)
         return 130

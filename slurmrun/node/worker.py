@@ -153,6 +153,10 @@ def _set_environment(spec: WorkerSpec) -> None:
         os.environ.pop(name, None)
     os.environ.update(values)
     _match_thread_count(os.environ.get("OMP_NUM_THREADS"))
+    mask = os.environ.get(protocol.WORKER_UMASK_VAR, "")
+    if mask.isdigit():  # a submitted job's: the submitter's umask, not the job's private one
+        os.umask(int(mask, 8) & 0o777)
+        os.environ["SLURM_UMASK"] = mask  # for the steps and jobs the function starts
 
 
 def _enter_launchers_place(spec: WorkerSpec) -> None:
