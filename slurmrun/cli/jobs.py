@@ -2,7 +2,8 @@
 
 They work on the jobs submitted into ``--folder`` (`slurmrun.cli.submit`). Exit status: 0;
 2 for bad options; 1 for a job that was not submitted into the folder (or a failed
-``scancel``); 130 when Ctrl-C ends ``logs --follow``.
+``scancel``), or whose files fail their seal (`slurmrun.errors.JobFolderTamperedError`);
+130 when Ctrl-C ends ``logs --follow``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 from slurmrun.cli.command import DEFAULT_FOLDER, FOLDER_HELP
+from slurmrun.errors import JobFolderTamperedError, JobKeyError
 
 __all__ = ["main"]
 
@@ -56,7 +58,8 @@ def main(argv: list[str]) -> int:
     }[args.verb]
     try:
         return int(verb(args))
-    except FileNotFoundError as e:  # attach: no such job in the folder
+    except (FileNotFoundError, JobFolderTamperedError, JobKeyError) as e:
+        # attach: no such job in the folder; or a file of the job fails its seal
         print(f"slurmrun {args.verb}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C ends `logs --follow` (the job runs on)
@@ -91,6 +94,8 @@ def _outcome(job: Any, state: str) -> str:
             str(n).removeprefix("slurmrun: raised on ") for n in getattr(e, "__notes__", ())
         )
         return f"exit status {e.code} on {where}".rstrip()
+    except (JobFolderTamperedError, JobKeyError):
+        raise  # not an outcome of the job: main says it, and exits 1
     except Exception as e:  # what the launch raised, or JobFailedError
         first = str(e).splitlines()[0] if str(e) else ""
         return f"failed: {type(e).__name__}: {first}"
