@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import pickle
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -102,3 +104,41 @@ def test_a_result_another_submission_of_the_id_left_is_not_this_jobs(config, tmp
     assert _job(tmp_path / "a", ours, ours)._read_result("COMPLETED") == 7
     with pytest.raises(JobFailedError, match="ended CANCELLED without a result"):
         _job(tmp_path / "b", ours, new_nonce())._read_result("CANCELLED")
+
+
+def _run_job(folder: Path, nonce: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SLURM_JOB_ID": "12", "SLURM_PROCID": "0", "SUBMITIT_EXECUTOR": "slurm"}
+    module = ["-m", "slurmrun.batch.sealed_job", nonce, "-u", "-m", "submitit.core._submit"]
+    return subprocess.run(
+        [sys.executable, "-u", *module, str(folder / "%j")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_job_runs_its_sealed_call_and_nothing_else(config, tmp_path):
+    from submitit.core.utils import DelayedSubmission
+
+    key = job_key(create=True)
+    nonce = new_nonce()
+    call = tmp_path / "12" / "12_submitted.pkl"
+    call.parent.mkdir()
+    write_sealed(call, pickle.dumps(DelayedSubmission(max, 3, 5)), key=key, nonce=nonce)
+    assert _run_job(tmp_path, nonce).returncode == 0
+    result = read_sealed(tmp_path / "12" / "12_0_result.pkl", key=key)
+    assert (result.nonce, pickle.loads(result.payload)) == (nonce, ("success", 5))
+    marker = tmp_path / "pwned"
+    seal = call.read_bytes().partition(b"\n")[0]
+    call.write_bytes(seal + b"\n" + pickle.dumps(_Marker(marker)))
+    done = _run_job(tmp_path, nonce)
+    assert done.returncode == 1
+    assert "was not written by your slurmrun" in done.stderr
+    result = read_sealed(tmp_path / "12" / "12_0_result.pkl", key=key)
+    status, outcome = pickle.loads(result.payload)
+    assert status == "success"
+    with pytest.raises(JobFolderTamperedError):
+        outcome.unwrap()
+    assert not marker.exists()
