@@ -41,6 +41,19 @@ def _private_runtime_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
         yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_config_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Each pytest process its own XDG_CONFIG_HOME, where submitting makes the job key.
+
+    The submitted jobs inherit it (sbatch passes the environment), as a user's nodes see
+    the home directory; the suite leaves no key in the home directory of whoever runs it.
+    """
+    path = tmp_path_factory.mktemp("config")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_CONFIG_HOME", str(path))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _log_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path_factory.mktemp("logs")))

@@ -7,6 +7,8 @@ import sys
 
 __all__ = [
     "AgentFailedError",
+    "JobFolderTamperedError",
+    "JobKeyError",
     "OptionsError",
     "OptionsTypeError",
     "OptionsValueError",
@@ -100,6 +102,37 @@ class VersionMismatchError(AgentFailedError):
     the same agents would start again. Common with containers: the image holds another
     release than the launcher's environment.
     """
+
+
+class JobFolderTamperedError(RuntimeError):
+    """A file of a submitted job's folder was not written by the submitter's own slurmrun.
+
+    Its seal (an HMAC under the submitter's job key, `slurmrun.batch.seal`) is missing or
+    does not match: the file was replaced or changed by someone else, or written by
+    something other than slurmrun. Nothing of it was unpickled, and nothing was run.
+
+    Attributes:
+        path: the file that failed the check.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class JobKeyError(RuntimeError):
+    """The key that seals a submitted job's files cannot be used (`slurmrun.batch.seal`).
+
+    It is missing (on a node: the home directory is not shared), readable by others, or
+    not the user's own. The message says which file and what to do.
+
+    Attributes:
+        path: the key file.
+    """
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class RemoteTraceback(Exception):

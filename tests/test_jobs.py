@@ -109,6 +109,7 @@ def test_folders_and_handles(tmp_path):
 
 def _normalise(text: str, folder: Path) -> str:
     text = text.replace(str(folder), "FOLDER").replace(sys.executable, "PYTHON")
+    text = re.sub(r"sealed_job [0-9a-f]{32} ", "sealed_job NONCE ", text)
     return re.sub(r"^#SBATCH --wckey=.*\n", "", text, flags=re.M)
 
 

@@ -1,9 +1,10 @@
 """What a submitted job runs: the submitter's call, unpickled where the submitter's imports work.
 
-submitit pickles a `JobCall`, whose class lives here (importable in the job wherever slurmrun
-is installed). The user's call travels inside it as bytes, unpickled only after the job has
-restored the submitter's ``sys.path`` and working directory: a function from the
-submitter's project folder then imports in the job as it did on the login node.
+The job's call file holds a pickled `JobCall` (sealed: `slurmrun.batch.sealed_job`), whose
+class lives here (importable in the job wherever slurmrun is installed). The user's call
+travels inside it as bytes, unpickled only after the job has restored the submitter's
+``sys.path`` and working directory: a function from the submitter's project folder then
+imports in the job as it did on the login node.
 
 The job returns an `Outcome` rather than raising, so that submitit records a result either
 way and the handle re-raises the launch's own exception (submitit would wrap it).

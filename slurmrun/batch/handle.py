@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from slurmrun.batch.folder import JobFolder, base_folder
+from slurmrun.batch.seal import Sealed, job_key, read_sealed
 from slurmrun.logs import tail_file
 from slurmrun.result import LaunchResult
 from slurmrun.slurm.queue import FINAL_STATES, UNKNOWN, query_states
@@ -115,6 +116,10 @@ class SubmittedLaunch(Generic[T]):
             JobFailedError: the job ended without a result (cancelled, timed out...).
             slurmrun.batch.JobFolderError: the job's folder is not yours alone (nothing in it
                 is read).
+            slurmrun.errors.JobFolderTamperedError: the job's call or result in its folder was
+                not written by your slurmrun (its seal failed): nothing of it was unpickled.
+            slurmrun.errors.JobKeyError: your job key (``~/.config/slurmrun/job-key``) is
+                missing, or open to others.
             Exception: what the launch raised.
         """
         state = self.wait(timeout, poll)
@@ -146,14 +151,27 @@ class SubmittedLaunch(Generic[T]):
             return ""
 
     def _read_result(self, state: str) -> Any:
+        """The job's ``(status, value)``, read once its seal is checked (`slurmrun.batch.seal`).
+
+        Raises:
+            JobFailedError: there is no result of this submission (a result an earlier job
+                of this id left is not this job's).
+            JobFolderTamperedError: the call or the result was not sealed by the user's key.
+            JobKeyError: the user's job key cannot be used.
+        """
+        key = job_key(create=False)
+        nonce = read_sealed(self.files.submitted_pickle, key=key).nonce
         path = self.files.result_pickle
         deadline = time.monotonic() + (RESULT_GRACE if state == "COMPLETED" else 0.0)
-        while not path.exists() and time.monotonic() < deadline:
+        while True:
+            try:
+                sealed: Sealed | None = read_sealed(path, key=key)
+            except FileNotFoundError:
+                sealed = None
+            if (sealed is not None and sealed.nonce == nonce) or time.monotonic() >= deadline:
+                break
             time.sleep(0.2)
-        try:
-            with path.open("rb") as f:
-                status, value = pickle.load(f)  # noqa: S301 - written by our own job
-        except FileNotFoundError:
+        if sealed is None or sealed.nonce != nonce:
             tail = tail_file(str(self.files.stderr))
             raise JobFailedError(
                 f"job {self.job_id} ended {state} without a result; the end of its output "
@@ -161,7 +179,8 @@ class SubmittedLaunch(Generic[T]):
                 job_id=self.job_id,
                 state=state,
                 stderr_tail=tail,
-            ) from None
+            )
+        status, value = pickle.loads(sealed.payload)  # noqa: S301 - sealed by this submission
         if status != "success":  # submitit itself failed (e.g. slurmrun not importable)
             raise JobFailedError(
                 f"job {self.job_id} failed before the launch started:\n{value}",

@@ -17,6 +17,7 @@ from slurmrun.batch.handle import SubmittedLaunch
 from slurmrun.batch.job_resources import JobOptions, JobResources
 from slurmrun.batch.requeue import Requeue
 from slurmrun.batch.sbatch import batch_script
+from slurmrun.batch.seal import new_nonce
 from slurmrun.launcher import Launcher
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.plan import check_for_hosts
@@ -229,9 +230,10 @@ class JobSpec:
 
     def executor(self, **more: Any) -> Any:
         """The submitit executor that submits it (``more``: more parameters)."""
-        import submitit  # noqa: PLC0415 - only submitting needs it (import slurmrun stays light)
+        # Only submitting needs submitit (import slurmrun stays light).
+        from slurmrun.batch.sealed_job import SealedExecutor  # noqa: PLC0415
 
-        executor = submitit.SlurmExecutor(folder=os.fspath(self.base / "%j"))
+        executor = SealedExecutor(os.fspath(self.base / "%j"), new_nonce())
         executor.update_parameters(**self.params, **more)
         return executor
 

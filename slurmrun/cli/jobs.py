@@ -2,8 +2,9 @@
 
 They work on the jobs submitted into ``--folder`` (`slurmrun.cli.submit`). Exit status: 0;
 2 for bad options; 1 for a job that was not submitted into the folder, a folder that is
-not the user's alone (`slurmrun.batch.JobFolderError`), or a failed ``scancel``; 130 when
-Ctrl-C ends ``logs --follow``.
+not the user's alone (`slurmrun.batch.JobFolderError`), a job whose files fail their seal
+(`slurmrun.errors.JobFolderTamperedError`), or a failed ``scancel``; 130 when Ctrl-C ends
+``logs --follow``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from typing import Any
 
 from slurmrun.cli.command import DEFAULT_FOLDER, FOLDER_HELP
+from slurmrun.errors import JobFolderTamperedError, JobKeyError
 
 __all__ = ["failure_text", "main"]
 
@@ -62,7 +64,8 @@ def main(argv: list[str]) -> int:
     except FileNotFoundError as e:  # attach: no such job in the folder
         print(f"slurmrun {args.verb}: {e}{_array_tasks(args)}", file=sys.stderr)
         return 1
-    except JobFolderError as e:  # not the user's alone: refused before reading anything
+    except (JobFolderError, JobFolderTamperedError, JobKeyError) as e:
+        # not the user's alone (nothing read), or a file of the job fails its seal
         print(f"slurmrun {args.verb}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # Ctrl-C ends `logs --follow` (the job runs on)
@@ -102,6 +105,8 @@ def _status(args: argparse.Namespace) -> int:
     if state in FINAL_STATES:
         try:
             result = job.result(timeout=0)
+        except (JobFolderTamperedError, JobKeyError):
+            raise  # not an outcome of the job: main says it, and exits 1
         except Exception as e:  # what the launch raised, or JobFailedError
             print(failure_text(e))
         else:
