@@ -25,6 +25,7 @@ import pytest
 import slurmrun
 from slurmrun.batch.call import Outcome
 from slurmrun.batch.folder import JobFolder, base_folder
+from slurmrun.batch.seal import job_key, new_nonce, write_sealed
 from slurmrun.errors import RemoteTraceback
 from slurmrun.slurm.queue import FINAL_STATES, normalise_state, parse_sacct, parse_squeue
 
@@ -241,7 +242,8 @@ def ended_without_a_result(folder: Path, job_id: str, state: str, err: str) -> N
     """A job's folder as a job that ended `state` before writing its result leaves it."""
     files = JobFolder.of(folder, job_id)
     files.path.mkdir(parents=True)
-    files.submitted_pickle.write_bytes(b"")
+    # The call as slurmrun seals it (what it holds is not read: the job ended without a result).
+    write_sealed(files.submitted_pickle, b"", key=job_key(create=True), nonce=new_nonce())
     files.stderr.write_text(err)
     files.cache_state(state)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from slurmrun.batch.folder import JobFolder
+from slurmrun.batch.seal import job_key, new_nonce, write_sealed
 
 REPO = Path(__file__).resolve().parents[1]
 needs_slurm_commands = pytest.mark.skipif(
@@ -115,7 +116,7 @@ def test_a_controller_host_that_does_not_resolve_is_named_at_once(tmp_path):
     # `status` asks squeue and sacct, which would retry as long each: its folder answers.
     files = JobFolder.of(tmp_path / "slurmrun_jobs", "14")
     files.path.mkdir(parents=True)
-    files.submitted_pickle.write_bytes(b"")
+    write_sealed(files.submitted_pickle, b"", key=job_key(create=True), nonce=new_nonce())
     files.cache_state("CANCELLED")
     start = time.monotonic()
     status = subprocess.run(
