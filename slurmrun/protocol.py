@@ -1,7 +1,8 @@
-"""The contract between launcher, agents and workers: variable names and messages.
+"""The contract between launcher, agents and workers: the messages.
 
 Both sides import this module and nothing of each other (the agent imports only the standard
-library and this before it forks its spawner). A message is one frame of `slurmrun.transport`:
+library, this and `slurmrun.variables`, the environment's names, before it forks its
+spawner). A message is one frame of `slurmrun.transport`:
 a JSON header whose ``"t"`` names its kind, and for some kinds a body (a pickle, or a `Log`'s
 text). Every kind is a frozen dataclass here, built with ``Kind(...).header()`` and read with
 `parse`; every message of a run carries the run's id (``run``: START gives it, the agent
@@ -99,38 +100,6 @@ __all__ = [
     "stamp",
     "start_header",
 ]
-
-# ------------------------------------------------------------ environment variables
-# Set by the launcher for its agents:
-SECRET_VAR = "SLURMRUN_SECRET"  # noqa: S105 - the variable's name, not a secret
-LAUNCHER_ADDR_VAR = "SLURMRUN_LAUNCHER_ADDR"  # also read from the user: the address to advertise
-PORT_VAR = "SLURMRUN_LAUNCHER_PORT"  # also read from the user: the port to listen on
-# "1": the secret comes on stdin, which stays open for the agent's life (ssh agents)
-SECRET_STDIN_VAR = "SLURMRUN_SECRET_STDIN"  # noqa: S105 - a variable's name
-PRELOAD_VAR = "SLURMRUN_PRELOAD"  # modules the spawner imports (comma-separated)
-# ... and those it imports only after the first run (torch when no process group is asked for)
-PRELOAD_LATER_VAR = "SLURMRUN_PRELOAD_LATER"
-# "1": the spawner imports, between runs, what the last run's workers imported
-LEARN_PRELOADS_VAR = "SLURMRUN_LEARN_PRELOADS"
-HEARTBEAT_VAR = "SLURMRUN_HEARTBEAT_INTERVAL"  # seconds between heartbeats, each way
-ENV_FILE_VAR = "SLURMRUN_ENV_FILE"  # a bash file the agent sources before forking its spawner
-# srun rewrites SLURM_TASKS_PER_NODE with the step's layout (1 per node for the agents' step),
-# so the job's own layout travels to agents under this name (comma-separated counts).
-JOB_TASKS_VAR = "SLURMRUN_JOB_TASKS_PER_NODE"
-# srun reads some of the job's variables as its options, so they travel to srun agents under
-# this name (JSON, `slurmrun.worker_env.job_vars`), for the workers to see the job's values.
-JOB_ENV_VAR = "SLURMRUN_JOB_ENV"
-# Local agents only (srun agents are known by their node name):
-NODE_RANK_VAR = "SLURMRUN_NODE_RANK"
-HOSTNAME_VAR = "SLURMRUN_HOSTNAME"
-# Set by the launcher for workers (through `Start.env`):
-RESTART_VAR = "SLURMRUN_RESTART_COUNT"
-# Set in a submitted job: signals (names, comma-separated) that workers keep ignored, as their
-# agent set them, instead of restoring the default action (SLURM's --signal=USR2@90).
-IGNORED_SIGNALS_VAR = "SLURMRUN_IGNORED_SIGNALS"
-# Set in a submitted job (octal): the umask workers take, the submitter's; the job's own
-# processes run under 077, so that what they write into the job's folder is private.
-WORKER_UMASK_VAR = "SLURMRUN_WORKER_UMASK"
 
 # Heartbeats (each way) per heartbeat timeout: the interval is the timeout divided by this.
 HEARTBEATS_PER_TIMEOUT = 5

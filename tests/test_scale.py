@@ -19,7 +19,7 @@ import time
 import pytest
 
 import slurmrun
-from slurmrun import handlers, protocol
+from slurmrun import handlers, protocol, variables
 from slurmrun.authentication import (
     ServerChallenge,
     client_handshake,
@@ -116,11 +116,11 @@ def test_an_agent_that_cannot_reach_its_launcher_exits_1_naming_its_host() -> No
     with _refusing_port() as server:
         env = {
             **os.environ,
-            protocol.SECRET_VAR: new_secret().hex(),
-            protocol.LAUNCHER_ADDR_VAR: "127.0.0.1",
-            protocol.PORT_VAR: str(server.getsockname()[1]),
-            protocol.PRELOAD_VAR: "",
-            protocol.HOSTNAME_VAR: "refused-node",
+            variables.SECRET_VAR: new_secret().hex(),
+            variables.LAUNCHER_ADDR_VAR: "127.0.0.1",
+            variables.PORT_VAR: str(server.getsockname()[1]),
+            variables.PRELOAD_VAR: "",
+            variables.HOSTNAME_VAR: "refused-node",
             CONNECT_RETRY_VAR: "1",
         }
         proc = subprocess.run(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmrun import launcher, protocol
+from slurmrun import launcher, variables
 from slurmrun.launcher import srun
 from slurmrun.launcher.plan import Plan, job_nodes
 from slurmrun.launcher.starters import SrunAgents
@@ -181,7 +181,7 @@ def test_the_launch_environment_has_the_mapping_and_not_the_driver_step(monkeypa
     export = next(p for p in starter.command if p.startswith("--export="))
     assert "FROM_MAPPING" in export.split("=", 1)[1].split(",")
     assert env["FROM_MAPPING"] == "mapped value"
-    assert env[protocol.JOB_TASKS_VAR] == "1,1,1"  # the job's tasks per node, not the step's
+    assert env[variables.JOB_TASKS_VAR] == "1,1,1"  # the job's tasks per node, not the step's
     for name in ("SLURM_CPUS_PER_TASK", "SLURM_GPUS_PER_TASK", "SLURM_MEM_PER_CPU", "SLURM_NTASKS"):
         assert name not in env
     assert any(p.startswith("--output=") for p in starter.command)

@@ -38,9 +38,9 @@ from slurmrun.launcher import Launcher
 from slurmrun.log_dirs import LOG_DIR_VAR
 from slurmrun.pickling import dumps_inband, loads
 from slurmrun.private import PRIVATE_UMASK, SLURM_UMASK_VAR
-from slurmrun.protocol import IGNORED_SIGNALS_VAR, WORKER_UMASK_VAR
 from slurmrun.slurm.job import own_job_id
 from slurmrun.slurm.job_end import preemption
+from slurmrun.variables import IGNORED_SIGNALS_VAR, WORKER_UMASK_VAR
 
 __all__ = ["JobCall", "Outcome"]
 

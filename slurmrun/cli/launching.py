@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from slurmrun.cli.helptext import usage_text
 from slurmrun.cli.script import ScriptExit, run_script
 from slurmrun.errors import OptionsError, RemoteTraceback, WorkerFailedError
-from slurmrun.protocol import PRELOAD_VAR
+from slurmrun.variables import PRELOAD_VAR
 
 if TYPE_CHECKING:
     from slurmrun.cli.command import Command

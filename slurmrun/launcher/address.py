@@ -16,7 +16,7 @@ from slurmrun.errors import OptionsValueError
 from slurmrun.launcher import srun
 from slurmrun.launcher.listener import LISTEN_BACKLOG
 from slurmrun.launcher.ssh import ssh_hostname
-from slurmrun.protocol import LAUNCHER_ADDR_VAR, PORT_VAR
+from slurmrun.variables import LAUNCHER_ADDR_VAR, PORT_VAR
 
 __all__ = ["Address", "launcher_address", "listen", "wanted_port"]
 

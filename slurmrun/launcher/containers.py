@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from slurmrun.errors import OptionsTypeError, OptionsValueError
-from slurmrun.protocol import SECRET_VAR
+from slurmrun.variables import SECRET_VAR
 from slurmrun.versions import slurmrun_version
 
 if TYPE_CHECKING:

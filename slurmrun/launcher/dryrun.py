@@ -21,8 +21,8 @@ from slurmrun.launcher.ssh import SshAgents
 from slurmrun.launcher.starters import SrunAgents, local_agent_env
 from slurmrun.launcher.startup import agent_start
 from slurmrun.log_dirs import resolve_log_dir
-from slurmrun.protocol import JOB_ENV_VAR, JOB_TASKS_VAR, SECRET_VAR
 from slurmrun.slurm.job import agent_auto_workers, env_job_id
+from slurmrun.variables import JOB_ENV_VAR, JOB_TASKS_VAR, SECRET_VAR
 from slurmrun.worker_env import preview
 
 if TYPE_CHECKING:

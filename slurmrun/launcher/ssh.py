@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from slurmrun.launcher.containers import PLAIN, AgentCommand
 from slurmrun.launcher.starters import HostAgents, local_agent_env, package_pythonpath, wait_exit
-from slurmrun.protocol import SECRET_STDIN_VAR, SECRET_VAR
+from slurmrun.variables import SECRET_STDIN_VAR, SECRET_VAR
 
 __all__ = ["SshAgents", "ssh_command", "ssh_hostname", "stdin_block"]
 

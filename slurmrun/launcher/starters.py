@@ -13,7 +13,7 @@ from typing import IO, Any, Protocol
 
 from slurmrun.launcher.containers import PLAIN
 from slurmrun.logs import agent_log_path, host_labels
-from slurmrun.protocol import HOSTNAME_VAR, NODE_RANK_VAR
+from slurmrun.variables import HOSTNAME_VAR, NODE_RANK_VAR
 from slurmrun.waiting import wait_readable
 
 __all__ = [

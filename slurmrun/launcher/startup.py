@@ -16,10 +16,10 @@ from slurmrun.environment import user_env
 from slurmrun.launcher import srun
 from slurmrun.launcher.ssh import SshAgents
 from slurmrun.launcher.starters import AgentStarter, LocalAgents, package_pythonpath
-from slurmrun.protocol import (
+from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
+from slurmrun.variables import (
     ENV_FILE_VAR,
     HEARTBEAT_VAR,
-    HEARTBEATS_PER_TIMEOUT,
     JOB_ENV_VAR,
     JOB_TASKS_VAR,
     LAUNCHER_ADDR_VAR,

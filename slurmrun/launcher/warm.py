@@ -34,8 +34,8 @@ from slurmrun.launcher.startup import agent_start, silence
 from slurmrun.launcher.watch import StacksWanted
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.logs import log_level
-from slurmrun.protocol import RESTART_VAR
 from slurmrun.result import LaunchResult
+from slurmrun.variables import RESTART_VAR
 from slurmrun.worker_env import flight_recorder_vars, restart_vars
 
 if TYPE_CHECKING:

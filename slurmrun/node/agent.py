@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from slurmrun import protocol
+from slurmrun import protocol, variables
 from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff, client_handshake
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.node.kept import KeptWorkers, lost_after
@@ -42,9 +42,10 @@ from slurmrun.node.relay import Relay, WorkerLink
 from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
 from slurmrun.node.supervisor import RunWorkers, no_stacks
-from slurmrun.protocol import HEARTBEAT_VAR, HEARTBEATS_PER_TIMEOUT
+from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
 from slurmrun.slurm.job import agent_auto_workers
 from slurmrun.transport import Frame, bound_unacknowledged_sends
+from slurmrun.variables import HEARTBEAT_VAR
 from slurmrun.versions import protocol_fingerprint, slurmrun_version, where_installed
 
 __all__ = ["Agent", "RunEnds", "main"]
@@ -393,8 +394,8 @@ def main(secret: bytes, spawner: Spawner | str) -> int:
 
 def _run(secret: bytes, spawner: Spawner | str) -> int:
     problem = spawner if isinstance(spawner, str) else None
-    addr = os.environ[protocol.LAUNCHER_ADDR_VAR]
-    port = int(os.environ[protocol.PORT_VAR])
+    addr = os.environ[variables.LAUNCHER_ADDR_VAR]
+    port = int(os.environ[variables.PORT_VAR])
     heartbeat = float(os.environ.get(HEARTBEAT_VAR, "1.0"))
     silence = heartbeat * HEARTBEATS_PER_TIMEOUT
     hostname = node_name(os.environ)
@@ -427,7 +428,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     store_port = StorePort(sock.getsockname()[0])
     hello = protocol.Hello(
         hostname=hostname,
-        node_rank=int(os.environ.get(protocol.NODE_RANK_VAR, "-1")),
+        node_rank=int(os.environ.get(variables.NODE_RANK_VAR, "-1")),
         addr=sock.getsockname()[0],
         auto_workers=agent_auto_workers(os.environ, hostname) if problem is None else 0,
         master_port=store_port.port,

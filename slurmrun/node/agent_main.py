@@ -18,7 +18,7 @@ import threading
 from slurmrun.environment import FORWARDED_SIGNALS, EnvFileError, source_env_file
 from slurmrun.node.proctitle import AGENT_COMM, node_name, set_title
 from slurmrun.node.spawner import Spawner, forget_variable
-from slurmrun.protocol import (
+from slurmrun.variables import (
     ENV_FILE_VAR,
     LEARN_PRELOADS_VAR,
     PRELOAD_LATER_VAR,

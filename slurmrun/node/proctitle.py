@@ -32,7 +32,7 @@ import socket
 from collections.abc import Mapping
 from typing import Any
 
-from slurmrun.protocol import HOSTNAME_VAR
+from slurmrun.variables import HOSTNAME_VAR
 
 __all__ = [
     "AGENT_COMM",

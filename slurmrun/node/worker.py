@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
-from slurmrun import protocol, worker_env
+from slurmrun import protocol, variables, worker_env
 from slurmrun.node import debugger, inbox, preloads
 from slurmrun.node.proctitle import set_title, what_runs, worker_comm, worker_title
 from slurmrun.output import MAX_LINE, log_frame
@@ -147,13 +147,13 @@ def _set_environment(spec: WorkerSpec) -> None:
         pid=os.getpid(),
     )
     values, removed = worker_env.worker_changes(
-        os.environ, place, os.environ.get(protocol.JOB_ENV_VAR)
+        os.environ, place, os.environ.get(variables.JOB_ENV_VAR)
     )
     for name in removed:
         os.environ.pop(name, None)
     os.environ.update(values)
     _match_thread_count(os.environ.get("OMP_NUM_THREADS"))
-    mask = os.environ.get(protocol.WORKER_UMASK_VAR, "")
+    mask = os.environ.get(variables.WORKER_UMASK_VAR, "")
     if mask.isdigit():  # a submitted job's: the submitter's umask, not the job's private one
         os.umask(int(mask, 8) & 0o777)
         os.environ["SLURM_UMASK"] = mask  # for the steps and jobs the function starts
@@ -374,7 +374,7 @@ def _default_user_signals() -> None:
     The agent ignores them; the user's code decides, unless the launch says they stay
     ignored (a submitted job: SLURM's --signal=USR2@90 must not kill its workers).
     """
-    keep = os.environ.get(protocol.IGNORED_SIGNALS_VAR, "").split(",")
+    keep = os.environ.get(variables.IGNORED_SIGNALS_VAR, "").split(",")
     for signum in (signal.SIGUSR1, signal.SIGUSR2):
         if signum.name not in keep:
             signal.signal(signum, signal.SIG_DFL)

@@ -13,7 +13,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from slurmrun.devices import usable_cpu_count, visible_gpu_count
-from slurmrun.protocol import JOB_TASKS_VAR
 from slurmrun.slurm.notation import expand_hostlist, requested_gpus
 from slurmrun.slurm.scontrol import (
     SCONTROL_SOURCE,
@@ -21,6 +20,7 @@ from slurmrun.slurm.scontrol import (
     parse_scontrol_gpus,
     scontrol_show_job,
 )
+from slurmrun.variables import JOB_TASKS_VAR
 from slurmrun.worker_env import expand_counts
 
 __all__ = [
@@ -316,7 +316,7 @@ def agent_auto_workers(environ: Mapping[str, str], hostname: str) -> int:
     """`auto_workers_per_host` for an agent on `hostname`, from the agent's environment.
 
     An srun agent is a task of the agents' step, where ``SLURM_TASKS_PER_NODE`` describes
-    that step: the job's own layout comes from the launcher (`protocol.JOB_TASKS_VAR`). The
+    that step: the job's own layout comes from the launcher (`variables.JOB_TASKS_VAR`). The
     node list is job-level; scontrol is not asked here (every agent of a large job would ask
     the controller at once).
     """
