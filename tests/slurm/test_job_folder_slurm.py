@@ -107,6 +107,7 @@ def test_a_jobs_folder_and_files_are_private_whatever_the_umask(
         assert stat.S_IMODE(os.stat(out / f"rank{rank}").st_mode) == 0o666 & ~mask
 
 
+@pytest.mark.quick
 def test_another_users_folder_is_refused_before_anything_is_submitted(
     slurm_cluster, tmp_path, monkeypatch, shared
 ):

@@ -87,6 +87,7 @@ def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.quick
 def test_a_replaced_call_never_runs_on_the_node(slurm_cluster, funcs, tmp_path):
     marker = tmp_path / "pwned_on_node"
     job = slurmrun.submit(
