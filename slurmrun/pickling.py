@@ -23,6 +23,12 @@ range its tensors in this object span (from the lowest to the highest byte any o
 reaches, so sharing survives). Finding that range takes a pass over the object first, so the
 pickle is made twice when the cut saves `TRIM_MIN_BYTES` or more, and when the first pass
 would have to copy (GPU storages, in-band pickles): the first pass then sends placeholders.
+
+Code objects keep the file they came from. cloudpickle 3 renames the file of every function it
+pickles by value (those of the driver script, a notebook, closures) to ``"<dynamic-code>"``,
+which leaves tracebacks, pdb and stack dumps on the worker without the user's path and source
+lines; each code object (nested ones included) is sent here with its ``co_filename`` and gets
+it back on arrival, whatever cloudpickle's version.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import ctypes
 import io
 import pickle
 import sys
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,6 +118,16 @@ def _rebuild_tensor(  # noqa: PLR0917 - pickle calls it with positional argument
     return tensor.requires_grad_() if requires_grad else tensor
 
 
+# cloudpickle's own reducer of code objects (the same table in 2.x and 3.x): its result is
+# rebuilt and then given back the file name that cloudpickle 3 replaces.
+_reduce_code = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+def _rebuild_code(make: Any, args: tuple[Any, ...], filename: str) -> types.CodeType:
+    code: types.CodeType = make(*args)
+    return code if code.co_filename == filename else code.replace(co_filename=filename)
+
+
 class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships no type hints
     """cloudpickle, plus plain CPU/GPU tensors as their storages' raw bytes, out of band.
 
@@ -136,6 +153,9 @@ class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]  # cloudpickle ships 
         self.deferred = None if self._in_band else deferred
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            make, args = _reduce_code(obj)
+            return (_rebuild_code, (make, args, obj.co_filename))
         torch = sys.modules.get("torch")
         if torch is not None:
             if type(obj) is _Storage:

@@ -14,12 +14,19 @@
 #          installed --no-deps plus its declared dependencies but torch (PyPI's torch for 3.10
 #          is a multi-GB CUDA build): the same launches with backend=None, without tensors.
 #
+# The dependencies whose version changes what a user sees get both ends of their declared range:
+# the torch leg takes the newest (as pip resolves it), the py310 leg the oldest allowed
+# (OLDEST_OF: `name>=X` in pyproject.toml is installed as `name==X`). cloudpickle is one: 3.x
+# renames the file of functions it pickles by value, and smoke.py checks that a worker's
+# traceback still names the script, its line and source.
+#
 # A dependency that slurmrun uses but pyproject.toml does not declare fails here. Each leg
 # prints its time; the script exits non-zero if any leg failed, and removes its venvs.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TORCH_PIN=2.13.0
+OLDEST_OF=(cloudpickle)
 say() { echo "tests/fresh_venv.sh: $*" >&2; }
 
 [ $# -gt 0 ] || set -- torch py310
@@ -37,13 +44,22 @@ cp "$ROOT/tests/smoke/smoke.py" "$ROOT/tests/smoke/examples.py" "$WORK/"
 mkdir -p "$WORK/docs-copy"
 cp -r "$ROOT/README.md" "$ROOT/examples" "$WORK/docs-copy/"
 
-# The declared dependencies but torch, read from pyproject.toml (for the leg without torch).
+# The declared dependencies but torch, read from pyproject.toml (for the leg without torch),
+# those named in OLDEST_OF pinned to their declared minimum.
 deps_without_torch() {
-  python3 - "$SRC/pyproject.toml" <<'EOF'
+  python3 - "$SRC/pyproject.toml" "${OLDEST_OF[@]}" <<'EOF'
 import re, sys, tomllib
 with open(sys.argv[1], "rb") as f:
     deps = tomllib.load(f)["project"]["dependencies"]
-print("\n".join(d for d in deps if re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0] != "torch"))
+for dep in deps:
+    name = re.split(r"[\s<>=!~\[;]", dep, maxsplit=1)[0]
+    if name in sys.argv[2:]:
+        floor = re.fullmatch(re.escape(name) + r"\s*>=\s*([\w.]+)", dep)
+        if floor is None:
+            sys.exit(f"tests/fresh_venv.sh: {dep!r} in pyproject.toml has no `>=` minimum to pin")
+        dep = f"{name}=={floor.group(1)}"
+    if name != "torch":
+        print(dep)
 EOF
 }
 
@@ -68,8 +84,9 @@ install_torch() { # VENV: torch pinned, slurmrun with its declared dependencies
 }
 
 install_py310() { # VENV: the declared dependencies but torch, then slurmrun without them
-  local deps
-  mapfile -t deps < <(deps_without_torch)
+  local deps listed
+  listed="$(deps_without_torch)" || return
+  mapfile -t deps <<<"$listed"
   "$1/bin/pip" install -q "${deps[@]}" || return
   "$1/bin/pip" install -q --no-deps "$SRC"
 }

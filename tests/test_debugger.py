@@ -173,6 +173,44 @@ def test_two_ranks_at_breakpoints_take_turns_in_a_warm_launcher(tmp_path: Path) 
     _none_left_in(tmp_path)
 
 
+LISTED_DRIVER = """
+import slurmrun
+
+
+def work():
+    before = "a line pdb lists"
+    breakpoint()
+    return before  # the line pdb stops at
+
+
+if __name__ == "__main__":
+    print("returned", slurmrun.launch(work, workers_per_host=1, backend=None).values())
+"""
+
+
+def test_pdb_in_a_function_of_the_driver_script_names_and_lists_its_source(
+    tmp_path: Path,
+) -> None:
+    # The function is pickled by value (cloudpickle 3 renames its file "<dynamic-code>"):
+    # pdb must still show the script's path and line, and `l`/`ll` its source.
+    driver = tmp_path / "driver.py"
+    driver.write_text(LISTED_DRIVER)
+    child = _spawn(tmp_path, "driver.py")
+    child.expect_exact(f"> {driver}(8)work()")
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline("l")
+    child.expect(r"  6  \s+before = \"a line pdb lists\"")
+    child.expect(r"  8  ->\s+return before  # the line pdb stops at")
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline("ll")
+    child.expect(r"  5  \s+def work\(\):")
+    child.expect_exact("(Pdb) [localhost rank 0] ")
+    child.sendline("c")
+    child.expect_exact("returned ['a line pdb lists']")
+    assert _finish(child) == 0
+    _none_left_in(tmp_path)
+
+
 def test_ctrl_c_during_a_session_ends_the_run(tmp_path: Path) -> None:
     (tmp_path / "script.py").write_text(SCRIPT)
     child = _spawn(tmp_path, "-m", "slurmrun", "--workers-per-host", "2", "script.py")

@@ -95,6 +95,57 @@ def test_stacks_from_another_thread_group_the_ranks_and_show_the_odd_one(
     assert results and results[0].return_values == [[0, 1, 2]]  # type: ignore[attr-defined]
 
 
+WAITING_DRIVER = """\
+import pathlib
+import sys
+import threading
+import time
+
+import slurmrun
+
+
+def waiting(flag):
+    pathlib.Path(flag + ".started").touch()
+    while not pathlib.Path(flag).exists():
+        time.sleep(0.05)  # the line the stacks show
+    return 1
+
+
+if __name__ == "__main__":
+    flag = sys.argv[1]
+    with slurmrun.Launcher(workers_per_host=1, backend=None) as launcher:
+        runner = threading.Thread(target=launcher.run, args=(waiting, (flag,)))
+        runner.start()
+        while not pathlib.Path(flag + ".started").exists():
+            time.sleep(0.05)
+        report = launcher.stacks(timeout=10)
+        pathlib.Path(flag).touch()
+        runner.join(60)
+    print(report.format())
+"""
+
+
+def test_stacks_of_a_function_of_the_driver_script_name_its_file_and_line(
+    tmp_path: Path,
+) -> None:
+    # The function is pickled by value (cloudpickle 3 renames its file "<dynamic-code>").
+    driver = tmp_path / "driver.py"
+    driver.write_text(WAITING_DRIVER)
+    done = subprocess.run(
+        [sys.executable, str(driver), str(tmp_path / "flag")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 (localhost): waiting (driver.py:12)" in done.stdout, done.stdout
+    assert f'  File "{driver}", line 12, in waiting\n' in done.stdout, done.stdout
+    assert "    time.sleep(0.05)  # the line the stacks show\n" in done.stdout, done.stdout
+
+
 def hold_the_gil(started: str) -> str:
     """Seconds in C code that holds the GIL (a regex backtracking): no thread can answer."""
     import pathlib

@@ -48,6 +48,29 @@ def test_submit_runs_the_launch_on_every_node_of_a_new_job(slurm_cluster, tmp_pa
     assert result.values() == [("node1", 0, 6.0), ("node2", 1, 6.0), ("node3", 2, 6.0)]
 
 
+def test_a_function_shipped_by_value_keeps_its_file_line_and_source_in_the_traceback(
+    slurm_cluster, tmp_path
+):
+    # A local function is pickled by value twice (to the job, then by the job's launcher to
+    # its workers); cloudpickle 3 would name its file "<dynamic-code>" on the way.
+    def fails_in_the_job():
+        raise KeyError("raised in the job")  # the raising line
+
+    job = slurmrun.submit(
+        fails_in_the_job,
+        nodes=1,
+        folder=tmp_path / "%j",
+        time_min=3,
+        slurm_parameters={"job_name": "slurmrun-test"},
+    )
+    with pytest.raises(KeyError, match="raised in the job") as info:
+        _wait(job, timeout=120)
+    text = str(info.value.__cause__)
+    line = fails_in_the_job.__code__.co_firstlineno + 1
+    assert f'File "{__file__}", line {line}, in fails_in_the_job' in text, text
+    assert 'raise KeyError("raised in the job")  # the raising line' in text, text
+
+
 def test_submit_rejects_a_bad_call_before_submitting(slurm_cluster, tmp_path):
     with pytest.raises(ValueError, match="workers_per_host must be at least 1"):
         slurmrun.submit(print, launcher=slurmrun.Launcher(workers_per_host=0), folder=tmp_path)
