@@ -113,7 +113,9 @@ def submit(
         The job's handle (`SubmittedLaunch`), or with `dry_run` a `SubmitDryRun`.
 
     Raises:
-        TypeError, ValueError: bad options or an unpicklable call, before submitting: every
+        TypeError, ValueError: bad options or an unpicklable call, before submitting (a
+            misspelt keyword names its closest, a launch option says it belongs to
+            ``launcher=slurmrun.Launcher(...)``): every
             check that the launch makes in the job (`Launcher.dry_run`'s) that needs no
             allocation, such as ``min_hosts`` without ``max_restarts`` (an `OptionsError`).
         slurmrun.batch.JobFolderError: `folder` is not yours alone: another user owns it, or

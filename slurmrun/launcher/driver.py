@@ -219,7 +219,9 @@ def launch(
         Every worker's return value, as `Launcher.run`.
 
     Raises:
-        OptionsValueError, OptionsTypeError: bad options or a bad call, before anything starts.
+        OptionsValueError, OptionsTypeError: bad options or a bad call, before anything starts;
+            a misspelt option names its closest (``launch() got an unexpected keyword
+            argument 'worker_per_host': did you mean workers_per_host?``).
         Exception: what `Launcher.run` raises.
 
     Example:
