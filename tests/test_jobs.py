@@ -413,10 +413,14 @@ def test_cli_submit_refuses_bad_options_before_submitting(tmp_path, capsys):
         assert message in capsys.readouterr().err, argv
     assert main(["submit", *folder, "-m", "no_such_module_here"]) == 2
     assert "No module named 'no_such_module_here'" in capsys.readouterr().err
-    for argv in (["--sbatch", "=x"], ["--backend", "fast"], ["--time", "1h"]):
+    for argv in (["--sbatch", "=x"], ["--time", "1h"]):  # the verb's own: argparse exits
         with pytest.raises(SystemExit) as info:
             main(["submit", *folder, *argv, str(script)])
         assert info.value.code == 2, argv
+    assert main(["submit", *folder, "--backend", "fast", str(script)]) == 2
+    assert "slurmrun submit: error: argument --backend: invalid value 'fast'" in (
+        capsys.readouterr().err
+    )
     assert not (tmp_path / "jobs").exists()
 
 

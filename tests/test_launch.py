@@ -480,7 +480,7 @@ def test_unpicklable_func_is_rejected_before_anything_starts():
         ({"hostnames": ["localhost", ""]}, ValueError, "non-empty strings"),
         ({"workers_per_host": 0}, ValueError, "at least 1"),
         ({"workers_per_host": -2}, ValueError, "at least 1"),
-        ({"workers_per_host": [1, 2]}, ValueError, "2 entries but hostnames has 1"),
+        ({"workers_per_host": [1, 2]}, ValueError, r"2 counts \(1 2\) but hostnames names 1 host"),
         (
             {"hostnames": ["localhost"], "workers_per_host": [1, 0]},
             ValueError,

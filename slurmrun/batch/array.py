@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from slurmrun.batch.handle import SubmittedLaunch
-from slurmrun.batch.job_resources import JobOptions, JobResources
+from slurmrun.batch.job_resources import JobOptions, job_resources
 from slurmrun.batch.submit import JobSpec, SubmitDryRun
 from slurmrun.launcher import Launcher
 from slurmrun.slurm.cluster import check_slurm
@@ -99,7 +99,7 @@ def submit_array(
     ):
         raise ValueError(f"max_parallel must be a positive int or None, got {max_parallel!r}")
     spec = JobSpec.make(
-        launcher, func, calls[0], func_kwargs, folder=folder, job=JobResources(**job)
+        launcher, func, calls[0], func_kwargs, folder=folder, job=job_resources("submit_array", job)
     )
     job_calls = []
     for k, args in enumerate(calls):  # each pickles (or raises) before anything is submitted

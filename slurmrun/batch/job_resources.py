@@ -14,8 +14,9 @@ from typing import Any, TypedDict
 
 from slurmrun import resources as named_resources
 from slurmrun.batch.requeue import Requeue
+from slurmrun.keywords import check_keywords
 
-__all__ = ["JobOptions", "JobResources"]
+__all__ = ["JobOptions", "JobResources", "job_resources"]
 
 
 class JobOptions(TypedDict, total=False):
@@ -103,6 +104,20 @@ class JobResources:
     def requeue_policy(self) -> Requeue | None:
         """The `Requeue` policy that `requeue` asks for, or None to never requeue."""
         return Requeue() if self.requeue is True else self.requeue or None
+
+
+def job_resources(call: str, job: Mapping[str, Any]) -> JobResources:
+    """The `JobResources` of `call`'s (``"submit"``'s) job keywords, each name checked first.
+
+    Raises:
+        OptionsTypeError: a keyword is no field (``did you mean nodes?``), or a launch option
+            (``workers_per_host``: it belongs to ``launcher=slurmrun.Launcher(...)``).
+    """
+    from slurmrun.launcher.options import option_names  # noqa: PLC0415 - the launcher's side
+
+    elsewhere = {name: f"launcher=slurmrun.Launcher({name}=...)" for name in option_names()}
+    check_keywords(call, job, [f.name for f in dataclasses.fields(JobResources)], elsewhere)
+    return JobResources(**job)
 
 
 def _is_int(value: object) -> bool:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 from slurmrun.batch.call import JobCall
 from slurmrun.batch.folder import base_folder, check_folder
 from slurmrun.batch.handle import SubmittedLaunch
-from slurmrun.batch.job_resources import JobOptions, JobResources
+from slurmrun.batch.job_resources import JobOptions, JobResources, job_resources
 from slurmrun.batch.requeue import Requeue
 from slurmrun.batch.sbatch import batch_script
 from slurmrun.batch.seal import new_nonce
@@ -113,7 +113,9 @@ def submit(
         The job's handle (`SubmittedLaunch`), or with `dry_run` a `SubmitDryRun`.
 
     Raises:
-        TypeError, ValueError: bad options or an unpicklable call, before submitting: every
+        TypeError, ValueError: bad options or an unpicklable call, before submitting (a
+            misspelt keyword names its closest, a launch option says it belongs to
+            ``launcher=slurmrun.Launcher(...)``): every
             check that the launch makes in the job (`Launcher.dry_run`'s) that needs no
             allocation, such as ``min_hosts`` without ``max_restarts`` (an `OptionsError`).
         slurmrun.batch.JobFolderError: `folder` is not yours alone: another user owns it, or
@@ -125,7 +127,7 @@ def submit(
             or no controller answers ``scontrol ping``. The message says what to do.
     """
     spec = JobSpec.make(
-        launcher, func, func_args, func_kwargs, folder=folder, job=JobResources(**job)
+        launcher, func, func_args, func_kwargs, folder=folder, job=job_resources("submit", job)
     )
     check_slurm(ping=not dry_run)  # a dry run needs no controller (submitit needs srun)
     executor = spec.executor()

@@ -1,10 +1,10 @@
 """The ``slurmrun`` command line's shape: launcher options, then the script and its arguments.
 
 `split_command` cuts a command line where the launcher's options end (the fields of
-`slurmrun.Launcher`, parsed by tyro in `parse_launcher`) and the script's (or ``-m
-MODULE``'s) begin; `slurmrun.cli.run` (``slurmrun SCRIPT.py``) and `slurmrun.cli.submit`
-(``slurmrun submit SCRIPT.py``) both read it from here, and the verbs share the job folder's
-option (`DEFAULT_FOLDER`).
+`slurmrun.Launcher`, converted by `slurmrun.cli.values` in `parse_launcher`) and the
+script's (or ``-m MODULE``'s) begin; `slurmrun.cli.run` (``slurmrun SCRIPT.py``) and
+`slurmrun.cli.submit` (``slurmrun submit SCRIPT.py``) both read it from here, and the verbs
+share the job folder's option (`DEFAULT_FOLDER`).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from slurmrun.cli.values import BadOption, Spec, find_spec, parse_values, take_values
+
 if TYPE_CHECKING:
     from slurmrun.launcher import Launcher
 
 __all__ = [
     "DEFAULT_FOLDER",
-    "DESCRIPTION",
     "FOLDER_HELP",
     "Command",
     "UsageError",
@@ -32,19 +33,6 @@ __all__ = [
     "parse_launcher",
     "split_command",
 ]
-
-DESCRIPTION = """\
-Runs SCRIPT.py (or -m MODULE) as __main__ on every worker of the SLURM allocation (one per
-GPU, or per task/CPU), as a script started by torchrun: RANK, LOCAL_RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT are set and the script calls dist.init_process_group() itself
-(--backend gloo/nccl/auto: slurmrun initialises the group before the script instead).
-Everything after the script's path belongs to the script; `--` may end the launcher options.
-Exit status: 0 when every rank finished; the first failing rank's sys.exit status; 1 when a
-rank raised (its traceback is printed); 128+N when a worker was killed by signal N; 130 on
-Ctrl-C; 2 for bad options. --dry-run prints what would run and starts nothing.
-`slurmrun info` shows what slurmrun detects in this allocation. `slurmrun submit [...]
-SCRIPT.py` submits the script as a batch job; status, logs, cancel and jobs follow it."""
-
 
 DEFAULT_FOLDER = "slurmrun_jobs"
 FOLDER_HELP = f"the folder jobs are submitted into (default: ./{DEFAULT_FOLDER})"
@@ -59,7 +47,7 @@ class Command:
     """A command line split into the launcher's part and the script's part.
 
     ``own_args`` holds the options of a verb (``slurmrun submit``'s ``--nodes``...) that the
-    caller of `split_command` named; ``launcher_args`` the rest, for tyro.
+    caller of `split_command` named; ``launcher_args`` the rest, for `parse_launcher`.
     """
 
     launcher_args: list[str] = field(default_factory=list)
@@ -99,30 +87,6 @@ def launcher_options() -> list[str]:
 SHELL_WORDS = {"--srun-args": "srun_args", "--agent-prefix": "agent_prefix"}
 
 
-def _option_arity() -> dict[str, bool]:
-    """``--option`` -> whether it takes several values, from the `Launcher` fields."""
-    from slurmrun.launcher import Launcher  # noqa: PLC0415
-
-    arity = {}
-    for f in dataclasses.fields(Launcher):
-        annotation = str(f.type)  # a string: launcher.py uses `from __future__ import annotations`
-        arity["--" + f.name.replace("_", "-")] = any(
-            t in annotation for t in ("list[", "tuple[", "Mapping[")
-        )
-    return arity
-
-
-def _is_value(option: str, arg: str, taken: list[str]) -> bool:
-    """Whether `arg` is one more value of a several-valued option (the script's path is not)."""
-    if arg.startswith("-") or arg.endswith(".py"):
-        return False
-    if taken and taken[0] in ("auto", "slurm"):
-        return False  # a literal stands alone
-    if option == "--workers-per-host":
-        return arg.isdigit() or (not taken and arg in ("auto", "slurm"))
-    return True
-
-
 def _take_own(cmd: Command, arg: str, argv: list[str], i: int, own: Mapping[str, bool]) -> int:
     """Puts a verb's own option, or a `SHELL_WORDS` one, into `cmd`; returns the next index."""
     name = arg.split("=", 1)[0]
@@ -142,17 +106,19 @@ def _take_own(cmd: Command, arg: str, argv: list[str], i: int, own: Mapping[str,
 def split_command(argv: list[str], own: Mapping[str, bool] | None = None) -> Command:
     """Splits ``[launcher options] SCRIPT.py [args...]`` (or ``-m MODULE [args...]``).
 
-    A one-valued option takes the next arg; a several-valued one (``--hostnames``) takes
-    tokens up to the next option or ``*.py``; the first other arg is the script.
+    A flag (``--flight-recorder``, ``--no-flight-recorder``) takes no arg; a one-valued
+    option takes the next; a several-valued one (``--hostnames``) takes tokens up to the next
+    option or ``*.py`` (`slurmrun.cli.values.take_values`); the first other arg is the
+    script.
 
     Args:
         argv: the command line after the program's (or verb's) name.
         own: a verb's own options (option -> whether it takes a value), put in ``own_args``.
 
     Raises:
-        UsageError: ``-m`` or ``--`` ends the command line.
+        UsageError: ``-m`` or ``--`` ends the command line, or a flag is given a boolean
+            word (``--flight-recorder True``) that is no file.
     """
-    arity = _option_arity()
     own = own or {}
     cmd = Command()
     i = 0
@@ -179,20 +145,28 @@ def split_command(argv: list[str], own: Mapping[str, bool] | None = None) -> Com
             i = _take_own(cmd, arg, argv, i, own)
             continue
         cmd.launcher_args.append(arg)
-        if "=" in arg or name not in arity:
-            continue  # tyro reports unknown options
-        if not arity[name]:
-            cmd.launcher_args.extend(argv[i : i + 1])
-            i += 1
-            continue
-        # The first arg is always a value, so that tyro reports a bad one (--hostnames 2).
-        taken = argv[i : i + 1] if i < len(argv) and not argv[i].startswith("-") else []
-        i += len(taken)
-        while i < len(argv) and _is_value(name, argv[i], taken):
-            taken.append(argv[i])
-            i += 1
+        spec = None if "=" in arg else find_spec(name)
+        if spec is None:
+            continue  # parse_launcher reports unknown options
+        if spec.flag:
+            _check_flag_word(spec, arg, argv[i : i + 1])
+        taken, i = take_values(spec, argv, i)
         cmd.launcher_args.extend(taken)
     return cmd
+
+
+def _check_flag_word(spec: Spec, arg: str, after: list[str]) -> None:
+    """Refuses ``--flight-recorder True``: a flag takes no value, and True is no script.
+
+    Raises:
+        UsageError: a boolean word, not a file, follows the flag `arg`.
+    """
+    if after and after[0] in ("True", "False", "true", "false") and not os.path.exists(after[0]):
+        raise UsageError(
+            f"argument {arg}: takes no value (got {after[0]!r}, which would be the script): "
+            f"{spec.option} turns it on, {spec.off} turns it off "
+            f"(e.g. slurmrun {spec.option if after[0].lower() == 'true' else spec.off} train.py)"
+        )
 
 
 def check_target(cmd: Command) -> None:
@@ -216,20 +190,19 @@ def check_target(cmd: Command) -> None:
 def parse_launcher(
     args: list[str], prog: str = "slurmrun", words: Mapping[str, tuple[str, ...]] | None = None
 ) -> Launcher:
-    """The `Launcher` of the launcher options `args` (tyro exits with 2 on bad ones).
+    """The `Launcher` of the launcher options `args` (`Command.launcher_args`).
 
-    Options not given keep `command_defaults`; `words` are `Command.words`.
+    Options not given keep `command_defaults`; `words` are `Command.words`. `prog` is the
+    command (``slurmrun submit``), for its own options' names in the suggestions.
+
+    Raises:
+        UsageError: an option is unknown, a flag has a value, or a value is missing or bad.
     """
-    import tyro  # noqa: PLC0415 - only the command pays for it
-
-    from slurmrun.launcher import Launcher  # noqa: PLC0415
-
-    launcher = tyro.cli(
-        Launcher, args=args, prog=prog, description=DESCRIPTION, default=command_defaults()
-    )
+    own = ["--help", "--version", "--dry-run"] if prog == "slurmrun" else ["--help"]
+    try:
+        values = parse_values(args, own)
+    except BadOption as e:
+        raise UsageError(str(e)) from None
     words = words or {}
-    return dataclasses.replace(
-        launcher,
-        srun_args=words.get("srun_args", launcher.srun_args),
-        agent_prefix=words.get("agent_prefix", launcher.agent_prefix),
-    )
+    values.update({name: value for name, value in words.items()})
+    return dataclasses.replace(command_defaults(), **values)

@@ -7,7 +7,6 @@ The launcher options' help is their `slurmrun.Launcher` field docstrings, read f
 from __future__ import annotations
 
 import ast
-import dataclasses
 import inspect
 import re
 import shlex
@@ -29,7 +28,8 @@ DESCRIPTION = [
     "GPU, or per task/CPU), as torchrun would: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and "
     "MASTER_PORT are set, and the script calls dist.init_process_group() itself (--backend "
     "makes slurmrun initialise the group before the script instead). Everything from SCRIPT "
-    "(or -m MODULE) on belongs to the script; -- may end the options.",
+    "(or -m MODULE) on belongs to the script; -- may end the options. An option that is on or "
+    "off is a flag and takes no value: --flight-recorder turns it on, --no-flight-recorder off.",
     "Exit status: 0 when every rank finished; the first failing rank's sys.exit status; 1 when "
     "a rank raised (its traceback is printed); 128+N when a worker was killed by signal N; 130 "
     "on Ctrl-C; 2 for bad options. slurmrun VERB --help shows a verb's options.",
@@ -43,19 +43,6 @@ OWN_OPTIONS = [
         "its arguments) and start nothing",
     ),
 ]
-# What each launcher option takes; a field missing here shows VALUE.
-METAVARS = {
-    "hostnames": "auto|slurm|HOST...",
-    "workers_per_host": "auto|slurm|N...",
-    "backend": "auto|nccl|gloo|mpi|ucc|None",
-    "timeout": "SECONDS",
-    "default_env_vars": "PATTERN...",
-    "extra_env_vars": "PATTERN|NAME=VALUE...",
-    "env_file": "FILE",
-    "max_restarts": "N",
-    "heartbeat_timeout": "SECONDS",
-    "ssh_config_file": "FILE",
-}
 HELP_COLUMN = 24  # where an option's help starts when its name is short enough
 MAX_WIDTH = 100
 
@@ -117,20 +104,22 @@ def field_docstrings(cls: type) -> dict[str, str]:
 def _launcher_options() -> list[tuple[str, str]]:
     """(``--option METAVAR``, plain help with the command's default) per launcher option."""
     from slurmrun.cli.command import command_defaults  # noqa: PLC0415
+    from slurmrun.cli.values import option_specs  # noqa: PLC0415
     from slurmrun.launcher.options import Options  # noqa: PLC0415
 
     defaults = command_defaults()
     docs = field_docstrings(Options)  # `Launcher`'s fields are declared in `Options`
-    shown = [f for f in dataclasses.fields(Options) if "Suppress" not in str(f.type)]
-    names = frozenset(f.name for f in shown)
+    specs = option_specs().values()
+    names = frozenset(spec.name for spec in specs)
     options = []
-    for f in shown:
-        text = plain(docs.get(f.name, ""), names)
-        default = _default_text(getattr(defaults, f.name))
+    for spec in specs:
+        text = plain(docs.get(spec.name, ""), names)
+        value = getattr(defaults, spec.name)
+        default = ("on" if value else "off") if spec.flag else _default_text(value)
         if default:
             text += f" (default: {default})"
-        option = "--" + f.name.replace("_", "-")
-        options.append((f"{option} {METAVARS.get(f.name, 'VALUE')}", text))
+        name = f"{spec.option}, {spec.off}" if spec.flag else f"{spec.option} {spec.metavar}"
+        options.append((name, text))
     return options
 
 

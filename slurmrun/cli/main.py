@@ -3,10 +3,11 @@
 The verbs are the table `slurmrun.cli.verbs.VERBS`; without one, ``slurmrun [OPTIONS]
 SCRIPT.py [ARGS...]`` runs a script on every worker. See ``docs/cli.md``.
 
-Two parsers, on purpose: tyro parses the launcher options (`slurmrun.cli.command`), as it
-builds them from `slurmrun.Launcher`'s fields (their types, defaults and docstrings), so a new
-field is a new option with nothing else to write; argparse parses each verb's few options of
-its own (``submit --nodes``, ``logs --follow``, ``info --json``), which are no dataclass's.
+Two parsers, on purpose: the launcher options are `slurmrun.Launcher`'s fields, converted by
+their types (`slurmrun.cli.values`), so a new field is a new option with nothing else to
+write; argparse parses each verb's few options of its own (``submit --nodes``, ``logs
+--follow``, ``info --json``), which are no dataclass's. Both answer a bad command line in
+argparse's style (``slurmrun: error: ...``, status 2).
 `slurmrun.cli.command.split_command` cuts a command line between the two.
 """
 
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         The verb's exit status; without a verb (running a script): 0 when every rank
         finished (and after ``--help``, ``--version``); the first failing rank's ``sys.exit``
         status; 1 when a rank raised; 128+N for a worker killed by signal N; 130 on Ctrl-C;
-        2 for bad options (tyro and argparse exit with 2 themselves). When what reads its
+        2 for bad options (argparse exits with 2 itself). When what reads its
         output has gone (``slurmrun status 2 | head -1``), it stops printing quietly, as
         other Unix tools: a verb ends with 141 (128+SIGPIPE); a launch runs on, and its
         status is the run's.

@@ -1,6 +1,6 @@
 """``slurmrun [launcher options] SCRIPT.py [args...]`` (or ``-m MODULE``): the command's run.
 
-The launcher options are the fields of `slurmrun.Launcher`, parsed by tyro
+The launcher options are the fields of `slurmrun.Launcher`
 (`slurmrun.cli.command.parse_launcher`); everything from the script's path (or ``-m MODULE``)
 on belongs to the script, as with ``python`` and ``torchrun``. The script runs on every
 worker through `slurmrun.cli.script.run_script` (`slurmrun.cli.launching`). See ``docs/cli.md``.
@@ -25,7 +25,7 @@ def main(argv: list[str]) -> int:
     Returns:
         0 when every rank finished (and after ``--help``, ``--version``); the first failing
         rank's ``sys.exit`` status; 1 when a rank raised; 128+N for a worker killed by signal
-        N; 130 on Ctrl-C; 2 for bad options (tyro exits with 2 itself).
+        N; 130 on Ctrl-C; 2 for bad options (``slurmrun: error: ...``, as argparse).
     """
     try:
         cmd = split_command(argv)
@@ -36,8 +36,8 @@ def main(argv: list[str]) -> int:
         asked_help = {"-h", "--help"} & set(cmd.launcher_args)
         print(help_text() if asked_help else f"slurmrun {slurmrun_version()}")
         return 0
-    launcher = parse_launcher(cmd.launcher_args, words=cmd.words)
     try:
+        launcher = parse_launcher(cmd.launcher_args, words=cmd.words)
         check_target(cmd)
     except UsageError as e:
         return usage_error(str(e))

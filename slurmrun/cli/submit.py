@@ -160,8 +160,8 @@ def main(argv: list[str]) -> int:
         parser.print_help()
         return 0
     args = parser.parse_args(cmd.own_args)  # exits with 2 on bad options
-    launcher = parse_launcher(cmd.launcher_args, prog="slurmrun submit", words=cmd.words)
     try:
+        launcher = parse_launcher(cmd.launcher_args, prog="slurmrun submit", words=cmd.words)
         check_target(cmd)
         _check_job_launcher(launcher)
         elements = None if args.array is None else read_array_file(args.array)

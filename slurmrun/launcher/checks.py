@@ -134,9 +134,12 @@ def _validate_workers(w: object, h: object) -> None:
                 f"workers_per_host must list positive ints (one per host), got {w!r}"
             )
         if isinstance(h, list | tuple) and len(w) != len(h):
+            names = "1 host" if len(h) == 1 else f"{len(h)} hosts"
             raise OptionsValueError(
-                f"workers_per_host has {len(w)} entries but hostnames has {len(h)}: give one "
-                "count per host, or a single int for all"
+                f"workers_per_host has {len(w)} counts ({' '.join(map(str, w))}) but hostnames "
+                f"names {names} ({', '.join(h)}): give one count per host, or one count for "
+                f"every host (workers_per_host={w[0]}; on the command line --workers-per-host "
+                f"{w[0]})"
             )
 
 

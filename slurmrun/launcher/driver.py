@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from slurmrun.keywords import check_keywords
 from slurmrun.launcher.attempts import run_launch
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.dryrun import DryRun, describe_call, plan_dry_run
-from slurmrun.launcher.options import LaunchOptions, Options
+from slurmrun.launcher.options import LaunchOptions, Options, option_names
 from slurmrun.launcher.plan import make_plan
 from slurmrun.launcher.warm import Warm
 from slurmrun.result import LaunchResult
@@ -218,7 +219,9 @@ def launch(
         Every worker's return value, as `Launcher.run`.
 
     Raises:
-        OptionsValueError, OptionsTypeError: bad options or a bad call, before anything starts.
+        OptionsValueError, OptionsTypeError: bad options or a bad call, before anything starts;
+            a misspelt option names its closest (``launch() got an unexpected keyword
+            argument 'worker_per_host': did you mean workers_per_host?``).
         Exception: what `Launcher.run` raises.
 
     Example:
@@ -226,4 +229,7 @@ def launch(
         >>> slurmrun.launch(lambda x: x * 2, (21,), workers_per_host=1).rank(0)
         42
     """
+    elsewhere = {"keep_workers": "a warm launcher: use Launcher(keep_workers=True) in a with block"}
+    allowed = [name for name in option_names() if name not in elsewhere]
+    check_keywords("launch", options, allowed, elsewhere)
     return Launcher(**options).run(func, func_args, func_kwargs)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypedDict, TypeVar
 
 from slurmrun.environment import DEFAULT_ENV_VARS
 from slurmrun.events import EventHandler
+from slurmrun.keywords import check_keywords
 
 if TYPE_CHECKING:
     import tyro
@@ -32,8 +33,9 @@ else:
 
     tyro = _Tyro()
 
-__all__ = ["Backend", "LaunchOptions", "Options"]
+__all__ = ["Backend", "LaunchOptions", "Options", "option_names"]
 
+_O = TypeVar("_O", bound="Options")
 Backend = Literal["nccl", "gloo", "mpi", "ucc", "auto"] | None
 
 
@@ -151,6 +153,20 @@ class Options:
     last run's workers imported, so that the next run's workers start with them loaded
     (packages that start threads or initialise CUDA when imported are left out; see
     `slurmrun.node.preloads`). False: workers import them at every run."""
+
+    def __new__(cls: type[_O], *args: Any, **kwargs: Any) -> _O:
+        """Refuses a misspelt option by the name of the class called (``Launcher``).
+
+        Raises:
+            OptionsTypeError: a keyword is no option (``did you mean workers_per_host?``).
+        """
+        check_keywords(cls.__name__, kwargs, option_names())
+        return super().__new__(cls)
+
+
+def option_names() -> list[str]:
+    """The options' names (`Options`' fields), in their order."""
+    return [f.name for f in fields(Options)]
 
 
 class LaunchOptions(TypedDict, total=False):

@@ -235,9 +235,11 @@ def _counts(w: int | list[int] | str, hosts: list[str]) -> list[int] | None:
     if isinstance(w, int):
         return [w] * len(hosts)
     if len(w) != len(hosts):
+        found = "1 host was found" if len(hosts) == 1 else f"{len(hosts)} hosts were found"
         raise OptionsValueError(
-            f"workers_per_host has {len(w)} entries but there are {len(hosts)} hosts "
-            f"({hosts}): give one count per host, or a single int"
+            f"workers_per_host has {len(w)} counts ({' '.join(map(str, w))}) but {found} "
+            f"({', '.join(hosts)}): give one count per host, or one count for every host "
+            f"(workers_per_host={w[0]}; on the command line --workers-per-host {w[0]})"
         )
     return list(w)
 
