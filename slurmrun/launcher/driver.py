@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from slurmrun.keywords import check_keywords
 from slurmrun.launcher.attempts import run_launch
+from slurmrun.launcher.boundary import hide_internal_frames
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.dryrun import DryRun, describe_call, plan_dry_run
 from slurmrun.launcher.options import LaunchOptions, Options, option_names
@@ -76,13 +77,19 @@ class Launcher(Options):
             AgentFailedError: an agent died, went silent, or never started.
             Exception: whatever a worker raised, re-raised with its traceback as ``__cause__``.
         """
-        kwargs = {} if func_kwargs is None else func_kwargs
-        payload = check_call(self, func, func_args, kwargs)
-        plan = make_plan(self)
-        if self._warm is not None:
-            return run_launch(self, self._warm, plan, payload)
-        with self:  # a cold launch is a warm launcher used once
-            return run_launch(self, self._opened(), plan, payload)
+        try:
+            kwargs = {} if func_kwargs is None else func_kwargs
+            payload = check_call(self, func, func_args, kwargs)
+            plan = make_plan(self)
+            if self._warm is not None:
+                return run_launch(self, self._warm, plan, payload)
+            with self:  # a cold launch is a warm launcher used once
+                return run_launch(self, self._opened(), plan, payload)
+        except BaseException as exc:
+            hide_internal_frames(exc)  # the user's call line and the worker's traceback
+            if sys.version_info < (3, 11):
+                raise exc  # noqa: TRY201 - 3.10's bare raise would bring the whole traceback back
+            raise
 
     def stacks(self, timeout: float = 10.0) -> StackReport | None:
         """Every rank's Python stacks (all threads) during a run, from another thread.
@@ -231,5 +238,11 @@ def launch(
     """
     elsewhere = {"keep_workers": "a warm launcher: use Launcher(keep_workers=True) in a with block"}
     allowed = [name for name in option_names() if name not in elsewhere]
-    check_keywords("launch", options, allowed, elsewhere)
-    return Launcher(**options).run(func, func_args, func_kwargs)
+    try:
+        check_keywords("launch", options, allowed, elsewhere)
+        return Launcher(**options).run(func, func_args, func_kwargs)
+    except BaseException as exc:
+        hide_internal_frames(exc)  # as `Launcher.run`, without this frame
+        if sys.version_info < (3, 11):
+            raise exc  # noqa: TRY201 - 3.10's bare raise would bring the whole traceback back
+        raise
