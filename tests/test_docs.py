@@ -268,4 +268,5 @@ def test_readme_links_the_docs_it_names_and_says_why_and_how_to_get_cpu_torch():
     install = [
         b.text for b in blocks([REPO / "README.md"]) if b.info == "bash" and "whl/cpu" in b.text
     ]
-    assert install and "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in install[0]
+    cpu_index = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert install and cpu_index in install[0]
