@@ -14,7 +14,7 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import IO
 
 from slurmrun.logs import APPEND, WRITER_CLOSE_TIMEOUT, FileEnds, file_bytes, worker_log_path
@@ -24,6 +24,7 @@ from slurmrun.terminal import TerminalHandler
 __all__ = [
     "SourceFilter",
     "add_filter_to_handler",
+    "begin_files",
     "default_handlers",
     "file_handler",
     "stream_handler",
@@ -205,12 +206,15 @@ class _WorkerFiles(logging.Handler):
         if local_rank is None:
             return  # agents' own output is in <host>.agent.log
         text, ended = _file_bytes(record)
+        self._queue_item(((str(getattr(record, "hostname", "")), int(local_rank)), text, ended))
+
+    def _queue_item(self, item: tuple[tuple[str, int], bytes, str]) -> None:
         if self._writer is None:
             self._writer = threading.Thread(
                 target=self._write_loop, name="slurmrun-log-writer", daemon=True
             )
             self._writer.start()
-        self._put(((str(getattr(record, "hostname", "")), int(local_rank)), text, ended))
+        self._put(item)
 
     def _put(self, item: tuple[tuple[str, int], bytes, str] | None) -> None:
         """Queues `item`, waiting while the queue is full and the writer is alive."""
@@ -261,6 +265,15 @@ class _WorkerFiles(logging.Handler):
         self.lines_written += len(pieces)
         return True
 
+    def begin(self, workers: Iterable[tuple[str, int]], header: bytes) -> None:
+        """Starts each of `workers`' files (host label, local rank) with the run's `header`.
+
+        So every worker has its file even if it never prints, and a warm launcher's runs are
+        told apart (`slurmrun.logs.run_header`).
+        """
+        for key in workers:
+            self._queue_item((key, header, LINE))
+
     def close(self) -> None:
         """Writes what is queued and stops the writer (waits at most `WRITER_CLOSE_TIMEOUT`)."""
         if self._writer is not None:
@@ -269,6 +282,26 @@ class _WorkerFiles(logging.Handler):
             self._writer.join(timeout=WRITER_CLOSE_TIMEOUT)
             self._writer = None
         super().close()
+
+
+def begin_files(
+    handlers: Iterable[logging.Handler],
+    labels: Sequence[str],
+    counts: Sequence[int],
+    header: bytes,
+) -> None:
+    """Starts every worker's file that `handlers` write (the default ones) with `header`.
+
+    Args:
+        handlers: a run's handlers; those that write a file per worker start them.
+        labels: each node's label (`slurmrun.logs.host_labels`), by node rank.
+        counts: each node's worker count, by node rank.
+        header: the run's header line (`slurmrun.logs.run_header`).
+    """
+    workers = [(label, i) for label, n in zip(labels, counts, strict=True) for i in range(n)]
+    for handler in handlers:
+        if isinstance(handler, _WorkerFiles):
+            handler.begin(workers, header)
 
 
 def default_handlers(

@@ -31,8 +31,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Sequence
 
@@ -53,6 +55,7 @@ __all__ = [
     "host_labels",
     "log_level",
     "resolve_log_dir",
+    "run_header",
     "tail_file",
 ]
 
@@ -125,7 +128,8 @@ def log_level(environ: dict[str, str] | None = None) -> int:
 def tail_file(path: str | None, lines: int = 20, max_bytes: int = 16384) -> str:
     r"""The last `lines` lines of a text file ('' if it cannot be read), as a terminal shows them.
 
-    Of a line rewritten by ``\r`` (a progress bar's states), its last state.
+    Of a line rewritten by ``\r`` (a progress bar's states), its last state. In a worker's
+    file, only the lines after the last run's header (`run_header`).
     """
     if path is None:
         return ""
@@ -139,7 +143,25 @@ def tail_file(path: str | None, lines: int = 20, max_bytes: int = 16384) -> str:
     shown = data.decode(errors="replace").split("\n")
     if shown[-1] == "":
         shown.pop()
+    headers = [i for i, line in enumerate(shown) if RUN_HEADER.fullmatch(line)]
+    if headers:  # a warm launcher's file: the last run's lines only
+        shown = shown[headers[-1] + 1 :]
     return "\n".join(line.rstrip("\r").rsplit("\r", 1)[-1] for line in shown[-lines:])
+
+
+def run_header(run: int, title: str, when: float | None = None) -> bytes:
+    """The line that starts a run's part of each worker's file (a warm launcher's runs append).
+
+    `run`: the run's number in the launch; `title`: what it runs (``func train``); `when`: the
+    time (now if None), in the local time zone. Example:
+    ``=== slurmrun run 3, 2026-11-27 14:50:02, func train ===``.
+    """
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+    what = f", {' '.join(title.split())}" if title else ""  # one line, whatever the name holds
+    return to_bytes(f"=== slurmrun run {run}, {stamp}{what} ===\n")
+
+
+RUN_HEADER = re.compile(r"=== slurmrun run \d+, [^\n]* ===")  # a line of `run_header`
 
 
 def file_bytes(stream: str, levelname: str, name: str, msg: str, end: str) -> bytes:
@@ -204,6 +226,15 @@ class WorkerLog:
         self._closed = False  # the run is over: a late write is dropped, not reopened
         self._lock = threading.Lock()
         self._ends = FileEnds()
+
+    def begin(self, header: bytes) -> None:
+        """Starts the run's part of the file with `header` (`run_header`), creating the file.
+
+        Called when the worker starts (or a kept one takes the next run), so that every worker
+        has its file even if it never prints. Written at any level.
+        """
+        if not self._failed:
+            self._append(header, LINE)
 
     def write(self, stream: str, level: int, name: str, msg: str, end: str = LINE) -> None:
         """Appends one finished record: `msg` and what ended it (`slurmrun.output`'s ends).

@@ -3,7 +3,9 @@
 #
 #   bash tests/run.sh [--quick] [pytest args...]     default: the whole tests/ directory
 #
-# 1. installs the Python dependencies (torch pinned to a CPU-sized wheel), slurmrun itself and
+# 1. installs the Python dependencies (torch==2.13.0 from pip's configured sources: the CPU
+#    build where a local wheel folder holds it, PyPI's CUDA build elsewhere unless a CPU build
+#    is installed already), slurmrun itself and
 #    docs/requirements.txt, and builds the docs site with warnings as errors;
 # 2. runs the fresh-venv legs (tests/fresh_venv.sh) in the background from the start: slurmrun
 #    installed as a user installs it (`pip install torch==2.13.0 .`, declared dependencies

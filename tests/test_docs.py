@@ -253,3 +253,20 @@ def test_troubleshooting_quotes_messages_slurmrun_prints():
     assert len(quoted) >= 10
     stale = [line for line in quoted if not printable(line)]
     assert not stale, "messages slurmrun no longer prints:\n" + "\n".join(stale)
+
+
+def test_readme_links_the_docs_it_names_and_says_why_and_how_to_get_cpu_torch():
+    text = (REPO / "README.md").read_text()
+    unlinked = re.findall(r"`docs/\w+\.md`", text)
+    assert not unlinked, f"README names docs without linking them: {unlinked}"
+    links = re.findall(r"\]\(((?:docs/)[^)#]*)", text)
+    assert "docs/comparison.md" in links, "README does not link the comparison page"
+    missing = [link for link in links if not (REPO / link).exists()]
+    assert not missing, f"README links to files that do not exist: {missing}"
+    assert "**Why slurmrun.**" in text
+    # PyPI's torch wheel for Linux is the CUDA build: a laptop without a GPU wants this index.
+    install = [
+        b.text for b in blocks([REPO / "README.md"]) if b.info == "bash" and "whl/cpu" in b.text
+    ]
+    cpu_index = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+    assert install and cpu_index in install[0]

@@ -6,6 +6,7 @@ import io
 import logging
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -106,7 +107,70 @@ def test_agents_write_the_files_and_send_the_launcher_only_what_it_shows(tmp_pat
     (launch_dir,) = tmp_path.glob("20*")
     for rank in range(3):  # every line in its file, in order, by the time launch returned
         lines = (launch_dir / f"localhost.{rank}.log").read_text().splitlines()
-        assert lines == [f"rank {rank} line {i}" for i in range(300)]
+        assert HEADER.fullmatch(lines[0]), lines[0]  # the run's header, then its lines
+        assert lines[1:] == [f"rank {rank} line {i}" for i in range(300)]
+
+
+HEADER = re.compile(r"=== slurmrun run (\d+), \d{4}-\d\d-\d\d \d\d:\d\d:\d\d, (.*) ===")
+
+
+def silent() -> None:
+    return None
+
+
+def say_run(run: int) -> None:
+    print(f"run {run} rank {os.environ['RANK']}")
+
+
+def test_a_launch_whose_workers_print_nothing_leaves_a_file_per_worker(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    slurmrun.launch(silent, workers_per_host=2, backend=None)
+    (launch_dir,) = tmp_path.glob("20*")
+    for rank in (0, 1):
+        (line,) = (launch_dir / f"localhost.{rank}.log").read_text().splitlines()
+        assert HEADER.fullmatch(line).groups() == ("1", "func silent"), line
+
+
+@pytest.mark.parametrize("keep_workers", [False, True], ids=["new workers", "kept workers"])
+def test_each_run_of_a_warm_launcher_starts_its_part_of_each_file_with_a_header(
+    tmp_path, monkeypatch, keep_workers
+):
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    options = {"workers_per_host": 2, "backend": None, "keep_workers": keep_workers}
+    with slurmrun.Launcher(**options) as launcher:
+        launcher.run(say_run, (1,))
+        launcher.run(say_run, (2,))
+    (launch_dir,) = tmp_path.glob("20*")
+    for rank in (0, 1):
+        lines = (launch_dir / f"localhost.{rank}.log").read_text().splitlines()
+        assert [HEADER.fullmatch(lines[0]).groups(), HEADER.fullmatch(lines[2]).groups()] == [
+            ("1", "func say_run"),
+            ("2", "func say_run"),
+        ], lines
+        assert lines[1::2] == [f"run 1 rank {rank}", f"run 2 rank {rank}"], lines
+
+
+def test_files_the_launcher_writes_start_with_the_runs_header_too(tmp_path):
+    # Agents over ssh: the launcher writes each worker's file (`_WorkerFiles`).
+    from slurmrun.handlers import _WorkerFiles, begin_files
+    from slurmrun.logs import run_header
+
+    files = _WorkerFiles(str(tmp_path))
+    begin_files([files], ["node1", "node2"], [2, 1], run_header(7, "script train.py"))
+    files.close()
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["node1.0.log", "node1.1.log", "node2.0.log"]
+    for name in names:
+        (line,) = (tmp_path / name).read_text().splitlines()
+        assert HEADER.fullmatch(line).groups() == ("7", "script train.py")
+
+
+def test_a_failures_tail_holds_the_last_runs_lines_only(tmp_path):
+    from slurmrun.logs import run_header
+
+    path = tmp_path / "node.0.log"
+    path.write_bytes(run_header(1, "func f") + b"old line\n" + run_header(2, "func f") + b"new\n")
+    assert tail_file(str(path)) == "new"
 
 
 def test_log_level_and_empty_log_dir(capfd, tmp_path, monkeypatch):
@@ -479,3 +543,14 @@ def test_broken_env_file_fails_with_bashs_message_not_a_hang(tmp_path):
 def test_missing_env_file_is_rejected_before_anything_starts(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         slurmrun.launch(environment, ([],), env_file=str(tmp_path / "nope.sh"))
+
+
+def test_a_runs_header_names_the_function_or_the_script():
+    from slurmrun.cli.script import run_script
+    from slurmrun.node.proctitle import run_title
+
+    assert run_title(run_script, ("/home/me/train.py", ["--lr", "1"]), {"module": False}) == (
+        "script train.py"
+    )
+    assert run_title(run_script, ("pkg.main", []), {"module": True}) == "script -m pkg.main"
+    assert run_title(say_run, (1,), {}) == "func say_run"

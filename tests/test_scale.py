@@ -208,7 +208,8 @@ def test_a_launch_writes_every_line_of_every_rank_to_its_file(
         path = os.path.join(tmp_path, run_dir, f"{result.hostnames[0]}.{local_rank}.log")
         with open(path) as f:
             lines = f.read().splitlines()
-        assert lines == [f"rank {local_rank} line {i}" for i in range(200)]
+        assert lines[0].startswith("=== slurmrun run 1, ")  # the run's header line
+        assert lines[1:] == [f"rank {local_rank} line {i}" for i in range(200)]
 
 
 def test_the_scale_benchmark_runs_its_fake_agents_against_a_real_launcher() -> None:

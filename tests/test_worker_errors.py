@@ -62,7 +62,9 @@ def test_huge_error_message_raises_promptly_clipped_and_whole_in_the_log(func, c
     assert str(info.value) == char * count  # the exception itself is rebuilt whole
     logged = _log_text(info.value)
     assert char * count in logged
-    assert logged.startswith("Traceback (most recent call last)")
+    header, traceback = logged.split("\n", 1)  # the run's header line, then what it wrote
+    assert header.startswith("=== slurmrun run 1, ")
+    assert traceback.startswith("Traceback (most recent call last)")
 
 
 def test_quiet_failing_rank_note_names_an_existing_file_holding_its_traceback():
@@ -142,7 +144,8 @@ def test_repeated_host_gives_every_rank_its_own_file_and_prefix(capfd, tmp_path,
     assert result.return_values == [[0], [1]]
     (run_dir,) = tmp_path.glob("20*")
     for name, rank in (("localhost.0.log", 0), ("localhost#1.0.log", 1)):
-        assert (run_dir / name).read_text() == f"line from rank {rank}\n"
+        header, line = (run_dir / name).read_text().splitlines()
+        assert header.startswith("=== slurmrun run 1, ") and line == f"line from rank {rank}"
     out = capfd.readouterr().out
     assert "[localhost:0] line from rank 0" in out
     assert "rank 1" not in out  # rank 0 alone is shown live, under a prefix of its own

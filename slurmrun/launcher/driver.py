@@ -20,6 +20,7 @@ from slurmrun.launcher.dryrun import DryRun, describe_call, plan_dry_run
 from slurmrun.launcher.options import LaunchOptions, Options, option_names
 from slurmrun.launcher.plan import make_plan
 from slurmrun.launcher.warm import Warm
+from slurmrun.node.proctitle import run_title
 from slurmrun.result import LaunchResult
 
 if sys.version_info >= (3, 11):
@@ -80,7 +81,7 @@ class Launcher(Options):
         try:
             kwargs = {} if func_kwargs is None else func_kwargs
             payload = check_call(self, func, func_args, kwargs)
-            plan = make_plan(self)
+            plan = replace(make_plan(self), title=run_title(func, tuple(func_args), kwargs))
             if self._warm is not None:
                 return run_launch(self, self._warm, plan, payload)
             with self:  # a cold launch is a warm launcher used once

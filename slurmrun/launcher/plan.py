@@ -51,6 +51,8 @@ class Plan:
         spares: hosts of the allocation kept out of the run, to replace a lost one
             (`Launcher.hosts`; `slurmrun.launcher.elastic`).
         command: how each agent starts on its node (a container, srun options).
+        title: what the launch runs (`slurmrun.node.proctitle.run_title`), for the header
+            line of each worker's log file.
     """
 
     hostnames: list[str]
@@ -63,6 +65,7 @@ class Plan:
     spares: list[str] = field(default_factory=list)
     nodes: srun.JobNodes | None = None
     command: AgentCommand = PLAIN
+    title: str = ""
 
     @property
     def step(self) -> srun.AgentsStep | None:

@@ -19,7 +19,7 @@ from typing import Any
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace, WorkersStarted
-from slurmrun.handlers import default_handlers
+from slurmrun.handlers import begin_files, default_handlers
 from slurmrun.launcher.output_stage import OutputStage
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool
 from slurmrun.launcher.pump import Local, all_of, pump
@@ -27,7 +27,7 @@ from slurmrun.launcher.records import RunOutput, flush_handlers
 from slurmrun.launcher.share import PoolAgent, Share
 from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.launcher.watch import RunWatch
-from slurmrun.logs import host_labels
+from slurmrun.logs import host_labels, run_header
 from slurmrun.pickling import loads
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Connection, Frame
@@ -152,9 +152,11 @@ class Run:
         if own and self.log_dir is not None:  # where the verdicts find each worker's file
             self.verdicts.files(self.log_dir, written_here=not agent_files)
         forward_all = not own or (self.log_dir is not None and not agent_files)
+        title = str(self.start_header.get("title", ""))
         if own:
             files_here = None if agent_files else self.log_dir
             self._handlers = default_handlers(pool.hostnames, files_here, self.log_level)
+            begin_files(self._handlers, self.labels, counts, run_header(self.id, title))
         master_addr = "127.0.0.1" if self.local_master else order[0].hello.addr
         # What every agent's START shares is built once; each gets its own share on top.
         shared = protocol.Start(
@@ -178,6 +180,7 @@ class Run:
             tasks_per_node=compress_counts(counts),
             keep=self.keep_workers,
             output_window=pool.credits.window,
+            title=title,
         ).header()
         offset = 0
         for agent, count in zip(order, counts, strict=True):

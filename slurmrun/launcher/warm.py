@@ -312,6 +312,7 @@ def _run(  # noqa: PLR0917 - private, called once
                 **restart_vars(attempt, cfg.max_restarts),
             },
             "unset": unset,
+            "title": plan.title,
         },
         local_master=plan.local,
         handlers=cfg.log_handlers,

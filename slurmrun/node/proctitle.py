@@ -38,6 +38,7 @@ __all__ = [
     "AGENT_COMM",
     "SPAWNER_COMM",
     "node_name",
+    "run_title",
     "set_title",
     "what_runs",
     "worker_comm",
@@ -84,6 +85,20 @@ def what_runs(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> st
     Never an argument: a command line is readable by every user of the host. Never raises
     (a name is not worth failing a run for): "" when `func` has no name to give.
     """
+    return _what_runs(func, args, kwargs)[1]
+
+
+def run_title(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+    """What a run runs, for the header of each worker's log file (`slurmrun.logs.run_header`).
+
+    ``func Trainer.fit``, ``script train.py``, ``script -m package``: `what_runs`, with what
+    it is. Never raises.
+    """
+    kind, what = _what_runs(func, args, kwargs)
+    return f"{kind} {what}" if what else ""
+
+
+def _what_runs(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, str]:
     try:
         while isinstance(func, functools.partial):
             func = func.func
@@ -92,11 +107,11 @@ def what_runs(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> st
             target = args[0] if args else kwargs.get("target")
             if isinstance(target, str):
                 module = args[2] if len(args) > 2 else kwargs.get("module", False)
-                return f"-m {target}" if module else os.path.basename(target)
+                return "script", f"-m {target}" if module else os.path.basename(target)
         # A function defined in a function: "main.<locals>.step" reads as "main.step".
-        return str(name or type(func).__qualname__).replace(".<locals>", "")
+        return "func", str(name or type(func).__qualname__).replace(".<locals>", "")
     except Exception:
-        return ""
+        return "", ""
 
 
 @functools.lru_cache(maxsize=1)

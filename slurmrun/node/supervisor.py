@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from slurmrun import protocol
 from slurmrun.errors import signal_name
-from slurmrun.logs import WorkerLog
+from slurmrun.logs import WorkerLog, run_header
 from slurmrun.node.kept import adopt, servable
 from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
@@ -92,6 +92,7 @@ class RunWorkers:
     spawned: threading.Event = field(default_factory=threading.Event)  # every worker was forked
 
     def __post_init__(self) -> None:
+        self._header = run_header(self.start.run, self.start.title)  # of each worker's log
         # A worker's final frame wakes `supervise` (a kept worker does not exit after it).
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
@@ -116,6 +117,8 @@ class RunWorkers:
             self.workers = kept
             for worker in kept:
                 adopt(worker, start, self._wake_up)
+                if worker.log is not None:
+                    worker.log.begin(self._header)
         else:
             self._fork_all()
         func = protocol.Func(run=start.run).header()
@@ -182,6 +185,7 @@ class RunWorkers:
         if self.start.log_dir is not None:
             name = self.start.log_name or self.hostname
             worker.log = WorkerLog(self.start.log_dir, name, spec.local_rank, self.start.log_level)
+            worker.log.begin(self._header)  # its file exists from now on, printed or not
         forward = self.start.forward_ranks
         worker.forward = forward is None or spec.local_rank in forward
         worker.wake = self._wake_up

@@ -388,6 +388,8 @@ def test_logs_and_environment_behave_as_on_localhost(run_in_allocation, tmp_path
         (n, lr) for n in ("node1", "node2", "node3") for lr in (0, 1)
     ):
         text = (launch_dir / f"{node}.{local}.log").read_text()
+        # written by the agent on that node, from the run's header line (`logs.run_header`) on
+        assert text.startswith("=== slurmrun run 1, ") and ", func chatty ===\n" in text
         assert f"print from rank {rank} on {node}" in text
         assert f"echo from rank {rank}" in text
         assert f"WARNING:user: record from rank {rank}" in text
