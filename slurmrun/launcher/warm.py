@@ -318,6 +318,7 @@ def _run(  # noqa: PLR0917 - private, called once
         log_dir=kept,
         agents_write_logs=isinstance(pool.starter, (LocalAgents, SrunAgents)),
         log_level=log_level(),
+        show_ranks=cfg.show_ranks,
         trace=trace,
         stall_timeout=cfg.stall_timeout,
         keep_workers=cfg.keep_workers,

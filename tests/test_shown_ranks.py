@@ -1,0 +1,99 @@
+"""Which ranks reach the terminal (``--ranks`` / `Launcher.show_ranks`), and a run's summary line.
+
+Real two-worker launches on localhost through ``python -m slurmrun``: each rank prints a line;
+the terminal shows the chosen ranks' lines and every worker's file has its own either way.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurmrun.cli.command import parse_launcher, split_command
+from slurmrun.errors import OptionsValueError
+from slurmrun.launcher.checks import check_call
+from slurmrun.launcher.options import Options
+
+REPO = Path(__file__).resolve().parents[1]
+LIMIT = 180  # seconds for one command on a loaded 2-core machine
+
+TALK = "import os\nprint(f\"line of rank {os.environ['RANK']}\", flush=True)\n"
+# A successful run's last line: world size, hosts, wall time, restarts, the log folder.
+SUMMARY = re.compile(
+    r"^slurmrun: 2 ranks on 1 host \(localhost\), \d+\.\d s, 0 restarts; logs: (\S+)$", re.M
+)
+
+
+def _slurmrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env["PYTHONPATH"] = str(REPO)
+    env["SLURMRUN_LOG_DIR"] = str(cwd / "logs")
+    (cwd / "talk.py").write_text(TALK)
+    return subprocess.run(
+        [sys.executable, "-m", "slurmrun", "--workers-per-host", "2", *args, "talk.py"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT,
+        check=False,
+    )
+
+
+def _shown(out: str) -> list[str]:
+    return sorted(re.findall(r"line of rank \d", out))
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        ([], ["line of rank 0"]),
+        (["--ranks", "all"], ["line of rank 0", "line of rank 1"]),
+        (["--ranks", "1"], ["line of rank 1"]),
+    ],
+    ids=["default", "all", "one"],
+)
+def test_ranks_chosen_reach_the_terminal_and_every_file_has_its_own(
+    tmp_path: Path, args: list[str], shown: list[str]
+) -> None:
+    cp = _slurmrun(args, tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    assert _shown(cp.stdout) == shown, cp.stdout
+    files = sorted({f.resolve() for f in (tmp_path / "logs").glob("*/localhost.[01].log")})
+    assert [f.read_text().strip() for f in files] == ["line of rank 0", "line of rank 1"]
+
+
+def test_a_successful_run_ends_with_one_summary_line_naming_the_log_folder(
+    tmp_path: Path,
+) -> None:
+    cp = _slurmrun([], tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    found = SUMMARY.findall(cp.stderr)
+    assert len(found) == 1, cp.stderr
+    assert cp.stderr.rstrip().splitlines()[-1].startswith("slurmrun: 2 ranks"), cp.stderr
+    (folder,) = found
+    assert folder.startswith("logs/")  # relative to the working directory, where it is
+    assert (tmp_path / folder).parent == tmp_path / "logs"
+    assert (tmp_path / folder / "localhost.1.log").is_file()
+
+
+def test_ranks_on_the_command_line_read_as_the_option() -> None:
+    def parse(*words: str) -> Options:
+        return parse_launcher(split_command([*words, "x.py"]).launcher_args)
+
+    assert parse().show_ranks == (0,)
+    assert parse("--ranks", "all").show_ranks == "all"
+    assert parse("--ranks", "0,3").show_ranks == (0, 3)
+    assert parse("--ranks", "0", "3").show_ranks == (0, 3)
+    assert parse("--show-ranks", "2").show_ranks == (2,)
+
+
+@pytest.mark.parametrize("bad", ["some", (-1,), 3, (True,)])
+def test_a_bad_show_ranks_is_refused_before_anything_starts(bad: object) -> None:
+    with pytest.raises(OptionsValueError, match="show_ranks must be 'all' or a tuple"):
+        check_call(Options(show_ranks=bad), print, (), {})  # type: ignore[arg-type]
