@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmrun import launch
 from slurmrun.cli.command import parse_launcher, split_command
 from slurmrun.errors import OptionsValueError
 from slurmrun.launcher.checks import check_call
@@ -43,6 +44,11 @@ def _slurmrun(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
         timeout=LIMIT,
         check=False,
     )
+
+
+def _talk() -> int:
+    print(f"line of rank {os.environ['RANK']}", flush=True)
+    return int(os.environ["RANK"])
 
 
 def _shown(out: str) -> list[str]:
@@ -80,6 +86,31 @@ def test_a_successful_run_ends_with_one_summary_line_naming_the_log_folder(
     assert folder.startswith("logs/")  # relative to the working directory, where it is
     assert (tmp_path / folder).parent == tmp_path / "logs"
     assert (tmp_path / folder / "localhost.1.log").is_file()
+
+
+def test_the_launch_option_shows_the_ranks_chosen_and_own_handlers_get_no_summary(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    assert launch(_talk, workers_per_host=2, show_ranks=[1]).values() == [0, 1]
+    out, err = capfd.readouterr()
+    assert _shown(out) == ["line of rank 1"], out
+    assert len(SUMMARY.findall(err)) == 1, err
+    # The user's own handlers: the terminal is theirs, the launcher adds no line to it.
+    assert launch(_talk, workers_per_host=2, log_handlers=[]).values() == [0, 1]
+    out, err = capfd.readouterr()
+    assert _shown(out) == [], out
+    assert "slurmrun:" not in err, err
+
+
+def test_agents_slow_to_connect_are_announced_once(tmp_path: Path) -> None:
+    # The agents start a second and a half late, as under a queued srun or a container.
+    late = ["--agent-python", sys.executable, "--agent-prefix", "sh -c 'sleep 1.5; exec \"$@\"' sh"]
+    cp = _slurmrun(late, tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    line = "slurmrun: starting agents on 1 host (localhost): 0 of 1 connected, waiting up to 600 s"
+    assert cp.stderr.count(line) == 1, cp.stderr
+    assert _shown(cp.stdout) == ["line of rank 0"]
 
 
 def test_ranks_on_the_command_line_read_as_the_option() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +17,8 @@ from slurmrun.errors import AgentFailedError, VersionMismatchError, add_note
 from slurmrun.events import AgentFailed, LaunchStarted, Restarting, Trace
 from slurmrun.launcher.elastic import HostsDownError, note_hosts_down, restart_plan
 from slurmrun.launcher.failures import note_preemption
-from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
+from slurmrun.launcher.pool import some_hosts
+from slurmrun.launcher.warm import Warm, run_attempt, say, sigterm_as_exit
 from slurmrun.logs import host_labels, log_level
 from slurmrun.result import LaunchResult
 
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["run_launch"]
 
 log = logging.getLogger("slurmrun")
-
-SUMMARY_HOSTS = 4  # the hosts a summary names; more are "..."
 
 
 def run_launch(cfg: Options, warm: Warm, plan: Plan, payload: bytes) -> LaunchResult[Any]:
@@ -63,22 +61,20 @@ def run_launch(cfg: Options, warm: Warm, plan: Plan, payload: bytes) -> LaunchRe
     if cfg.log_handlers is None and log_level() <= logging.INFO:
         log_dir = warm.pool.log_dir if warm.pool is not None else None
         folder = log_dir.path if log_dir is not None and log_dir.keep else None
-        print(summary(result, timings.get("total", 0.0), restarts, folder), file=sys.stderr)
+        say(summary(result, timings.get("total", 0.0), restarts, folder))
     return replace(result, timings=timings)
 
 
 def summary(result: LaunchResult[Any], seconds: float, restarts: int, folder: str | None) -> str:
     """A successful run's last line: its world size, hosts, wall time, restarts, log folder."""
     ranks = sum(len(values) for values in result.return_values)
-    hosts = result.hostnames
-    names = ", ".join(hosts[:SUMMARY_HOSTS]) + (", ..." if len(hosts) > SUMMARY_HOSTS else "")
     where = "no log files (SLURMRUN_LOG_DIR is empty)"
     if folder is not None:
         near = os.path.relpath(folder)  # slurmrun_logs/... in the usual case
         where = f"logs: {folder if near.startswith('..') else near}"
     return (
-        f"slurmrun: {ranks} rank{'s' * (ranks != 1)} on {len(hosts)} "
-        f"host{'s' * (len(hosts) != 1)} ({names}), {seconds:.1f} s, "
+        f"slurmrun: {ranks} rank{'s' * (ranks != 1)} on {some_hosts(result.hostnames)}, "
+        f"{seconds:.1f} s, "
         f"{restarts} restart{'s' * (restarts != 1)}; {where}"
     )
 
