@@ -103,6 +103,25 @@ def test_the_launch_option_shows_the_ranks_chosen_and_own_handlers_get_no_summar
     assert "slurmrun:" not in err, err
 
 
+def _fails_first(path: str) -> str:
+    if os.environ["SLURMRUN_RESTART_COUNT"] == "0":
+        raise RuntimeError("the first attempt fails")
+    return "done"
+
+
+def test_the_summary_counts_the_restarts(
+    capfd: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    assert launch(_fails_first, ("x",), workers_per_host=1, max_restarts=1).values() == ["done"]
+    err = capfd.readouterr().err
+    said = re.findall(
+        r"^slurmrun: 1 rank on 1 host \(localhost\), \d+\.\d s, 1 restart; .*$", err, re.M
+    )
+    assert len(said) == 1, err
+    assert said[0].endswith(f"; logs: {next(tmp_path.glob('20*'))}")  # outside the cwd: whole
+
+
 def test_agents_slow_to_connect_are_announced_once(tmp_path: Path) -> None:
     # The agents start a second and a half late, as under a queued srun or a container.
     late = ["--agent-python", sys.executable, "--agent-prefix", "sh -c 'sleep 1.5; exec \"$@\"' sh"]
