@@ -2,8 +2,9 @@
 
 `stream_handler` and `file_handler` are the public ones (with `add_filter_to_handler`, for any
 handler of yours); `default_handlers` are what a launch uses when given none: agent 0 and
-rank 0 live in the terminal, and, where the agents do not write them (agents over ssh), a file
-per worker (`_WorkerFiles`). What a record carries: `slurmrun.logs`.
+the ranks of `Options.show_ranks` (rank 0) live in the terminal, and, where the agents do not
+write them (agents over ssh), a file per worker (`_WorkerFiles`). What a record carries:
+`slurmrun.logs`.
 """
 
 from __future__ import annotations

@@ -81,8 +81,9 @@ class Options:
     """A bash file that each agent sources before it starts workers; its exports reach them."""
 
     log_handlers: Annotated[list[logging.Handler] | None, tyro.conf.Suppress] = None
-    """Handlers for agents' and workers' output records; None: rank 0 and agent 0 live in the
-    terminal, and a file per worker under ``$SLURMRUN_LOG_DIR`` (see `slurmrun.logs`)."""
+    """Handlers for agents' and workers' output records; None: agent 0 and the ranks of
+    `show_ranks` live in the terminal, and a file per worker under ``$SLURMRUN_LOG_DIR`` (see
+    `slurmrun.logs`)."""
 
     show_ranks: Literal["all"] | tuple[int, ...] = (0,)
     """The global ranks whose output the terminal shows (with the default `log_handlers`):

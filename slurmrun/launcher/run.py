@@ -146,7 +146,7 @@ class Run:
             if self.workers_per_host is not None
             else [a.hello.auto_workers for a in order]
         )
-        # The default handlers show rank 0; each worker's file is written by its agent where
+        # The default handlers show `show_ranks`; each worker's file is written by its agent where
         # the agents see the log directory, else here (then every line must come here).
         own = self._own_handlers
         agent_files = own and self.agents_write_logs and self.log_dir is not None
