@@ -2,8 +2,9 @@
 
 `stream_handler` and `file_handler` are the public ones (with `add_filter_to_handler`, for any
 handler of yours); `default_handlers` are what a launch uses when given none: agent 0 and
-rank 0 live in the terminal, and, where the agents do not write them (agents over ssh), a file
-per worker (`_WorkerFiles`). What a record carries: `slurmrun.logs`.
+the ranks of `Options.show_ranks` (rank 0) live in the terminal, and, where the agents do not
+write them (agents over ssh), a file per worker (`_WorkerFiles`). What a record carries:
+`slurmrun.logs`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Iterable, Sequence
-from typing import IO
+from collections.abc import Collection, Iterable, Sequence
+from typing import IO, Literal
 
 from slurmrun.logs import APPEND, WRITER_CLOSE_TIMEOUT, FileEnds, file_bytes, worker_log_path
 from slurmrun.output import LINE, report_handler_error
@@ -57,6 +58,19 @@ class SourceFilter(logging.Filter):
             agent = getattr(record, "local_rank", 0) is None
             return agent and _matches(record, self.hostname, None)
         return _matches(record, self.hostname, self.local_rank)
+
+
+class _RankFilter(SourceFilter):
+    """Takes the records of some global ranks (None: every rank), and none of the agents'."""
+
+    def __init__(self, ranks: frozenset[int] | None) -> None:
+        super().__init__(None, None)
+        self.ranks = ranks
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether `record` comes from a worker whose global rank is shown."""
+        rank = getattr(record, "rank", None)
+        return rank is not None and (self.ranks is None or rank in self.ranks)
 
 
 def add_filter_to_handler(
@@ -305,11 +319,17 @@ def begin_files(
 
 
 def default_handlers(
-    hostnames: Iterable[str], log_dir: str | None, level: int
+    hostnames: Iterable[str],
+    log_dir: str | None,
+    level: int,
+    ranks: Literal["all"] | Collection[int] = (0,),
 ) -> list[logging.Handler]:
-    """Agent 0 and rank 0 live in the terminal; with `log_dir`, a file per worker."""
+    """Agent 0 and the global `ranks` (``"all"``: all) live; with `log_dir`, a file per worker."""
     first = next(iter(hostnames))
-    handlers = [stream_handler(first, -1, level), stream_handler(first, 0, level)]
+    workers = TerminalHandler(None, None)
+    workers.setLevel(level)
+    workers.addFilter(_RankFilter(None if ranks == "all" else frozenset(ranks)))
+    handlers: list[logging.Handler] = [stream_handler(first, -1, level), workers]
     if log_dir is not None:
         files = _WorkerFiles(log_dir)
         files.setLevel(level)

@@ -104,7 +104,7 @@ def field_docstrings(cls: type) -> dict[str, str]:
 def _launcher_options() -> list[tuple[str, str]]:
     """(``--option METAVAR``, plain help with the command's default) per launcher option."""
     from slurmrun.cli.command import command_defaults  # noqa: PLC0415
-    from slurmrun.cli.values import option_specs  # noqa: PLC0415
+    from slurmrun.cli.values import ALIASES, option_specs  # noqa: PLC0415
     from slurmrun.launcher.options import Options  # noqa: PLC0415
 
     defaults = command_defaults()
@@ -118,7 +118,8 @@ def _launcher_options() -> list[tuple[str, str]]:
         default = ("on" if value else "off") if spec.flag else _default_text(value)
         if default:
             text += f" (default: {default})"
-        name = f"{spec.option}, {spec.off}" if spec.flag else f"{spec.option} {spec.metavar}"
+        spelt = ", ".join([spec.option, *(a for a, o in ALIASES.items() if o == spec.option)])
+        name = f"{spelt}, {spec.off}" if spec.flag else f"{spelt} {spec.metavar}"
         options.append((name, text))
     return options
 

@@ -54,6 +54,11 @@ SHAPES: dict[str, tuple[str, str, str]] = {
         "--extra-env-vars 'WANDB_*' NCCL_DEBUG=INFO",
     ),
     "env_file": ("FILE", "a bash file's path", "--env-file env.sh"),
+    "show_ranks": (
+        "all|RANK,...",
+        "all, or global ranks (0 or more) separated by commas or spaces",
+        "--ranks all, or --ranks 0,3",
+    ),
     "max_restarts": ("N", "a whole number, 0 or more", "--max-restarts 2"),
     "hosts": ("N", "a number of hosts", "--hosts 4"),
     "min_hosts": ("N", "a number of hosts", "--min-hosts 2"),
@@ -72,6 +77,8 @@ SHAPES: dict[str, tuple[str, str, str]] = {
     "agent_python": ("PYTHON", "an interpreter's path", "--agent-python /opt/venv/bin/python"),
     "stall_timeout": ("SECONDS", "a number of seconds", "--stall-timeout 300"),
 }
+# Other words for an option: ``--ranks`` is short for ``--show-ranks`` (torchrun users' habit).
+ALIASES = {"--ranks": "--show-ranks"}
 # What a type that `SHAPES` does not name takes: metavar, what it allows, an example word.
 _PLAIN = {int: ("N", "a whole number", "1"), float: ("NUMBER", "a number", "1.5")}
 
@@ -132,7 +139,10 @@ def _convert(member: Any, words: Sequence[str]) -> Any:
     """`words` as the type `member`; raises ValueError when they are not one."""
     origin = get_origin(member)
     if origin in (list, tuple):
-        items = [_convert(get_args(member)[0], [w]) for w in words]
+        item = get_args(member)[0]
+        if item is int:  # numbers: "0,3" as "0 3"
+            words = [part for word in words for part in word.split(",")]
+        items = [_convert(item, [w]) for w in words]
         return items if origin is list else tuple(items)
     if len(words) != 1:
         raise ValueError(words)
@@ -183,7 +193,7 @@ def _shape(option: str, members: tuple[Any, ...]) -> tuple[str, str, str]:
 def find_spec(option: str) -> Spec | None:
     """The `Spec` of ``--option`` (or of a flag's ``--no-option``); None for no option."""
     specs = option_specs()
-    spec = specs.get(option)
+    spec = specs.get(ALIASES.get(option, option))
     if spec is None and option.startswith("--no-"):
         spec = specs.get("--" + option.removeprefix("--no-"))
         return spec if spec is not None and spec.flag else None
@@ -214,10 +224,10 @@ def _is_value(spec: Spec, arg: str, taken: list[str]) -> bool:
     """Whether `arg` is one more value of a several-valued option (the script's path is not)."""
     if arg.startswith("-") or arg.endswith(".py"):
         return False
-    if taken and taken[0] in ("auto", "slurm"):
+    if taken and taken[0] in ("auto", "slurm", "all"):
         return False  # a literal stands alone
-    if spec.name == "workers_per_host":
-        return arg.isdigit()
+    if spec.name in ("workers_per_host", "show_ranks"):
+        return arg.replace(",", "").isdigit()
     return True
 
 

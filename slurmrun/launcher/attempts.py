@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +17,9 @@ from slurmrun.errors import AgentFailedError, VersionMismatchError, add_note
 from slurmrun.events import AgentFailed, LaunchStarted, Restarting, Trace
 from slurmrun.launcher.elastic import HostsDownError, note_hosts_down, restart_plan
 from slurmrun.launcher.failures import note_preemption
-from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
-from slurmrun.logs import host_labels
+from slurmrun.launcher.pool import some_hosts
+from slurmrun.launcher.warm import Warm, run_attempt, say, sigterm_as_exit
+from slurmrun.logs import host_labels, log_level
 from slurmrun.result import LaunchResult
 
 if TYPE_CHECKING:
@@ -45,7 +47,7 @@ def run_launch(cfg: Options, warm: Warm, plan: Plan, payload: bytes) -> LaunchRe
     )
     error: BaseException | None = None
     try:
-        result = _attempts(cfg, warm, plan, payload, trace)
+        result, restarts = _attempts(cfg, warm, plan, payload, trace)
     except BaseException as e:
         error = e
         if isinstance(e, AgentFailedError):
@@ -56,13 +58,35 @@ def run_launch(cfg: Options, warm: Warm, plan: Plan, payload: bytes) -> LaunchRe
         if error is not None:
             with contextlib.suppress(AttributeError, TypeError):
                 error.timings = timings  # type: ignore[attr-defined]
+    if cfg.log_handlers is None and log_level() <= logging.INFO:
+        log_dir = warm.pool.log_dir if warm.pool is not None else None
+        folder = log_dir.path if log_dir is not None and log_dir.keep else None
+        say(summary(result, timings.get("total", 0.0), restarts, folder))
     return replace(result, timings=timings)
+
+
+def summary(result: LaunchResult[Any], seconds: float, restarts: int, folder: str | None) -> str:
+    """A successful run's last line: its world size, hosts, wall time, restarts, log folder."""
+    ranks = sum(len(values) for values in result.return_values)
+    where = "no log files (SLURMRUN_LOG_DIR is empty)"
+    if folder is not None:
+        near = os.path.relpath(folder)  # slurmrun_logs/... in the usual case
+        where = f"logs: {folder if near.startswith('..') else near}"
+    return (
+        f"slurmrun: {ranks} rank{'s' * (ranks != 1)} on {some_hosts(result.hostnames)}, "
+        f"{seconds:.1f} s, "
+        f"{restarts} restart{'s' * (restarts != 1)}; {where}"
+    )
 
 
 def _attempts(
     cfg: Options, warm: Warm, plan: Plan, payload: bytes, trace: Trace
-) -> LaunchResult[Any]:
-    """Runs the call, and again after a failure, up to `Options.max_restarts` times."""
+) -> tuple[LaunchResult[Any], int]:
+    """Runs the call, and again after a failure, up to `Options.max_restarts` times.
+
+    Returns:
+        The result, and how many restarts it took.
+    """
     lost: dict[str, str] = {}  # hosts lost (`Options.min_hosts`), and why
     # Each place's name in `lost`: its host's, "<host>#<index>" for a host named twice.
     labels = host_labels([*plan.hostnames, *plan.spares])
@@ -70,7 +94,7 @@ def _attempts(
         for attempt in range(cfg.max_restarts + 1):
             try:
                 result = run_attempt(cfg, warm, plan, payload, attempt, trace)
-                return replace(result, lost_hosts=dict(lost))
+                return replace(result, lost_hosts=dict(lost)), attempt
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as e:

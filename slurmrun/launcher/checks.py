@@ -46,6 +46,7 @@ def _validate(cfg: Options, func: object, func_args: object, func_kwargs: object
     if cfg.backend not in BACKENDS:
         raise OptionsValueError(f"backend must be one of {BACKENDS}, got {cfg.backend!r}")
     _validate_env_and_logs(cfg)
+    _validate_show_ranks(cfg.show_ranks)
     restarts = cfg.max_restarts
     if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
         raise OptionsValueError(f"max_restarts must be an int >= 0, got {restarts!r}")
@@ -89,6 +90,20 @@ def _validate_env_and_logs(cfg: Options) -> None:
         log_level()  # a bad SLURMRUN_LOG_LEVEL is an error before anything starts
     except ValueError as e:
         raise OptionsValueError(str(e)) from None
+
+
+def _validate_show_ranks(shown: object) -> None:
+    if shown == "all":
+        return
+    if (
+        isinstance(shown, str)
+        or not isinstance(shown, Sequence)
+        or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in shown)
+    ):
+        raise OptionsValueError(
+            f"show_ranks must be 'all' or a tuple of global ranks (ints >= 0), got {shown!r}: "
+            "e.g. show_ranks=(0, 3), or --ranks 0,3 on the command line"
+        )
 
 
 def _validate_env_mapping(variables: Mapping[Any, Any]) -> None:

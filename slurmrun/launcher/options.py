@@ -81,8 +81,15 @@ class Options:
     """A bash file that each agent sources before it starts workers; its exports reach them."""
 
     log_handlers: Annotated[list[logging.Handler] | None, tyro.conf.Suppress] = None
-    """Handlers for agents' and workers' output records; None: rank 0 and agent 0 live in the
-    terminal, and a file per worker under ``$SLURMRUN_LOG_DIR`` (see `slurmrun.logs`)."""
+    """Handlers for agents' and workers' output records; None: agent 0 and the ranks of
+    `show_ranks` live in the terminal, and a file per worker under ``$SLURMRUN_LOG_DIR`` (see
+    `slurmrun.logs`)."""
+
+    show_ranks: Literal["all"] | tuple[int, ...] = (0,)
+    """The global ranks whose output the terminal shows (with the default `log_handlers`):
+    rank 0, or ``"all"``, or some, ``(0, 3)``; each worker's file has its output either way.
+    On the command line ``--ranks all``, ``--ranks 0,3``. As torchrun's
+    ``--local-ranks-filter``, but of global ranks."""
 
     max_restarts: int = 0
     """How often the whole worker group is started again after a failure (same world size;
@@ -184,6 +191,7 @@ class LaunchOptions(TypedDict, total=False):
     extra_env_vars: tuple[str, ...] | Mapping[str, str]
     env_file: str | None
     log_handlers: list[logging.Handler] | None
+    show_ranks: Literal["all"] | tuple[int, ...]
     max_restarts: int
     hosts: int | None
     min_hosts: int | None

@@ -21,7 +21,7 @@ import logging
 import shutil
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,6 +43,9 @@ __all__ = ["AgentPool", "PoolBroken", "PoolState", "RunOwner"]
 
 # Beyond the workers' grace period: how long agents may take to say IDLE after END.
 IDLE_WAIT = 5.0
+NAMED_HOSTS = 4  # the hosts a line of the launcher names; more are "..."
+# Seconds agents may take to connect before the launcher says it is waiting for them.
+STARTING_NOTE = 1.0
 log = logging.getLogger("slurmrun")
 
 
@@ -89,6 +92,13 @@ class RunOwner(Protocol):
         """A request of this process for the run (stacks, a line typed for a debugger)."""
 
 
+def some_hosts(hostnames: Sequence[str]) -> str:
+    """``2 hosts (node1, node2)``: how many distinct hosts, and the first `NAMED_HOSTS`."""
+    hosts = list(dict.fromkeys(hostnames))
+    names = ", ".join(hosts[:NAMED_HOSTS]) + (", ..." if len(hosts) > NAMED_HOSTS else "")
+    return f"{len(hosts)} host{'s' * (len(hosts) != 1)} ({names})"
+
+
 @dataclass
 class AgentPool:
     """The agents of a launcher: `open` starts and connects them, `close` ends them.
@@ -116,6 +126,8 @@ class AgentPool:
     trace: Trace | None = None  # the current launch's events (set by the launcher)
     run: RunOwner | None = None  # the run in progress
     dropped: int = 0  # messages of other runs than the one in progress
+    # Given a line while agents take over `STARTING_NOTE` s to connect (None: silent).
+    starting_note: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.listener = Listener(self.server, self.secret, self.silence)
@@ -139,9 +151,13 @@ class AgentPool:
         self.state = PoolState.OPENING
         self.listener.start()
         self.starter.start(env)
-        deadline = time.monotonic() + self.connect_timeout
+        started = time.monotonic()
+        deadline = started + self.connect_timeout
         connected = lambda: len(self.agents) == len(self.hostnames)  # noqa: E731
-        if not pump(self.events, self.router, connected, deadline):
+        early = pump(self.events, self.router, connected, min(deadline, started + STARTING_NOTE))
+        if not early and self.starting_note is not None:
+            self.starting_note(self._starting_line())
+        if not early and not pump(self.events, self.router, connected, deadline):
             missing = [i for i in range(len(self.hostnames)) if i not in self.agents]
             raise AgentFailedError(
                 f"agents on {[self.hostnames[i] for i in missing]} did not connect within "
@@ -151,6 +167,14 @@ class AgentPool:
                 node_rank=missing[0],
             )
         self.state = PoolState.READY
+
+    def _starting_line(self) -> str:
+        """What the launcher says while agents are slow to connect (srun queued, ssh, images)."""
+        return (
+            f"slurmrun: starting agents on {some_hosts(self.hostnames)}: "
+            f"{len(self.agents)} of {len(self.hostnames)} connected, waiting up to "
+            f"{self.connect_timeout:.0f} s (--timeout)"
+        )
 
     def close(self, grace: float = 3.0) -> None:
         """Tells every live agent to exit, waits for them (bounded), then kills what is left.

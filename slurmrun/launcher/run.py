@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
@@ -59,6 +59,7 @@ class Run:
     # agents); with the default handlers they then send only the records shown live.
     agents_write_logs: bool = False
     log_level: int = logging.INFO
+    show_ranks: Literal["all"] | Collection[int] = (0,)  # the default handlers' live ranks
     trace: Trace | None = None  # the launch's events and milestones
     stall_timeout: float | None = None  # see `slurmrun.launcher.watch`
     keep_workers: bool = False  # see `Launcher.keep_workers` and `slurmrun.node.kept`
@@ -145,17 +146,21 @@ class Run:
             if self.workers_per_host is not None
             else [a.hello.auto_workers for a in order]
         )
-        # The default handlers show rank 0; each worker's file is written by its agent where
+        # The default handlers show `show_ranks`; each worker's file is written by its agent where
         # the agents see the log directory, else here (then every line must come here).
         own = self._own_handlers
         agent_files = own and self.agents_write_logs and self.log_dir is not None
         if own and self.log_dir is not None:  # where the verdicts find each worker's file
             self.verdicts.files(self.log_dir, written_here=not agent_files)
-        forward_all = not own or (self.log_dir is not None and not agent_files)
+        forward_all = (
+            not own or (self.log_dir is not None and not agent_files) or self.show_ranks == "all"
+        )
         title = str(self.start_header.get("title", ""))
         if own:
             files_here = None if agent_files else self.log_dir
-            self._handlers = default_handlers(pool.hostnames, files_here, self.log_level)
+            self._handlers = default_handlers(
+                pool.hostnames, files_here, self.log_level, self.show_ranks
+            )
             begin_files(self._handlers, self.labels, counts, run_header(self.id, title))
         master_addr = "127.0.0.1" if self.local_master else order[0].hello.addr
         # What every agent's START shares is built once; each gets its own share on top.
@@ -192,16 +197,18 @@ class Run:
                 workers=count,
                 rank_offset=offset,
                 node_rank=agent.node_rank,
-                forward_ranks=None if forward_all else self._shown_ranks(agent),
+                forward_ranks=None if forward_all else self._shown_ranks(offset, count),
                 log_name=self.labels[agent.node_rank],
             )
             agent.run = self.id  # busy until its IDLE for this run
             pool.send(agent, start, self.payload)
             offset += count
 
-    def _shown_ranks(self, agent: PoolAgent) -> list[int]:
-        """The local ranks of `agent` that the default handlers show: rank 0 of the first host."""
-        return [0] if agent.hostname == self.pool.hostnames[0] else []
+    def _shown_ranks(self, offset: int, count: int) -> list[int]:
+        """The local ranks shown live of an agent whose first worker is global rank `offset`."""
+        if self.show_ranks == "all":
+            return list(range(count))
+        return sorted(r - offset for r in self.show_ranks if offset <= r < offset + count)
 
     # ------------------------------------------------------------------ the run's messages
     def on_message(

@@ -201,6 +201,15 @@ class Warm:
         return self.pool
 
 
+def say(line: str) -> None:
+    """Prints a line of the launcher's own to the terminal (stderr), as the default handlers do.
+
+    The agents' start (`AgentPool.starting_note`) and a run's summary (`run_launch`) are said
+    so with the default `Options.log_handlers` at ``SLURMRUN_LOG_LEVEL`` INFO or below.
+    """
+    print(line, file=sys.stderr, flush=True)
+
+
 def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool:
     """Starts and connects the agents of `plan`."""
     address = launcher_address(
@@ -234,6 +243,7 @@ def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool
         silence=agent_silence,
         log_dir=log_dir,
         trace=trace,
+        starting_note=say if cfg.log_handlers is None and log_level() <= logging.INFO else None,
     )
     try:
         pool.open(env)
@@ -319,6 +329,7 @@ def _run(  # noqa: PLR0917 - private, called once
         log_dir=kept,
         agents_write_logs=isinstance(pool.starter, (LocalAgents, SrunAgents)),
         log_level=log_level(),
+        show_ranks=cfg.show_ranks,
         trace=trace,
         stall_timeout=cfg.stall_timeout,
         keep_workers=cfg.keep_workers,

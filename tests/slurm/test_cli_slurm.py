@@ -78,3 +78,21 @@ def test_sbatch_rank_that_raises_fails_the_job_with_its_traceback(tmp_path: Path
     assert "RuntimeError: rank 3 fails on purpose" in job.output
     assert 'raise RuntimeError(f"rank {rank} fails on purpose")' in job.output  # the traceback
     assert "rank 3 (host node2, local rank 1)" in job.output
+
+
+def test_sbatch_ranks_shown_are_those_chosen_on_every_node_and_the_run_is_summed_up(
+    tmp_path: Path, sbatch
+) -> None:
+    # Ranks 1 (node1's second) and 2 (node2's first): each agent forwards its own of them.
+    (tmp_path / "talk.py").write_text("import os\nprint('line of rank', os.environ['RANK'])\n")
+    job = sbatch(
+        f"#SBATCH -N2 --ntasks-per-node=2\n{EXPORT}"
+        f"{sys.executable} -m slurmrun --ranks 1,2 talk.py\n",
+        timeout=120,
+    )
+    assert job.returncode == 0, job.output
+    shown = sorted(line for line in job.output.splitlines() if "line of rank" in line)
+    assert shown == ["[node1:1] line of rank 1", "[node2:0] line of rank 2"], job.output
+    assert "slurmrun: 4 ranks on 2 hosts (node1, node2), " in job.output
+    folder = tmp_path / job.output.split("0 restarts; logs: ")[1].split()[0]  # (or absolute)
+    assert (folder / "node2.1.log").read_text() == "line of rank 3\n"  # not shown, in its file
