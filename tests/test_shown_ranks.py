@@ -71,7 +71,11 @@ def test_ranks_chosen_reach_the_terminal_and_every_file_has_its_own(
     assert cp.returncode == 0, cp.stderr
     assert _shown(cp.stdout) == shown, cp.stdout
     files = sorted({f.resolve() for f in (tmp_path / "logs").glob("*/localhost.[01].log")})
-    assert [f.read_text().strip() for f in files] == ["line of rank 0", "line of rank 1"]
+    # Each file: the run's header line, then what its worker wrote.
+    assert [f.read_text().splitlines()[1:] for f in files] == [
+        ["line of rank 0"],
+        ["line of rank 1"],
+    ]
 
 
 def test_a_successful_run_ends_with_one_summary_line_naming_the_log_folder(
