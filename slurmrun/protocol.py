@@ -197,7 +197,7 @@ class Start(Message):
     own_path: bool = False
     # The agent's output window from now on, in `log_cost` units (see OUTPUT_WINDOW); 0: as is.
     output_window: int = 0
-    # What the run runs (``func train``, ``script train.py``: `slurmrun.node.proctitle.run_title`),
+    # What the run runs (``func train``, ``script train.py``: `slurmrun.titles.run_title`),
     # for the header line that starts the run's part of each worker's log file.
     title: str = ""
 

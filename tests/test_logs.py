@@ -547,7 +547,7 @@ def test_missing_env_file_is_rejected_before_anything_starts(tmp_path):
 
 def test_a_runs_header_names_the_function_or_the_script():
     from slurmrun.cli.script import run_script
-    from slurmrun.node.proctitle import run_title
+    from slurmrun.titles import run_title
 
     assert run_title(run_script, ("/home/me/train.py", ["--lr", "1"]), {"module": False}) == (
         "script train.py"

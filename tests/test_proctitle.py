@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import slurmrun
-from slurmrun.node.proctitle import what_runs
+from slurmrun.titles import what_runs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,8 +20,8 @@ from slurmrun.launcher.dryrun import DryRun, describe_call, plan_dry_run
 from slurmrun.launcher.options import LaunchOptions, Options, option_names
 from slurmrun.launcher.plan import make_plan
 from slurmrun.launcher.warm import Warm
-from slurmrun.node.proctitle import run_title
 from slurmrun.result import LaunchResult
+from slurmrun.titles import run_title
 
 if sys.version_info >= (3, 11):
     from typing import Unpack

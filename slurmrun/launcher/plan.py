@@ -51,7 +51,7 @@ class Plan:
         spares: hosts of the allocation kept out of the run, to replace a lost one
             (`Launcher.hosts`; `slurmrun.launcher.elastic`).
         command: how each agent starts on its node (a container, srun options).
-        title: what the launch runs (`slurmrun.node.proctitle.run_title`), for the header
+        title: what the launch runs (`slurmrun.titles.run_title`), for the header
             line of each worker's log file.
     """
 

@@ -27,10 +27,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import os
 import socket
 from collections.abc import Mapping
-from typing import Any
 
 from slurmrun.variables import HOSTNAME_VAR
 
@@ -38,9 +36,7 @@ __all__ = [
     "AGENT_COMM",
     "SPAWNER_COMM",
     "node_name",
-    "run_title",
     "set_title",
-    "what_runs",
     "worker_comm",
     "worker_title",
 ]
@@ -50,7 +46,6 @@ SPAWNER_COMM = "slurmrun-spawn"
 _PR_SET_NAME = 15
 # What a script run by the ``slurmrun`` command is, as workers receive it (not imported: the
 # node side imports nothing of the command line's).
-_SCRIPT_RUNNER = ("slurmrun.cli.script", "run_script")
 
 
 def node_name(environ: Mapping[str, str]) -> str:
@@ -76,42 +71,6 @@ def worker_title(rank: int, host: str, local_rank: int, what: str = "") -> str:
 def worker_comm(rank: int) -> str:
     """A worker's ``comm`` (15 bytes): ``slurmrun-r5``."""
     return f"slurmrun-r{rank}"
-
-
-def what_runs(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
-    """What a worker runs, for its title: a script's base name, ``-m module``, or a function's name.
-
-    A function's qualified name, ``<locals>`` left out: ``Trainer.fit``, ``main.step``.
-    Never an argument: a command line is readable by every user of the host. Never raises
-    (a name is not worth failing a run for): "" when `func` has no name to give.
-    """
-    return _what_runs(func, args, kwargs)[1]
-
-
-def run_title(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
-    """What a run runs, for the header of each worker's log file (`slurmrun.logs.run_header`).
-
-    ``func Trainer.fit``, ``script train.py``, ``script -m package``: `what_runs`, with what
-    it is. Never raises.
-    """
-    kind, what = _what_runs(func, args, kwargs)
-    return f"{kind} {what}" if what else ""
-
-
-def _what_runs(func: Any, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[str, str]:
-    try:
-        while isinstance(func, functools.partial):
-            func = func.func
-        name = getattr(func, "__qualname__", None)
-        if (getattr(func, "__module__", None), name) == _SCRIPT_RUNNER:
-            target = args[0] if args else kwargs.get("target")
-            if isinstance(target, str):
-                module = args[2] if len(args) > 2 else kwargs.get("module", False)
-                return "script", f"-m {target}" if module else os.path.basename(target)
-        # A function defined in a function: "main.<locals>.step" reads as "main.step".
-        return "func", str(name or type(func).__qualname__).replace(".<locals>", "")
-    except Exception:
-        return "", ""
 
 
 @functools.lru_cache(maxsize=1)

@@ -21,9 +21,10 @@ from datetime import timedelta
 
 from slurmrun import protocol, variables, worker_env
 from slurmrun.node import debugger, inbox, preloads
-from slurmrun.node.proctitle import set_title, what_runs, worker_comm, worker_title
+from slurmrun.node.proctitle import set_title, worker_comm, worker_title
 from slurmrun.output import MAX_LINE, log_frame
 from slurmrun.pickling import dumps, loads
+from slurmrun.titles import what_runs
 from slurmrun.transport import Connection, Frame, OutOfBand, nbytes
 
 __all__ = ["STREAM_GRANTED", "STREAM_MIN_BYTES", "STREAM_REFUSED", "WorkerSpec", "run_worker"]

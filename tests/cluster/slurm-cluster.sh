@@ -394,9 +394,12 @@ adopt_pidfiles() {  # N : prefer the PID each daemon wrote itself, if it is aliv
 }
 
 start_daemons() {  # N ctl_ip
+  # Each daemon (and every slurmstepd it forks) works in /, not in the caller's directory,
+  # which may be a checkout removed while the cluster runs on (a job's steps then say
+  # "Unable to get current working directory").
   local n=$1 ctl_ip=$2 i
   # controller: own UTS namespace so its hostname matches SlurmctldHost on any machine
-  setsid unshare --uts sh -c "hostname $CTL_NAME && exec slurmctld -D -i" \
+  setsid unshare --uts sh -c "cd / && hostname $CTL_NAME && exec slurmctld -D -i" \
     </dev/null >>"$LOGD/slurmctld.stdout" 2>&1 9>&- &
   echo $! >"$PIDS/slurmctld.pid"
   # from here on the recorded PID must name the daemon (kill_recorded checks cmdline)
@@ -404,12 +407,12 @@ start_daemons() {  # N ctl_ip
   wait_until "$TIMEOUT" ctld_up_or_dead || { tail -20 "$LOGD/slurmctld.log" >&2 || true; die "slurmctld did not come up"; }
   for i in $(seq 1 "$n"); do
     if [ "$MODE" = multi ]; then
-      setsid unshare --uts sh -c "hostname node$i && exec slurmd -D -N node$i" \
+      setsid unshare --uts sh -c "cd / && hostname node$i && exec slurmd -D -N node$i" \
         </dev/null >>"$LOGD/slurmd-node$i.stdout" 2>&1 9>&- &
     else
       # nsenter, not `ip netns exec`: the latter remounts /sys, hiding /sys/fs/cgroup, and
       # slurmd 22.05 always inits its cgroup plugin -> "No filesystem mounted on /sys/fs/cgroup"
-      setsid nsenter --net="/run/netns/${NS_PREFIX}node$i" unshare --uts sh -c "hostname node$i && exec slurmd -D -N node$i" \
+      setsid nsenter --net="/run/netns/${NS_PREFIX}node$i" unshare --uts sh -c "cd / && hostname node$i && exec slurmd -D -N node$i" \
         </dev/null >>"$LOGD/slurmd-node$i.stdout" 2>&1 9>&- &
     fi
     echo $! >"$PIDS/slurmd-node$i.pid"
