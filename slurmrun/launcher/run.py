@@ -106,13 +106,15 @@ class Run:
                 self.watch.close()
                 self._end()
         finally:
-            self._stage.close()  # every line the run's workers wrote is shown before it ends
-            self.pool.finish(self)
-            if self._own_handlers:
-                for handler in self._handlers:
-                    handler.close()
-            else:  # the run's streams ended: a progress line's final state shows now
-                flush_handlers(self._handlers)
+            try:  # every line the run's workers wrote is shown before it ends (Ctrl-C: not)
+                self._stage.close()
+            finally:
+                self.pool.finish(self)
+                if self._own_handlers:
+                    for handler in self._handlers:
+                        handler.close()
+                else:  # the run's streams ended: a progress line's final state shows now
+                    flush_handlers(self._handlers)
 
     def _end(self) -> None:
         """Tells every agent to stop the run's workers, and waits until each is idle.
