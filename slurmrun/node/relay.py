@@ -223,8 +223,10 @@ class Relay:
         last, deadline = worker.output_read, time.monotonic() + limit
         while True:
             with worker.output_lock:
-                if worker.output_read >= target or all(s.fileno() < 0 for s in worker.outputs):
+                if all(s.fileno() < 0 for s in worker.outputs):
                     return
+                if worker.output_read >= target and not _at_end(worker.outputs):
+                    return  # (a stream at its end is closed by its reader: its last line ends)
                 read = worker.output_read
             now = time.monotonic()
             if read != last or (hold and self.window.waiting):
@@ -317,6 +319,18 @@ def _read(sock: socket.socket) -> bytes:
         if len(data) >= READ_SIZE:
             break
     return data
+
+
+def _at_end(socks: list[socket.socket]) -> bool:
+    """Whether one of `socks` is at the end of its stream (readable, with nothing to read)."""
+    return any(s.fileno() >= 0 and _readable(s) and _unread([s]) == 0 for s in socks)
+
+
+def _readable(sock: socket.socket) -> bool:
+    try:
+        return wait_readable([sock.fileno()], 0)
+    except (OSError, ValueError):
+        return False
 
 
 def _unread(socks: list[socket.socket]) -> int:
