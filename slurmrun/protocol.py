@@ -110,6 +110,8 @@ HEARTBEATS_PER_TIMEOUT = 5
 # to this long (SLURM's kill normally comes first; `scancel --signal=TERM` sends none), and
 # the launcher waits for such an agent as long.
 SLURM_TERM_WAIT = 900.0
+# How long an agent waits for SLURM's SIGTERM when the launcher's END says it got one (`End`).
+SIGTERM_LAG = 1.0
 
 # Output flow control: an agent sends a LOG frame only while the LOG it sent, and the launcher
 # has not yet shown (or dropped), costs at most its window; CREDIT gives the cost back. The
@@ -232,6 +234,10 @@ class End(Message):
     KIND: ClassVar[str] = END
     run: int
     keep: bool = False  # the run succeeded and its workers serve the next one (Start.keep)
+    # The launcher got SIGTERM: SLURM may be signalling this step's workers too (scancel, the
+    # time limit), so the agent waits up to `SIGTERM_LAG` for that before it signals them itself
+    # (a second SIGTERM would run a checkpointing handler twice).
+    after_sigterm: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ launcher's business.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ class Run:
         self.labels = host_labels(self.pool.hostnames)
         self.ending = False  # END was sent: only output still counts, nothing is judged
         self._succeeded = False  # every result is in: kept workers serve the next run
+        self._after_sigterm = False  # the launcher got SIGTERM during the run (`protocol.End`)
         self.verdicts = Verdicts(self.pool, self._shares, self.trace, self.labels)
         self.watch = RunWatch(self.pool, self._shares, self.labels, self.trace, self)
 
@@ -95,6 +97,9 @@ class Run:
                 self.watch.begin(self.id)
                 pump(self.pool.events, self.pool.router, self._finished)
                 result = self._collect()
+            except SystemExit as e:  # `warm.sigterm_as_exit`: SLURM may be ending the job
+                self._after_sigterm = e.code == 128 + signal.SIGTERM
+                raise
             except (KeyboardInterrupt, Exception) as e:
                 self.ending = True  # the outcome stands: the dump only looks
                 self.watch.before_stop(e)
@@ -127,7 +132,11 @@ class Run:
         if self.pool.dead:  # silent agents answer nothing: waiting for them would only delay
             self.pool.breaks(f"agents declared dead: node ranks {sorted(self.pool.dead)}")
         busy = [s.agent for s in self._shares.values() if s.agent.run == self.id]
-        end = protocol.End(run=self.id, keep=self.keep_workers and self._succeeded).header()
+        end = protocol.End(
+            run=self.id,
+            keep=self.keep_workers and self._succeeded,
+            after_sigterm=self._after_sigterm,
+        ).header()
         for agent in busy:
             if agent.closed or self.pool.broken:
                 return  # the launcher closes the pool, which stops every worker

@@ -73,14 +73,24 @@ class RunEnds:
         self._through = 0  # every run up to this one is ended
         self._all = False
         self._keep = 0  # the last run whose END said to keep its workers
+        self._after_sigterm = 0  # the last run whose END came from a launcher that got SIGTERM
 
-    def end(self, run: int, keep: bool = False) -> None:
-        """The launcher ended `run` (and so every run before it); `keep`: keep its workers."""
+    def end(self, run: int, keep: bool = False, after_sigterm: bool = False) -> None:
+        """The launcher ended `run` (and so every run before it); `keep`: keep its workers.
+
+        `after_sigterm`: the launcher got SIGTERM (`protocol.End.after_sigterm`).
+        """
         with self._cond:
             self._through = max(self._through, run)
             if keep:
                 self._keep = run
+            if after_sigterm:
+                self._after_sigterm = run
             self._cond.notify_all()
+
+    def sigterm_lag(self, run: int) -> float:
+        """How long to wait for SLURM's SIGTERM before signalling `run`'s workers (`End`)."""
+        return protocol.SIGTERM_LAG if self._after_sigterm == run else 0.0
 
     def keeps(self, run: int) -> bool:
         """Whether the launcher ended `run` keeping its workers (and is still here)."""
@@ -130,6 +140,7 @@ class Agent:
     relay: Relay = field(init=False)  # carries the workers' output and frames to the launcher
     # SLURM is ending our step: the workers got its SIGTERM and have until its SIGKILL.
     slurm_ending: threading.Event = field(default_factory=threading.Event)
+    in_step: bool = False  # in a SLURM step: SLURM's SIGTERM reaches the workers itself
     # TERMINATING was sent (once, and before any DIED that follows)
     _ending_said: bool = field(default=False, init=False)
     _ending_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
@@ -169,7 +180,7 @@ class Agent:
             self.relay.window.begin(message.run, message.output_window)
             self.inbox.put(frame)
         elif isinstance(message, protocol.End):
-            self.runs.end(message.run, message.keep)
+            self.runs.end(message.run, message.keep, message.after_sigterm)
         elif isinstance(message, protocol.AskStacks):
             self._stacks(message)
         elif isinstance(message, protocol.DebugInput):
@@ -206,14 +217,15 @@ class Agent:
             keep = False
             try:
                 run.spawn(bytes(frame.body), kept, fresh_why)
-                run.supervise(functools.partial(self.runs.ended, start.run))
+                lag = functools.partial(self._sigterm_lag, start.run)
+                run.supervise(functools.partial(self.runs.ended, start.run), lag)
                 self.runs.wait(start.run)
                 keep = start.keep and self.runs.keeps(start.run)
             except SpawnError as e:
                 self.launcher.cut(f"cannot start workers: {e}")
                 raise
             finally:
-                links = run.finish(keep)
+                links = run.finish(keep, self._sigterm_lag(start.run))
                 self.current = None
                 if links is not None:
                     self.kept = KeptWorkers(start, links)
@@ -223,6 +235,10 @@ class Agent:
                 idle = protocol.Idle(run=start.run, master_port=self.store_port.renew())
                 with contextlib.suppress(OSError):  # cut: the launcher sees the end
                     self.launcher.send(idle.header())
+
+    def _sigterm_lag(self, run: int) -> float:
+        """How long to wait for SLURM's SIGTERM before signalling `run`'s workers ourselves."""
+        return self.runs.sigterm_lag(run) if self.in_step else 0.0
 
     def _workers(self, start: protocol.Start, links: list[WorkerLink] | None = None) -> RunWorkers:
         if self.spawner is None:
@@ -450,7 +466,8 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         store_port=store_port,
         silence=silence,
     )
-    if "SLURM_STEP_ID" not in os.environ:
+    agent.in_step = "SLURM_STEP_ID" in os.environ
+    if not agent.in_step:
         # Inside a SLURM step, slurmstepd signals every process of the step itself (workers
         # included); forwarding there would deliver each signal twice.
         for signum in FORWARDED_SIGNALS:

@@ -193,12 +193,13 @@ class RunWorkers:
         return worker
 
     # ------------------------------------------------------------------ watch
-    def supervise(self, ended: Callable[[], bool]) -> None:
+    def supervise(self, ended: Callable[[], bool], lag: Callable[[], float]) -> None:
         """Waits until every worker exited, one died without a result, or `ended()`.
 
         Sends DONE when every worker exited with its result forwarded (or, for workers to be
         kept, forwarded its result); DIED (by `_judge`) for one that did not. Then stops
-        whatever is left, unless DONE was sent: kept workers wait for END.
+        whatever is left, unless DONE was sent: kept workers wait for END. `lag()`: how long
+        to wait for SLURM's own SIGTERM first (`protocol.SIGTERM_LAG`).
         """
         failed = done = False
         keep = self.start.keep
@@ -213,7 +214,7 @@ class RunWorkers:
                 if self._judge(worker):
                     failed = True
         if not done:
-            self.stop()
+            self.stop(lag())
 
     def _exited(self, live: list[WorkerLink]) -> list[WorkerLink]:
         """Those of `live` that exited, waiting up to `_POLL` for one to, or for a final frame."""
@@ -275,16 +276,17 @@ class RunWorkers:
             worker.process.send_signal(signum)
 
     # ------------------------------------------------------------------ stop
-    def stop(self) -> None:
+    def stop(self, lag: float = 0.0) -> None:
         """Stops every live worker of the run (`stop_workers`)."""
-        stop_workers(self.workers, self.start.grace, self.slurm_ending)
+        stop_workers(self.workers, self.start.grace, self.slurm_ending, lag)
 
-    def finish(self, keep: bool = False) -> list[WorkerLink] | None:
+    def finish(self, keep: bool = False, lag: float = 0.0) -> list[WorkerLink] | None:
         """Ends what the workers left behind, then their output threads and log files.
 
         Args:
             keep: the launcher keeps this run's workers for the next (END said so); they are
                 kept if each is alive and forwarded its result.
+            lag: how long to wait for SLURM's own SIGTERM first (`protocol.SIGTERM_LAG`).
 
         Returns:
             The workers kept (their threads and files go on), or None: every one was stopped.
@@ -294,7 +296,7 @@ class RunWorkers:
             kept, self.workers = self.workers, []
             for worker in kept:
                 worker.wake = None
-        self.stop()
+        self.stop(lag)
         strays = 0
         if self.workers or kept:  # (a spawner still importing torch would answer only once done)
             with contextlib.suppress(SpawnError):  # a dead spawner took its strays with it
@@ -321,16 +323,19 @@ class RunWorkers:
         return kept
 
 
-def stop_workers(workers: list[WorkerLink], grace: float, slurm_ending: threading.Event) -> None:
+def stop_workers(
+    workers: list[WorkerLink], grace: float, slurm_ending: threading.Event, lag: float = 0.0
+) -> None:
     """SIGTERM every live worker's group, then SIGKILL what is alive after `grace` seconds.
 
     When SLURM is ending the step, the workers got its SIGTERM already: a second one could
     cut a checkpoint short (a Python handler runs again), so they are only waited for, up
-    to `protocol.SLURM_TERM_WAIT`; also when SLURM's SIGTERM comes during the grace period
-    (the launcher's END can arrive first, when SLURM signals it too).
+    to `protocol.SLURM_TERM_WAIT`; also when SLURM's SIGTERM comes during the grace period.
+    The launcher's END can arrive first when SLURM signals it too: `lag` (END said the
+    launcher got SIGTERM) is how long SLURM's own signal is waited for before ours is sent.
     """
     alive = [w.process for w in workers if w.process.is_alive()]
-    ending = slurm_ending.is_set()
+    ending = slurm_ending.is_set() or (bool(alive) and lag > 0 and slurm_ending.wait(lag))
     if not ending:
         for process in alive:
             _signal_group(process, signal.SIGTERM)
