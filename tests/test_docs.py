@@ -128,6 +128,21 @@ def test_docs_build_with_warnings_as_errors_and_document_every_public_name(tmp_p
     assert not missing, f"docs/api.md does not document {missing}"
 
 
+def test_options_tables_are_the_ones_generated_from_options():
+    """An option added to `Options` (or a docstring changed) is in docs/api.md and cli.md."""
+    from slurmrun.cli import doctables
+
+    stale = []
+    for name, (page, make) in doctables.TABLES.items():
+        text = (REPO / page).read_text()
+        try:
+            if doctables.replace_table(text, name, make()) != text:
+                stale.append(f"{page}: the options table {name!r} is not Options' own")
+        except doctables.TableMarkersError as e:
+            stale.append(f"{page}: {e}")
+    assert not stale, "\n".join(stale) + f"\n(run {doctables.COMMAND})"
+
+
 def test_every_page_is_in_the_site():
     import slurmrun  # noqa: F401 - the package must import for the toctree check to mean much
 
