@@ -270,6 +270,19 @@ def test_troubleshooting_quotes_messages_slurmrun_prints():
     assert not stale, "messages slurmrun no longer prints:\n" + "\n".join(stale)
 
 
+def test_info_output_in_the_docs_is_the_golden_files_test_info_checks():
+    """`slurmrun info`'s output is shown from tests/golden (kept equal to the real output by
+    tests/test_info.py), never pasted into a page, where it goes stale."""
+    pasted = [
+        b.id for b in blocks() if "what launch() with defaults would do:" in b.text.splitlines()
+    ]
+    assert not pasted, f"`slurmrun info` output pasted (literalinclude its golden file): {pasted}"
+    page = (DOCS / "info.md").read_text()
+    for golden in ("info_outside_slurm.txt", "info_job_shell.txt"):
+        assert f"```{{literalinclude}} ../tests/golden/{golden}" in page, golden
+        assert (REPO / "tests" / "golden" / golden).exists()
+
+
 def test_readme_links_the_docs_it_names_and_says_why_and_how_to_get_cpu_torch():
     text = (REPO / "README.md").read_text()
     unlinked = re.findall(r"`docs/\w+\.md`", text)
