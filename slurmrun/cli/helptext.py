@@ -112,8 +112,7 @@ def field_docstrings(cls: type) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class OptionHelp:
-    """One launcher option as ``--help`` shows it (and docs/cli.md's table, see
-    `slurmrun.cli.doctables`)."""
+    """One launcher option as ``--help`` shows it (docs/cli.md's table too: `cli.doctables`)."""
 
     name: str  # ``--timeout SECONDS``; a flag's ``--flight-recorder, --no-flight-recorder``
     text: str  # its field's docstring, plain
