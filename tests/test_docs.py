@@ -128,6 +128,21 @@ def test_docs_build_with_warnings_as_errors_and_document_every_public_name(tmp_p
     assert not missing, f"docs/api.md does not document {missing}"
 
 
+def test_options_tables_are_the_ones_generated_from_options():
+    """An option added to `Options` (or a docstring changed) is in docs/api.md and cli.md."""
+    from slurmrun.cli import doctables
+
+    stale = []
+    for name, (page, make) in doctables.TABLES.items():
+        text = (REPO / page).read_text()
+        try:
+            if doctables.replace_table(text, name, make()) != text:
+                stale.append(f"{page}: the options table {name!r} is not Options' own")
+        except doctables.TableMarkersError as e:
+            stale.append(f"{page}: {e}")
+    assert not stale, "\n".join(stale) + f"\n(run {doctables.COMMAND})"
+
+
 def test_every_page_is_in_the_site():
     import slurmrun  # noqa: F401 - the package must import for the toctree check to mean much
 
@@ -253,6 +268,19 @@ def test_troubleshooting_quotes_messages_slurmrun_prints():
     assert len(quoted) >= 10
     stale = [line for line in quoted if not printable(line)]
     assert not stale, "messages slurmrun no longer prints:\n" + "\n".join(stale)
+
+
+def test_info_output_in_the_docs_is_the_golden_files_test_info_checks():
+    """`slurmrun info`'s output is shown from tests/golden (kept equal to the real output by
+    tests/test_info.py), never pasted into a page, where it goes stale."""
+    pasted = [
+        b.id for b in blocks() if "what launch() with defaults would do:" in b.text.splitlines()
+    ]
+    assert not pasted, f"`slurmrun info` output pasted (literalinclude its golden file): {pasted}"
+    page = (DOCS / "info.md").read_text()
+    for golden in ("info_outside_slurm.txt", "info_job_shell.txt"):
+        assert f"```{{literalinclude}} ../tests/golden/{golden}" in page, golden
+        assert (REPO / "tests" / "golden" / golden).exists()
 
 
 def test_readme_links_the_docs_it_names_and_says_why_and_how_to_get_cpu_torch():

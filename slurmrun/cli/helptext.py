@@ -12,11 +12,20 @@ import re
 import shlex
 import shutil
 import textwrap
+from dataclasses import dataclass
 from typing import Any
 
 from slurmrun.cli.verbs import VERBS
 
-__all__ = ["USAGE", "field_docstrings", "help_text", "plain", "usage_text"]
+__all__ = [
+    "USAGE",
+    "OptionHelp",
+    "field_docstrings",
+    "help_text",
+    "launcher_option_help",
+    "plain",
+    "usage_text",
+]
 
 USAGE = [
     "[OPTIONS] SCRIPT [ARGS...]",
@@ -101,8 +110,17 @@ def field_docstrings(cls: type) -> dict[str, str]:
     return docs
 
 
-def _launcher_options() -> list[tuple[str, str]]:
-    """(``--option METAVAR``, plain help with the command's default) per launcher option."""
+@dataclass(frozen=True)
+class OptionHelp:
+    """One launcher option as ``--help`` shows it (docs/cli.md's table too: `cli.doctables`)."""
+
+    name: str  # ``--timeout SECONDS``; a flag's ``--flight-recorder, --no-flight-recorder``
+    text: str  # its field's docstring, plain
+    default: str  # the command's default (``on``/``off`` for a flag); "" when there is none
+
+
+def launcher_option_help() -> list[OptionHelp]:
+    """Every launcher option of the command line, in `Options`' order, as ``--help`` shows it."""
     from slurmrun.cli.command import command_defaults  # noqa: PLC0415
     from slurmrun.cli.values import ALIASES, option_specs  # noqa: PLC0415
     from slurmrun.launcher.options import Options  # noqa: PLC0415
@@ -113,15 +131,20 @@ def _launcher_options() -> list[tuple[str, str]]:
     names = frozenset(spec.name for spec in specs)
     options = []
     for spec in specs:
-        text = plain(docs.get(spec.name, ""), names)
         value = getattr(defaults, spec.name)
         default = ("on" if value else "off") if spec.flag else _default_text(value)
-        if default:
-            text += f" (default: {default})"
         spelt = ", ".join([spec.option, *(a for a, o in ALIASES.items() if o == spec.option)])
         name = f"{spelt}, {spec.off}" if spec.flag else f"{spelt} {spec.metavar}"
-        options.append((name, text))
+        options.append(OptionHelp(name, plain(docs.get(spec.name, ""), names), default))
     return options
+
+
+def _launcher_options() -> list[tuple[str, str]]:
+    """(``--option METAVAR``, plain help with the command's default) per launcher option."""
+    return [
+        (o.name, f"{o.text} (default: {o.default})" if o.default else o.text)
+        for o in launcher_option_help()
+    ]
 
 
 def _default_text(value: Any) -> str:

@@ -43,8 +43,8 @@ Backend = Literal["nccl", "gloo", "mpi", "ucc", "auto"] | None
 class Options:
     """The options of a launch: `slurmrun.Launcher`'s fields (see there), one per line below.
 
-    Each field's docstring is its documentation: tyro shows it as the command line's help and
-    docs/api.md's table repeats it in short.
+    Each field's docstring is its documentation: ``slurmrun --help`` and tyro show it, the options
+    tables of docs/api.md and docs/cli.md are generated from it (`slurmrun.cli.doctables`).
     """
 
     # The literals first: tyro tries the union's members in order ("auto" is a list of one).
