@@ -31,8 +31,9 @@ __all__ = ["Completer", "LineEditor"]
 # text, line, begidx, endidx -> the completions of `text` (readline's completer, in one call)
 Completer = Callable[[str, str, int, int], list[str]]
 
-# pdb's own word breaks ("." is none: ``p obj.attr`` completes as one expression)
-PDB_DELIMS = " \t\n`@#$%^&*()=+[{]}\\|;:'\",<>?"
+# pdb's own word breaks (Python 3.13's): "." is none, so ``p obj.attr`` completes as one
+# expression, nor "$" (pdb's convenience variables, ``$_exitcode``)
+PDB_DELIMS = " \t\n`@#%^&*()=+[{]}\\|;:'\",<>?"
 
 _LINE_FUNC = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _editor: LineEditor | None = None
