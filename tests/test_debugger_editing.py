@@ -137,3 +137,28 @@ def test_tab_waits_a_bounded_time_for_a_rank_that_does_not_answer() -> None:
     assert time.monotonic() - start < 1.0
     wanted.give(["secret_value"])
     assert wanted.wait(threading.Event(), 0.3) == ["secret_value"]
+
+
+def test_without_gnu_readline_lines_are_read_as_typed_and_notices_come_above_the_prompt(
+    tmp_path: Path,
+) -> None:
+    # A Python on libedit (or without readline): the line as the terminal's own line
+    # discipline gives it; the notice still ends with the prompt shown again.
+    (tmp_path / "script.py").write_text("import os\nos.environ['LATE'] = '2'\n" + SCRIPT)
+    no_readline = (
+        "import runpy, sys\n"
+        "import slurmrun.launcher.line_editor as editor\n"
+        "editor._loaded = True  # (as _load() finds for a libedit Python: no editor)\n"
+        "sys.argv = ['slurmrun', '--workers-per-host', '2', 'script.py']\n"
+        "runpy.run_module('slurmrun', run_name='__main__', alter_sys=True)\n"
+    )
+    child = _spawn(tmp_path, "-c", no_readline)
+    child.expect_exact(PROMPT)
+    _type(child, "p secret")
+    child.expect_exact("localhost rank 1 stopped at a breakpoint too", timeout=QUICK)
+    child.expect_exact(PROMPT, timeout=QUICK)
+    _answer(child, "_value", "17")
+    child.sendline("c")
+    child.expect_exact("(Pdb) [localhost rank 1] ", timeout=QUICK)
+    child.sendline("c")
+    assert _finish(child) == 0
