@@ -33,6 +33,9 @@ During a run, two exchanges look inside it (`slurmrun.stacks`, `slurmrun.node.de
     DEBUGGER (PROMPT) ------->                             a worker's pdb wants a line
            <------------------  DEBUG_INPUT                the user's line, for that worker
     DEBUGGER (ENDED) -------->                             its session is over
+
+While a prompt waits, Tab asks that worker's pdb for completions (`DebugComplete`, launcher ->
+agent -> worker; `DebugCompletions` back): the launcher waits for the answer a moment only.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ __all__ = [
     "CLOSE",
     "CREDIT",
     "DEBUGGER",
+    "DEBUG_COMPLETE",
+    "DEBUG_COMPLETIONS",
     "DEBUG_INPUT",
     "DIED",
     "DONE",
@@ -73,6 +78,8 @@ __all__ = [
     "AskStacks",
     "Close",
     "Credit",
+    "DebugComplete",
+    "DebugCompletions",
     "DebugInput",
     "DebugState",
     "Debugger",
@@ -508,3 +515,55 @@ def parse(header: dict[str, Any]) -> Message:
     if cls is None:
         raise ProtocolError(f"unknown message kind {header.get('t')!r}")
     return cls.from_header(header)
+
+
+# ------------------------------------------------------------ completion in a debugger
+# launcher -> agent -> worker
+DEBUG_COMPLETE = "debug_complete"  # `DebugComplete`: Tab was pressed at a worker's pdb prompt
+# worker -> agent -> launcher
+DEBUG_COMPLETIONS = "debug_completions"  # `DebugCompletions`: that pdb's answer
+
+# What one answer may hold: a Tab after ``p `` in a module with thousands of names lists
+# only this many, each clipped (the header stays far below the transport's limit).
+COMPLETIONS_LIMIT = 1000
+COMPLETION_TEXT_LIMIT = 256
+
+
+@dataclass(frozen=True)
+class DebugComplete(Message):
+    """Tab at the prompt of worker `local_rank`'s pdb: complete `text`, in `line`.
+
+    `begidx` and `endidx` are where `text` lies in `line` (what readline's completer is
+    given); the answer carries `request` back.
+    """
+
+    KIND: ClassVar[str] = DEBUG_COMPLETE
+    run: int
+    local_rank: int
+    request: int
+    text: str
+    line: str
+    begidx: int
+    endidx: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "line", clip(self.line, COMPLETION_TEXT_LIMIT * 16))
+        object.__setattr__(self, "text", clip(self.text, COMPLETION_TEXT_LIMIT))
+
+
+@dataclass(frozen=True)
+class DebugCompletions(Message):
+    """A worker's pdb answers `DebugComplete` `request`: the completions of its text."""
+
+    KIND: ClassVar[str] = DEBUG_COMPLETIONS
+    request: int
+    matches: list[str] = dataclasses.field(default_factory=list)  # at most COMPLETIONS_LIMIT
+    local_rank: int = -1
+    run: int = 0
+
+    def __post_init__(self) -> None:
+        kept = [m for m in self.matches[:COMPLETIONS_LIMIT] if len(m) <= COMPLETION_TEXT_LIMIT]
+        object.__setattr__(self, "matches", kept)
+
+
+KINDS.update({cls.KIND: cls for cls in (DebugComplete, DebugCompletions)})

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import termios
 import textwrap
 import time
 from collections.abc import Iterator
@@ -215,7 +216,12 @@ def test_ctrl_c_during_a_session_ends_the_run(tmp_path: Path) -> None:
     (tmp_path / "script.py").write_text(SCRIPT)
     child = _spawn(tmp_path, "-m", "slurmrun", "--workers-per-host", "2", "script.py")
     child.expect_exact("(Pdb) [localhost rank 1] ")
+    child.send("p some")  # (a line in the editing: readline has the terminal in its mode)
+    time.sleep(0.2)
     child.sendintr()
+    child.expect(pexpect.EOF)
+    modes = termios.tcgetattr(child.child_fd)[3]  # the terminal is given back as it was
+    assert modes & termios.ICANON and modes & termios.ECHO, modes
     assert _finish(child) == 130
     _none_left_in(tmp_path)
 

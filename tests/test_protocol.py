@@ -68,6 +68,10 @@ def test_every_kind_round_trips_through_its_header() -> None:
         protocol.Stacks(request=7, source="faulthandler", note="n", local_rank=1, run=3),
         protocol.Debugger(state=protocol.DebugState.PROMPT.value, where="node2 rank 5", run=3),
         protocol.DebugInput(run=3, local_rank=1, eof=True),
+        protocol.DebugComplete(
+            run=3, local_rank=1, request=2, text="sec", line="p sec", begidx=2, endidx=5
+        ),
+        protocol.DebugCompletions(request=2, matches=["secret_value"], local_rank=1, run=3),
     ]
     assert {type(m) for m in messages} | {protocol.Start, protocol.Hello} == set(
         protocol.KINDS.values()

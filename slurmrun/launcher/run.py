@@ -239,6 +239,8 @@ class Run:
         elif isinstance(message, protocol.Debugger):
             self._stage.flush()  # the lines the debugger printed before its prompt come first
             self.watch.on_debugger(agent.node_rank, message, bytes(frame.body))
+        elif isinstance(message, protocol.DebugCompletions):
+            self.watch.on_completions(agent.node_rank, message)
         elif self.ending:
             return  # the run's outcome stands: what its workers say now changes nothing
         elif isinstance(message, protocol.Result):

@@ -27,7 +27,13 @@ from typing import TYPE_CHECKING, Protocol
 from slurmrun import protocol
 from slurmrun.errors import add_note
 from slurmrun.events import Stalled, Trace
-from slurmrun.launcher.console import LineTyped, Sessions, TerminalReader, has_terminal
+from slurmrun.launcher.console import (
+    CompletionWanted,
+    LineTyped,
+    Sessions,
+    TerminalReader,
+    has_terminal,
+)
 from slurmrun.launcher.pool import AgentPool
 from slurmrun.launcher.pump import Local, pump
 from slurmrun.launcher.share import Share
@@ -168,6 +174,8 @@ class RunWatch:
             self.want(event.why, event.timeout, lambda report: _answer(answer, report, self))
         elif isinstance(event, LineTyped):
             self.sessions.on_line(event)
+        elif isinstance(event, CompletionWanted):
+            self.sessions.on_complete(event)
         else:
             event.unowned()
 
@@ -175,6 +183,10 @@ class RunWatch:
         """A worker's debugger spoke."""
         self.last_word = time.monotonic()
         self.sessions.on_message(self.run, (node_rank, message.local_rank), message, body)
+
+    def on_completions(self, node_rank: int, message: protocol.DebugCompletions) -> None:
+        """A worker's debugger answered Tab."""
+        self.sessions.on_completions((node_rank, message.local_rank), message)
 
     def on_tick(self, now: float) -> None:
         """Makes the report whose time is up; notices a stall."""
@@ -256,7 +268,7 @@ class RunWatch:
                 done(report)
         self.sessions.close()
 
-    def _send_input(self, node_rank: int, message: protocol.DebugInput, line: bytes) -> None:
+    def _send_input(self, node_rank: int, message: protocol.Message, line: bytes) -> None:
         share = self.shares.get(node_rank)
         if share is not None and not share.agent.closed:
             self.pool.send(share.agent, message.header(), line)

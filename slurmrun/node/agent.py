@@ -183,7 +183,7 @@ class Agent:
             self.runs.end(message.run, message.keep, message.after_sigterm)
         elif isinstance(message, protocol.AskStacks):
             self._stacks(message)
-        elif isinstance(message, protocol.DebugInput):
+        elif isinstance(message, protocol.DebugInput | protocol.DebugComplete):
             current = self.current
             if current is not None and current.start.run == message.run:
                 current.debug_input(message, bytes(frame.body))

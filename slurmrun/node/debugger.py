@@ -24,6 +24,7 @@ import queue
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,16 @@ if TYPE_CHECKING:
 
     from slurmrun.transport import Connection
 
-__all__ = ["attach", "begin_run", "breakpoint", "end_run", "give_input", "set_trace"]
+__all__ = [
+    "attach",
+    "begin_run",
+    "breakpoint",
+    "end_run",
+    "give_completion",
+    "give_input",
+    "quit_line",
+    "set_trace",
+]
 
 # What pdb may write between two prompts that travels (the rest is cut, saying so).
 OUTPUT_LIMIT = 1 << 20
@@ -53,7 +63,10 @@ class _RunInput:
     """
 
     run: int | None  # None: the worker's first run (the only one its lines can be for yet)
-    lines: queue.Queue[str | None] = field(default_factory=lambda: queue.Queue(maxsize=16))
+    # The lines typed, and the completions asked for (Tab) while pdb waits for a line.
+    lines: queue.Queue[str | protocol.DebugComplete | None] = field(
+        default_factory=lambda: queue.Queue(maxsize=16)
+    )
     closed: threading.Event = field(default_factory=threading.Event)
 
 
@@ -93,6 +106,28 @@ def give_input(line: str | None, run: int) -> None:
         return
     with contextlib.suppress(queue.Full):
         run_input.lines.put_nowait(line)
+
+
+def give_completion(ask: protocol.DebugComplete) -> None:
+    """Tab at the prompt: pdb answers `ask` while it waits for its line (dropped if none does).
+
+    Called by the worker's inbox thread; the answer comes from pdb's own thread, which owns
+    the frame it completes in.
+    """
+    link = _link
+    if link is None:
+        return
+    run_input = link.input
+    if run_input.run not in (None, ask.run) or run_input.closed.is_set():
+        return
+    with contextlib.suppress(queue.Full):
+        run_input.lines.put_nowait(ask)
+
+
+def quit_line(exc: BaseException) -> str | None:
+    """What the launcher shows for `exc` if it is the user's ``q`` in this worker's pdb."""
+    session = sys.modules.get("slurmrun.node.pdb_session")
+    return None if session is None else session.quit_line(exc)
 
 
 def end_run() -> None:
@@ -142,6 +177,8 @@ class _Channel:
     def __init__(self, link: _Link) -> None:
         self._link = link
         self._input = link.input  # this run's lines; once it is over, end of input
+        # pdb's completions of a text (set by `LinkedPdb`): text, line, begidx, endidx.
+        self.completer: Callable[[str, str, int, int], list[str]] | None = None
         self._parts: list[str] = []
         self._size = 0
         self._cut = 0
@@ -174,10 +211,25 @@ class _Channel:
                 line = run_input.lines.get(timeout=_LINE_POLL)
             except queue.Empty:
                 continue
+            if isinstance(line, protocol.DebugComplete):
+                self._complete(line)
+                continue
             if line is None:
                 return ""
             return line if line.endswith("\n") else line + "\n"
         return ""
+
+    def _complete(self, ask: protocol.DebugComplete) -> None:
+        """Answers Tab at the prompt (a failing completer answers none: the line stays)."""
+        matches: list[str] = []
+        if self.completer is not None:
+            with contextlib.suppress(Exception):
+                matches = self.completer(ask.text, ask.line, ask.begidx, ask.endidx)
+        if self._input.closed.is_set() or self._input is not self._link.input:
+            return  # its run is over
+        answer = protocol.DebugCompletions(request=ask.request, matches=matches)
+        with contextlib.suppress(OSError):  # the agent is gone: the worker is ending
+            self._link.conn.send(answer.header())
 
     def send(self, state: protocol.DebugState) -> None:
         if self._input.closed.is_set() or self._input is not self._link.input:

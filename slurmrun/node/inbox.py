@@ -81,6 +81,8 @@ def _read(conn: Connection) -> None:
             elif isinstance(message, protocol.DebugInput):
                 line = None if message.eof else bytes(frame.body).decode(errors="replace")
                 debugger.give_input(line, message.run)
+            elif isinstance(message, protocol.DebugComplete):
+                debugger.give_completion(message)
     except (OSError, EOFError, protocol.ProtocolError, queue.Full):
         pass
     os.kill(os.getpid(), signal.SIGKILL)

@@ -264,8 +264,10 @@ class RunWorkers:
 
         answer_stacks(self.workers, self.launcher, ask)
 
-    def debug_input(self, message: protocol.DebugInput, line: bytes) -> None:
-        """Passes a line the user typed to the debugger of worker `message.local_rank`."""
+    def debug_input(
+        self, message: protocol.DebugInput | protocol.DebugComplete, line: bytes
+    ) -> None:
+        """Passes a line the user typed (or Tab's question) to worker `message.local_rank`."""
         if self.spawned.is_set() and 0 <= message.local_rank < len(self.workers):
             with contextlib.suppress(OSError):  # it exited: the launcher hears of that
                 self.workers[message.local_rank].conn.send(message.header(), line)

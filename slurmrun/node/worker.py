@@ -208,7 +208,7 @@ def _send_error(conn: Connection, exc: BaseException) -> bool:
     buffer, for the agent to write into the worker's log file.
     """
     _flush_stdio()
-    tb_text = _user_traceback(exc)
+    tb_text = debugger.quit_line(exc) or _user_traceback(exc)
     cut = "the worker's log file"
     unpicklable = None
     try:
