@@ -97,9 +97,7 @@ def main() -> int:
     # forked: workers are forks of the spawner and would inherit it (a str cannot be wiped).
     # os.environb hands out the bytes object the interpreter made at startup, not a copy; the
     # spawner wipes that object and its environment blocks (forget_variable).
-    from_stdin = (
-        os.environ.get(SECRET_STDIN_VAR) == "1"
-    )  # an ssh agent (slurmrun.launcher.agents.ssh)
+    from_stdin = os.environ.get(SECRET_STDIN_VAR) == "1"  # an ssh agent (launcher/agents/ssh.py)
     if from_stdin:
         read_variables(0)  # before anything reads the environment
     if not from_stdin and not os.environb.get(_SECRET_KEY):
