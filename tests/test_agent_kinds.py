@@ -11,14 +11,9 @@ import pytest
 
 import slurmrun
 from slurmrun import providers
-from slurmrun.errors import AgentFailedError
 from slurmrun.launcher import agents
 from slurmrun.launcher.address import Address
-from slurmrun.launcher.agents import AgentStart, DryWorkers
-from slurmrun.launcher.agents.containers import AgentCommand
-from slurmrun.launcher.agents.starters import AgentStarter
-from slurmrun.log_dirs import LogDir
-from slurmrun.slurm.scontrol import NodeState
+from slurmrun.launcher.agents import AgentKind, AgentStart, DryWorkers, StartOrder
 
 
 class _Attached:
@@ -40,8 +35,11 @@ class _Attached:
         pass
 
 
-class Reserved:
-    """Agents already running in a reserved job, reached from outside it (a kind not built in)."""
+class Reserved(AgentKind):
+    """Agents already running in a reserved job, reached from outside it (a kind not built in).
+
+    A failed start is explained by `AgentKind`'s default, and no node is ever marked down.
+    """
 
     name: ClassVar[str] = "reserved"
     shown: ClassVar[str] = "agents already running in a reserved job"
@@ -56,31 +54,13 @@ class Reserved:
     def address(self, hostnames: Sequence[str]) -> Address:
         return Address("0.0.0.0", "192.0.2.7", "the reservation's gateway")
 
-    def start(
-        self,
-        cfg: Any,
-        hostnames: Sequence[str],
-        log_dir: LogDir,
-        command: AgentCommand,
-        control: dict[str, str],
-    ) -> AgentStart:
-        commands = (("attach", *hostnames),)
+    def start(self, order: StartOrder) -> AgentStart:
+        commands = (("attach", *order.hostnames),)
+        control = order.control
         return AgentStart(_Attached(), dict(control), commands, tuple(sorted(control)))
 
     def dry_workers(self, hostnames: Sequence[str], env: dict[str, str]) -> DryWorkers:
         return DryWorkers(0, [3] * len(hostnames), "three each, as reserved")
-
-    def explain(
-        self,
-        error: AgentFailedError,
-        starter: AgentStarter,
-        hostnames: Sequence[str],
-        log_dir: LogDir | None,
-    ) -> AgentFailedError:
-        return error
-
-    def marked_down(self, hostnames: Sequence[str], timeout: float) -> dict[str, NodeState]:
-        return {}
 
 
 def _provider(kind: str) -> type:

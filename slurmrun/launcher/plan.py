@@ -20,6 +20,7 @@ from slurmrun.errors import OptionsValueError
 from slurmrun.launcher.agents import KINDS, AgentKind, AgentStart, Local, Srun, Ssh
 from slurmrun.launcher.agents.common import control_env
 from slurmrun.launcher.agents.containers import PLAIN, AgentCommand, agent_command_of
+from slurmrun.launcher.agents.kind import StartOrder
 from slurmrun.launcher.agents.local import is_local
 from slurmrun.slurm.job import SlurmAllocation, slurm_allocation
 
@@ -79,7 +80,7 @@ class Plan:
         control = control_env(
             cfg, self.command, self.alloc, secret=secret, advertise=advertise, port=port
         )
-        return self.agents.start(cfg, self.hostnames, log_dir, self.command, control)
+        return self.agents.start(StartOrder(cfg, self.hostnames, log_dir, self.command, control))
 
 
 def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:

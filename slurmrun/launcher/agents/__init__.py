@@ -16,11 +16,11 @@ way of starting agents is a module with a class that follows `AgentKind`, and it
 
 from __future__ import annotations
 
-from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers
+from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
 from slurmrun.launcher.agents.local import Local
 from slurmrun.launcher.agents.srun import Srun
 from slurmrun.launcher.agents.ssh import Ssh
 
-__all__ = ["KINDS", "AgentKind", "AgentStart", "DryWorkers", "Local", "Srun", "Ssh"]
+__all__ = ["KINDS", "AgentKind", "AgentStart", "DryWorkers", "Local", "Srun", "Ssh", "StartOrder"]
 
 KINDS: dict[str, type[AgentKind]] = {kind.name: kind for kind in (Local, Ssh, Srun)}

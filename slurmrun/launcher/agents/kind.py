@@ -22,7 +22,27 @@ if TYPE_CHECKING:
     from slurmrun.providers import Hosts
     from slurmrun.slurm.scontrol import NodeState
 
-__all__ = ["AgentKind", "AgentStart", "DryWorkers"]
+__all__ = ["AgentKind", "AgentStart", "DryWorkers", "StartOrder"]
+
+
+@dataclass(frozen=True)
+class StartOrder:
+    """What one start of a plan's agents is given (`AgentKind.start`).
+
+    Attributes:
+        cfg: the launch's options.
+        hostnames: the hosts, one agent each.
+        log_dir: the launch's log directory.
+        command: how each agent's command is made (a container, srun options).
+        control: the variables the launcher sets for every agent
+            (`slurmrun.launcher.agents.common.control_env`).
+    """
+
+    cfg: Options
+    hostnames: Sequence[str]
+    log_dir: LogDir
+    command: AgentCommand
+    control: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,8 @@ class DryWorkers:
 class AgentKind(Protocol):
     """One way agents start (local subprocesses, ssh, an srun step), with the facts it needs.
 
+    A kind that subclasses it takes the defaults of `explain` and `marked_down`.
+
     Attributes:
         name: its name (`slurmrun.providers.Hosts.agents`, `DryRun.agents`).
         shown: how a dry run says the agents start.
@@ -90,24 +112,8 @@ class AgentKind(Protocol):
     def address(self, hostnames: Sequence[str]) -> Address:
         """Where agents on `hostnames` reach the launcher."""
 
-    def start(
-        self,
-        cfg: Options,
-        hostnames: Sequence[str],
-        log_dir: LogDir,
-        command: AgentCommand,
-        control: dict[str, str],
-    ) -> AgentStart:
-        """The starter and environment of agents on `hostnames` (starts nothing).
-
-        Args:
-            cfg: the launch's options.
-            hostnames: the hosts, one agent each.
-            log_dir: the launch's log directory.
-            command: how each agent's command is made (a container, srun options).
-            control: the variables the launcher sets for every agent
-                (`slurmrun.launcher.agents.common.control_env`).
-        """
+    def start(self, order: StartOrder) -> AgentStart:
+        """The starter and environment of the agents `order` asks for (starts nothing)."""
 
     def dry_workers(self, hostnames: Sequence[str], env: dict[str, str]) -> DryWorkers:
         """The GPUs and workers a dry run expects of agents started with `env`."""
@@ -119,7 +125,15 @@ class AgentKind(Protocol):
         hostnames: Sequence[str],
         log_dir: LogDir | None,
     ) -> AgentFailedError:
-        """`error`, or an error that says better why an agent did not start."""
+        """`error`, or an error that says better why an agent did not start.
+
+        By default `error` itself: the agent's own log file says why.
+        """
+        return error
 
     def marked_down(self, hostnames: Sequence[str], timeout: float) -> dict[str, NodeState]:
-        """The hosts the scheduler marks unable to run agents now, and their states."""
+        """The hosts the scheduler marks unable to run agents now, and their states.
+
+        By default none: no scheduler is asked.
+        """
+        return {}

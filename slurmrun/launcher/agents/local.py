@@ -18,7 +18,7 @@ from slurmrun.devices import visible_gpu_count
 from slurmrun.launcher.address import Address, loopback
 from slurmrun.launcher.agents.common import agent_env
 from slurmrun.launcher.agents.containers import PLAIN
-from slurmrun.launcher.agents.kind import AgentStart, DryWorkers
+from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
 from slurmrun.launcher.agents.starters import (
     HostAgents,
     exited_unreaped,
@@ -28,13 +28,8 @@ from slurmrun.launcher.agents.starters import (
 from slurmrun.slurm.job import agent_auto_workers, env_job_id
 
 if TYPE_CHECKING:
-    from slurmrun.errors import AgentFailedError
-    from slurmrun.launcher.agents.containers import AgentCommand
-    from slurmrun.launcher.agents.starters import AgentStarter
     from slurmrun.launcher.options import Options
-    from slurmrun.log_dirs import LogDir
     from slurmrun.providers import Hosts
-    from slurmrun.slurm.scontrol import NodeState
 
 __all__ = ["Local", "LocalAgents", "is_local"]
 
@@ -47,7 +42,7 @@ def is_local(host: str) -> bool:
 
 
 @dataclass(frozen=True)
-class Local:
+class Local(AgentKind):
     """Agents as subprocesses of the launcher (`slurmrun.launcher.agents.kind.AgentKind`)."""
 
     name: ClassVar[str] = "local"
@@ -71,21 +66,13 @@ class Local:
         """See `AgentKind`: loopback."""
         return loopback()
 
-    def start(
-        self,
-        cfg: Options,
-        hostnames: Sequence[str],
-        log_dir: LogDir,
-        command: AgentCommand,
-        control: dict[str, str],
-    ) -> AgentStart:
+    def start(self, order: StartOrder) -> AgentStart:
         """See `AgentKind`: each agent's place goes in front of its command line."""
-        env = agent_env(cfg, os.environ, control)
-        starter = LocalAgents(list(hostnames), log_dir.path, command=command.agent())
-        per_agent = [local_agent_env(rank, host) for rank, host in enumerate(hostnames)]
-        commands = tuple(
-            (*(f"{k}={v}" for k, v in extra.items()), *command.agent()) for extra in per_agent
-        )
+        env = agent_env(order.cfg, os.environ, order.control)
+        agent = order.command.agent()
+        starter = LocalAgents(list(order.hostnames), order.log_dir.path, command=agent)
+        per_agent = [local_agent_env(rank, host) for rank, host in enumerate(order.hostnames)]
+        commands = tuple((*(f"{k}={v}" for k, v in extra.items()), *agent) for extra in per_agent)
         return AgentStart(starter, env, commands, tuple(sorted({*env, *per_agent[0]})))
 
     def dry_workers(self, hostnames: Sequence[str], env: dict[str, str]) -> DryWorkers:
@@ -100,20 +87,6 @@ class Local:
         if env_job_id(env) is None:
             return DryWorkers(gpus, counts, "no GPU: one per CPU the agent may use")
         return DryWorkers(gpus, counts, "no GPU: the job's tasks on the node, else 1")
-
-    def explain(
-        self,
-        error: AgentFailedError,
-        starter: AgentStarter,
-        hostnames: Sequence[str],
-        log_dir: LogDir | None,
-    ) -> AgentFailedError:
-        """See `AgentKind`: the agent's own log says it."""
-        return error
-
-    def marked_down(self, hostnames: Sequence[str], timeout: float) -> dict[str, NodeState]:
-        """See `AgentKind`: none (no scheduler is asked)."""
-        return {}
 
 
 @dataclass

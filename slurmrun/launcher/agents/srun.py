@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.launcher.address import Address, routed
 from slurmrun.launcher.agents.common import agent_env
-from slurmrun.launcher.agents.kind import AgentStart, DryWorkers
+from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
 from slurmrun.launcher.agents.srun_step import AgentsStep, srun_agents, srun_environment
 from slurmrun.logs import agent_log_path
 from slurmrun.slurm.job import SlurmAllocation, job_gpus_per_node
@@ -28,7 +28,6 @@ from slurmrun.variables import JOB_ENV_VAR, JOB_TASKS_VAR
 from slurmrun.worker_env import job_vars
 
 if TYPE_CHECKING:
-    from slurmrun.launcher.agents.containers import AgentCommand
     from slurmrun.launcher.agents.starters import AgentStarter
     from slurmrun.launcher.options import Options
     from slurmrun.log_dirs import LogDir
@@ -84,7 +83,7 @@ class JobNodes:
 
 
 @dataclass(frozen=True)
-class Srun:
+class Srun(AgentKind):
     """Agents as one srun step of the job (`slurmrun.launcher.agents.kind.AgentKind`).
 
     The agents then live in the job (its SLURM_* variables, its GPUs and CPUs, its
@@ -144,24 +143,22 @@ class Srun:
         """See `AgentKind`: toward the first node."""
         return routed(hostnames[0])
 
-    def start(
-        self,
-        cfg: Options,
-        hostnames: Sequence[str],
-        log_dir: LogDir,
-        command: AgentCommand,
-        control: dict[str, str],
-    ) -> AgentStart:
+    def start(self, order: StartOrder) -> AgentStart:
         """See `AgentKind`: names on srun's command line, values in its environment."""
         # srun runs with our environment less what would reshape the agents' step (the driver's
         # own step, SLURM_CPUS_PER_TASK...); the agents get only the names listed in --export,
         # with their values taken from srun's environment, so no value is on a command line.
         environ = srun_environment(os.environ)
-        control = {**control, JOB_ENV_VAR: job_vars(os.environ)}  # the workers' SLURM_JOB_NAME...
-        env = agent_env(cfg, environ, control)
+        control = {**order.control, JOB_ENV_VAR: job_vars(os.environ)}  # SLURM_JOB_NAME...
+        env = agent_env(order.cfg, environ, control)
         names = sorted(env)
+        log_dir = order.log_dir
         starter = srun_agents(
-            self.step(hostnames), log_dir.path, names, node_logs=log_dir.keep, command=command
+            self.step(order.hostnames),
+            log_dir.path,
+            names,
+            node_logs=log_dir.keep,
+            command=order.command,
         )
         return AgentStart(starter, {**environ, **env}, (tuple(starter.command),), tuple(names))
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, ClassVar
 from slurmrun.launcher.address import Address, routed
 from slurmrun.launcher.agents.common import agent_env
 from slurmrun.launcher.agents.containers import PLAIN, AgentCommand
-from slurmrun.launcher.agents.kind import AgentStart, DryWorkers
+from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
 from slurmrun.launcher.agents.starters import (
     HostAgents,
     local_agent_env,
@@ -41,12 +41,8 @@ from slurmrun.launcher.agents.starters import (
 from slurmrun.variables import SECRET_STDIN_VAR, SECRET_VAR
 
 if TYPE_CHECKING:
-    from slurmrun.errors import AgentFailedError
-    from slurmrun.launcher.agents.starters import AgentStarter
     from slurmrun.launcher.options import Options
-    from slurmrun.log_dirs import LogDir
     from slurmrun.providers import Hosts
-    from slurmrun.slurm.scontrol import NodeState
 
 __all__ = ["Ssh", "SshAgents", "ssh_command", "ssh_hostname", "stdin_block"]
 
@@ -97,7 +93,7 @@ def ssh_hostname(host: str, config_file: str | None) -> str:
 
 
 @dataclass(frozen=True)
-class Ssh:
+class Ssh(AgentKind):
     """Agents over ssh, one per host (`slurmrun.launcher.agents.kind.AgentKind`).
 
     Attributes:
@@ -122,18 +118,12 @@ class Ssh:
         first = hostnames[0]
         return routed(first, ssh_hostname(first, self.config_file))
 
-    def start(
-        self,
-        cfg: Options,
-        hostnames: Sequence[str],
-        log_dir: LogDir,
-        command: AgentCommand,
-        control: dict[str, str],
-    ) -> AgentStart:
+    def start(self, order: StartOrder) -> AgentStart:
         """See `AgentKind`: the variables go on stdin, their values shown by a dry run."""
-        env = agent_env(cfg, os.environ, control)
+        env = agent_env(order.cfg, os.environ, order.control)
+        hostnames = list(order.hostnames)
         starter = SshAgents(
-            list(hostnames), log_dir.path, config_file=self.config_file, command=command
+            hostnames, order.log_dir.path, config_file=self.config_file, command=order.command
         )
         names = sorted({*env, *local_agent_env(0, hostnames[0])} - {SECRET_VAR})
         return AgentStart(starter, env, tuple(map(tuple, starter.commands())), tuple(names))
@@ -143,20 +133,6 @@ class Ssh:
         return DryWorkers(
             0, [0] * len(hostnames), "each agent decides on its host (0: unknown here)"
         )
-
-    def explain(
-        self,
-        error: AgentFailedError,
-        starter: AgentStarter,
-        hostnames: Sequence[str],
-        log_dir: LogDir | None,
-    ) -> AgentFailedError:
-        """See `AgentKind`: the host's log file holds ssh's own words."""
-        return error
-
-    def marked_down(self, hostnames: Sequence[str], timeout: float) -> dict[str, NodeState]:
-        """See `AgentKind`: none (no scheduler is asked)."""
-        return {}
 
 
 @dataclass
