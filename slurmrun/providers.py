@@ -15,9 +15,9 @@ here. With ``hostnames="auto"`` the launcher asks every provider in increasing `
 ``hostfile`` (20: ``$SLURMRUN_HOSTFILE`` is set), then ``localhost`` (1000: always). A
 third-party provider picks its place with its priority (below 10 to come before SLURM).
 
-`Hosts.agents` says how agents are started: ``"srun"`` (one step of the SLURM job),
-``"ssh"`` (one ``ssh`` per host, `slurmrun.launcher.ssh`) or ``"local"`` (subprocesses of the
-launcher; every host must be this machine).
+`Hosts.agents` says how agents are started, by a name of ``slurmrun.launcher.agents.KINDS``:
+``"srun"`` (one step of the SLURM job), ``"ssh"`` (one ``ssh`` per host) or ``"local"``
+(subprocesses of the launcher; every host must be this machine).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Literal, Protocol
+from typing import Protocol
 
 from slurmrun.errors import OptionsValueError
 from slurmrun.slurm.job import job_hostnames
@@ -55,13 +55,14 @@ class Hosts:
     Attributes:
         hostnames: the hosts, in node-rank order.
         workers_per_host: workers on each host; None: each agent decides (one per GPU...).
-        agents: how agents are started: ``"srun"``, ``"ssh"`` or ``"local"``.
+        agents: how agents are started: a name of ``slurmrun.launcher.agents.KINDS``
+            (``"srun"``, ``"ssh"``, ``"local"``).
         provider: the provider's entry-point name (filled in by `detect`).
     """
 
     hostnames: tuple[str, ...]
     workers_per_host: tuple[int, ...] | None = None
-    agents: Literal["srun", "ssh", "local"] = "ssh"
+    agents: str = "ssh"
     provider: str = ""
 
 

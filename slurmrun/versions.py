@@ -49,7 +49,7 @@ def missing_dependency(module: str) -> str:
     """What to do when this Python (the agents', `Launcher.agent_python`) lacks `module`.
 
     Said on one line by the agent (and its worker spawner) instead of the traceback of the
-    import that failed; `slurmrun.launcher.containers.start_hint` points at it.
+    import that failed; `slurmrun.launcher.agents.containers.start_hint` points at it.
     """
     version = slurmrun_version()
     if version == "0+unknown":  # a checkout never installed: this one (on PYTHONPATH)

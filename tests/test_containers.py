@@ -18,7 +18,7 @@ import pytest
 
 import slurmrun
 from slurmrun.cli.command import parse_launcher, split_command
-from slurmrun.launcher.containers import (
+from slurmrun.launcher.agents.containers import (
     agent_command_of,
     driver_container,
     no_srun_message,

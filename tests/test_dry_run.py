@@ -18,11 +18,10 @@ import pytest
 import slurmrun
 from slurmrun.devices import usable_cpu_count
 from slurmrun.errors import AgentFailedError
+from slurmrun.launcher.agents.srun_step import SrunAgents
 from slurmrun.launcher.dryrun import plan_dry_run
 from slurmrun.launcher.elastic import without_lost_host
 from slurmrun.launcher.plan import make_plan
-from slurmrun.launcher.starters import SrunAgents
-from slurmrun.launcher.startup import agent_start
 from slurmrun.logs import LogDir
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -264,7 +263,7 @@ def test_scontrol_is_asked_once_by_plan_dry_run_agent_starts_and_a_smaller_resta
     plan = make_plan(cfg)
     dry = plan_dry_run(cfg, plan)
     starts = [
-        agent_start(cfg, plan, log_dir, secret="s", advertise="10.0.0.1", port="1")[0]
+        plan.start(cfg, log_dir, secret="s", advertise="10.0.0.1", port="1").starter
         for _attempt in range(2)
     ]
     # The next attempt's plan after node3 is lost: its step from the facts read at planning.
@@ -272,9 +271,10 @@ def test_scontrol_is_asked_once_by_plan_dry_run_agent_starts_and_a_smaller_resta
     smaller = without_lost_host(cfg, plan, lost)
     # the job's facts once; after the failure, only which nodes SLURM marks down (none here)
     assert calls.read_text().splitlines() == ["show job -d 4242", "-o show node node1,node2,node3"]
-    assert smaller is not None and smaller.step is not None
-    assert smaller.step.gpus_per_node == 2  # node1 and node2 have 2 each: node3 had 1
-    assert smaller.step.hostnames == smaller.step.task_order == ("node1", "node2")
+    assert smaller is not None
+    step = smaller.agents.step(smaller.hostnames)
+    assert step.gpus_per_node == 2  # node1 and node2 have 2 each: node3 had 1
+    assert step.hostnames == step.task_order == ("node1", "node2")
     # scontrol's answer reaches the step: the fewest GPUs of any node, asked on every node.
     (command,) = dry.commands
     assert "--gres=gpu:1" in command

@@ -12,6 +12,8 @@ import pytest
 
 import slurmrun
 from slurmrun.errors import AgentFailedError, WorkerFailedError
+from slurmrun.launcher.agents import Srun, Ssh
+from slurmrun.launcher.agents.srun import JobNodes
 from slurmrun.launcher.elastic import (
     HostsDownError,
     note_hosts_down,
@@ -19,11 +21,16 @@ from slurmrun.launcher.elastic import (
     without_lost_host,
 )
 from slurmrun.launcher.plan import Plan
-from slurmrun.launcher.srun import JobNodes
 
 
 def plan(hosts: list[str], spares: list[str] | None = None) -> Plan:
-    return Plan(hosts, [2] * len(hosts), None, local=False, ssh=True, spares=spares or [])
+    return Plan(
+        hostnames=hosts,
+        workers_per_host=[2] * len(hosts),
+        alloc=None,
+        agents=Ssh(),
+        spares=spares or [],
+    )
 
 
 def lost(host: str) -> AgentFailedError:
@@ -169,7 +176,13 @@ def test_an_agent_killed_on_a_host_named_twice_restarts_on_the_other() -> None:
 # asks for it: not as a host, not as a spare. The cluster test sets a real node down.
 def srun_plan(hosts: list[str], spares: list[str]) -> Plan:
     nodes = JobNodes(tuple(hosts + spares), (4,) * 4, (0,) * 4)
-    return Plan(hosts, [1] * len(hosts), None, local=False, spares=spares, nodes=nodes)
+    return Plan(
+        hostnames=hosts,
+        workers_per_host=[1] * len(hosts),
+        alloc=None,
+        agents=Srun(nodes),
+        spares=spares,
+    )
 
 
 def fake_node_states(directory: Path, states: dict[str, str]) -> None:
@@ -191,13 +204,19 @@ def test_the_node_slurm_marks_down_is_lost_whatever_the_error_names(
     restart = restart_plan(cfg, srun_plan(["n1", "n2", "n3"], []), lost_at("n3", 2))
     assert restart is not None and restart.plan.hostnames == ["n1", "n3"]
     assert restart.lost == {1: "SLURM marks n2 DOWN+NOT_RESPONDING"}
-    assert restart.plan.step is not None and restart.plan.step.hostnames == ("n1", "n3")
+    assert restart.plan.agents.step(restart.plan.hostnames).hostnames == ("n1", "n3")
     # a worker's error (no agent named) too: SLURM's word decides
     assert restart_plan(cfg, srun_plan(["n1", "n2", "n3"], []), WorkerFailedError("x"))
     # a spare SLURM marks down is passed over, and dropped
     fake_node_states(tmp_path, {**states, "n4": "IDLE+DRAIN", "n5": "IDLE"})
     nodes = JobNodes(("n1", "n2", "n3", "n4", "n5"), (4,) * 5, (0,) * 5)
-    spared = Plan(["n1", "n2"], [1, 1], None, local=False, spares=["n4", "n5"], nodes=nodes)
+    spared = Plan(
+        hostnames=["n1", "n2"],
+        workers_per_host=[1, 1],
+        alloc=None,
+        agents=Srun(nodes),
+        spares=["n4", "n5"],
+    )
     swapped = restart_plan(slurmrun.Launcher(hosts=2, max_restarts=1), spared, lost_at("n1", 0))
     assert swapped is not None and swapped.plan.hostnames == ["n1", "n5"]
     assert swapped.plan.spares == [] and swapped.kept == (0, 3)  # n1, then n5

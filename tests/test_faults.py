@@ -675,12 +675,12 @@ def test_an_agent_that_exited_is_not_reaped_before_its_group_is_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The agent's pid is its group's id: reaped, it could be reused by another group."""
-    from slurmrun.launcher import starters
+    from slurmrun.launcher.agents import local
 
     child = tmp_path / "child"
     # An agent that exits at once and leaves a process (its spawner, say) in its group.
     script = f"sleep 600 & echo $! > {child}.tmp && mv {child}.tmp {child}; exit 5"
-    agents = starters.LocalAgents(["localhost"], str(tmp_path), command=["sh", "-c", script])
+    agents = local.LocalAgents(["localhost"], str(tmp_path), command=["sh", "-c", script])
     agents.start(dict(os.environ))
     leader = agents.procs[0]
     deadline = time.monotonic() + 60
@@ -699,7 +699,7 @@ def test_an_agent_that_exited_is_not_reaped_before_its_group_is_killed(
 def test_srun_interrupted_while_stopping_still_cancels_the_step_and_closes_its_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from slurmrun.launcher.starters import SrunAgents
+    from slurmrun.launcher.agents.srun_step import SrunAgents
 
     cancelled = tmp_path / "cancelled"
     bin_dir = tmp_path / "bin"

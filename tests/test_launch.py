@@ -669,7 +669,7 @@ def test_waiting_for_an_agent_works_with_more_than_1024_open_files():
     """A launcher with a thousand agents connected holds fds past select()'s limit."""
     import resource
 
-    from slurmrun.launcher.starters import wait_exit
+    from slurmrun.launcher.agents.starters import wait_exit
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2048:

@@ -57,7 +57,7 @@ def test_one_side_of_a_launch_imports_nothing_of_the_other(side: str, other: str
     """They meet only on the ground floor (protocol, transport, ...): the wire is the contract."""
     crossing = {
         f"{path.relative_to(ROOT)} imports {name}"
-        for path in sorted((PACKAGE / side).glob("*.py"))
+        for path in sorted((PACKAGE / side).rglob("*.py"))
         for name in _imported_modules(path)
         if name == f"slurmrun.{other}" or name.startswith(f"slurmrun.{other}.")
     }

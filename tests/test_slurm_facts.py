@@ -507,7 +507,7 @@ def test_a_node_is_unusable_when_a_word_of_its_state_says_so(state, usable):
 
 @pytest.mark.skipif(sys.platform == "win32", reason="uses a shell script as a fake scontrol")
 def test_unusable_nodes_asks_scontrol_show_node_for_the_nodes_and_keeps_the_bad_ones(scontrol_dir):
-    from slurmrun.launcher.srun import unusable_nodes
+    from slurmrun.launcher.agents.srun import unusable_nodes
 
     (scontrol_dir / "out.txt").write_text(NODES_BLOCKS)
     fake_scontrol(

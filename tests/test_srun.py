@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 
 from slurmrun import launcher, variables
-from slurmrun.launcher import srun
-from slurmrun.launcher.plan import Plan, job_nodes
-from slurmrun.launcher.starters import SrunAgents
-from slurmrun.launcher.startup import agent_start
+from slurmrun.launcher import address
+from slurmrun.launcher.agents import Srun, srun, srun_step
+from slurmrun.launcher.agents.srun import job_nodes
+from slurmrun.launcher.agents.srun_step import SrunAgents
+from slurmrun.launcher.plan import Plan
 from slurmrun.logs import LogDir
 from slurmrun.slurm.job import SlurmAllocation
 
@@ -46,7 +47,7 @@ CASES = {
 
 def test_a_plans_task_order_is_slurms_and_its_nodes_carry_the_jobs_tasks():
     # srun numbers the agents' tasks in the job's node order, whatever order the hosts are in:
-    # a failed task's number names its node through Plan.task_order (warm.explained).
+    # a failed task's number names its node through its step's task order (Srun.explain).
     alloc = SlurmAllocation(
         job_id="42",
         hostnames=["node1", "node2", "node3"],
@@ -58,15 +59,15 @@ def test_a_plans_task_order_is_slurms_and_its_nodes_carry_the_jobs_tasks():
     nodes = job_nodes(alloc, hosts)
     assert nodes.order == ("node1", "node3")
     assert nodes.tasks == (3, 1)
-    assert Plan(hosts, None, alloc, local=False, nodes=nodes).task_order == ["node1", "node3"]
-    assert Plan(hosts, None, None, local=True).task_order == ["node3", "node1"]
+    assert Srun(nodes).step(hosts).task_order == ("node1", "node3")
+    assert Srun(nodes).step(hosts).hostnames == ("node3", "node1")
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_agents_step_command_matches_golden_file(name):
     alloc, hosts, log_dir = CASES[name]
     step = job_nodes(alloc, hosts).step(hosts)
-    cmd = srun.agents_step_command(step, log_dir, EXPORT, srun="srun")
+    cmd = srun_step.agents_step_command(step, log_dir, EXPORT, srun="srun")
     assert cmd[-3:] == [sys.executable, "-m", "slurmrun.node.agent_main"]
     text = (
         shlex.join([*cmd[:-3], "PYTHON", "-m", "slurmrun.node.agent_main"]).replace(
@@ -129,7 +130,7 @@ DRIVER_STEP_ENV = {
 
 
 def test_srun_environment_keeps_the_job_and_drops_what_reshapes_the_step():
-    env = srun.srun_environment(DRIVER_STEP_ENV)
+    env = srun_step.srun_environment(DRIVER_STEP_ENV)
     text = "".join(f"{k}={v}\n" for k, v in sorted(env.items()))
     _golden("srun_env_driver_step.txt", text)
     for name in ("SLURM_JOB_ID", "SLURM_CONF", "SLURM_JOB_NODELIST", "HOME", "PATH"):
@@ -141,7 +142,7 @@ def test_srun_environment_keeps_the_job_and_drops_what_reshapes_the_step():
 def test_srun_environment_outside_a_step_keeps_the_batch_node_gpus():
     # In the batch script (no step), CUDA_VISIBLE_DEVICES is the job's on its node.
     env = {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_NTASKS": "2"}
-    assert srun.srun_environment(env) == {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert srun_step.srun_environment(env) == {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1"}
 
 
 def _launch_starter(monkeypatch, tmp_path, log_dir_keep=True):
@@ -158,10 +159,13 @@ def _launch_starter(monkeypatch, tmp_path, log_dir_keep=True):
     cfg = launcher.Launcher(extra_env_vars={"FROM_MAPPING": "mapped value"})
     alloc = _alloc([2, 2, 2], [4, 4, 4])
     hosts = ["node1", "node2", "node3"]
-    plan = Plan(hosts, None, alloc, local=False, nodes=job_nodes(alloc, hosts))
+    plan = Plan(
+        hostnames=hosts, workers_per_host=None, alloc=alloc, agents=Srun.of_job(alloc, hosts, [])
+    )
     secret = "5ec7e7" * 10
     log_dir = LogDir(str(tmp_path), keep=log_dir_keep)
-    starter, env = agent_start(cfg, plan, log_dir, secret=secret, advertise="10.0.0.1", port="1234")
+    start = plan.start(cfg, log_dir, secret=secret, advertise="10.0.0.1", port="1234")
+    starter, env = start.starter, start.env
     assert isinstance(starter, SrunAgents)
     return starter, env, secret
 
@@ -258,9 +262,9 @@ def test_a_node_srun_cannot_reach_is_the_one_blamed(tmp_path):
 
 
 def test_address_toward_a_host_is_a_local_address():
-    assert srun.address_toward("127.0.0.1") == "127.0.0.1"
+    assert address.address_toward("127.0.0.1") == "127.0.0.1"
 
 
 def test_address_toward_an_unknown_host_says_how_to_override():
     with pytest.raises(RuntimeError, match="SLURMRUN_LAUNCHER_ADDR"):
-        srun.address_toward("no-such-host.invalid")
+        address.address_toward("no-such-host.invalid")

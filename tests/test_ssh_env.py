@@ -92,7 +92,7 @@ def test_an_ssh_dry_run_shows_set_for_secret_looking_names(fake_ssh: None) -> No
 
 def test_agents_are_pointed_at_the_launchers_own_slurmrun() -> None:
     """ssh and srun agents import the slurmrun of the launcher (a checkout, not the installed)."""
-    from slurmrun.launcher.starters import package_pythonpath
+    from slurmrun.launcher.agents.starters import package_pythonpath
 
     root = package_pythonpath({"PYTHONPATH": "/elsewhere"}).split(os.pathsep)[0]
     assert os.path.samefile(os.path.join(root, "slurmrun"), os.path.dirname(slurmrun.__file__))

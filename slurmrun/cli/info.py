@@ -21,7 +21,7 @@ import hostlist
 from slurmrun import launcher
 from slurmrun.cli.command import SHELL_WORDS
 from slurmrun.devices import usable_cpu_count, visible_gpu_count
-from slurmrun.launcher.containers import driver_container
+from slurmrun.launcher.agents.containers import driver_container
 from slurmrun.launcher.dryrun import DryRun, plan_dry_run
 from slurmrun.launcher.plan import make_plan
 from slurmrun.slurm.job import SlurmAllocation, own_job_id, slurm_allocation

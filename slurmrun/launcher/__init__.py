@@ -2,8 +2,8 @@
 
 `Launcher` is a dataclass of options (`options`, the floor every module here reads them
 from) that runs (`driver`), and `launch(func, ...)` a call of it. Its modules: the checks of
-the options and the call (`checks`), a launch's plan (`plan`: hosts, how their agents start,
-with the launcher's address in `address`), the agents' starters (`starters`, `srun`, `ssh`),
+the options and the call (`checks`), a launch's plan (`plan`: its hosts and the kind of its
+agents, with the launcher's address in `address`), how agents start (`agents`: a module per way),
 the agents kept in a pool (`pool`, its events routed by `router`, read by `listener` and
 `incoming`), one run on them (`run`, with the verdicts of `failures`), a launch's attempts
 and restarts (`attempts`), and what a warm launcher keeps between runs (`warm`). It talks to

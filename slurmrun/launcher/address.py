@@ -1,7 +1,8 @@
-"""Where a launch's agents reach the launcher: its address (`launcher_address`), its socket.
+"""Where a launch's agents reach the launcher: its address, its socket.
 
-Loopback when every agent runs on this machine; else ``SLURMRUN_LAUNCHER_ADDR`` if set, or
-this machine's address on the route toward the first node. The port is any free one, or
+Each kind of agents (`slurmrun.launcher.agents`) picks its address: loopback when every agent
+runs on this machine (`loopback`); else ``SLURMRUN_LAUNCHER_ADDR`` if set, or this machine's
+address on the route toward the first node (`routed`). The port is any free one, or
 ``SLURMRUN_LAUNCHER_PORT``'s.
 """
 
@@ -9,16 +10,13 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slurmrun.errors import OptionsValueError
-from slurmrun.launcher import srun
 from slurmrun.launcher.listener import LISTEN_BACKLOG
-from slurmrun.launcher.ssh import ssh_hostname
 from slurmrun.variables import LAUNCHER_ADDR_VAR, PORT_VAR
 
-__all__ = ["Address", "launcher_address", "listen", "wanted_port"]
+__all__ = ["Address", "address_toward", "listen", "loopback", "routed", "wanted_port"]
 
 
 @dataclass(frozen=True)
@@ -30,31 +28,52 @@ class Address:
     reason: str  # why, for people (dry runs, `slurmrun info`)
 
 
-def launcher_address(
-    hostnames: Sequence[str], *, local: bool, ssh: bool = False, ssh_config_file: str | None = None
-) -> Address:
-    """The launcher's address for agents on `hostnames`: loopback, the override, or the route's.
+def loopback() -> Address:
+    """The address of agents that all run on this machine."""
+    return Address("127.0.0.1", "127.0.0.1", "loopback: the agents run on this machine")
 
-    As a plan says how they start (`Plan.local`, `Plan.ssh`, `Plan.ssh_config_file`).
+
+def routed(first: str, target: str | None = None) -> Address:
+    """``SLURMRUN_LAUNCHER_ADDR`` if set, else this machine's address on the route toward `first`.
 
     The launcher listens on that address alone when it is one of this machine's (always, but
     for an override that is not: a forwarded or NAT address), so that no other interface
     offers its port.
+
+    Args:
+        first: the first host, which the agents' address is chosen for.
+        target: the name the route is looked up for, when `first` stands for another (an ssh
+            alias); read only when no override is set.
     """
-    if local:
-        return Address("127.0.0.1", "127.0.0.1", "loopback: the agents run on this machine")
     override = os.environ.get(LAUNCHER_ADDR_VAR)
     if override:
         return Address(_bind_for(override), override, f"{LAUNCHER_ADDR_VAR} is set")
-    first = hostnames[0]
-    # An ssh host may be an alias of the ssh config: route toward the name it stands for.
-    target = ssh_hostname(first, ssh_config_file) if ssh else first
-    advertise = srun.address_toward(target)
+    advertise = address_toward(first if target is None else target)
     return Address(
         _bind_for(advertise),
         advertise,
         f"this machine's address on the route toward {first}, the first node",
     )
+
+
+def address_toward(host: str) -> str:
+    """The local address the kernel would use to reach `host`.
+
+    ``SLURMRUN_LAUNCHER_ADDR`` overrides it (`routed` reads that, not this function).
+
+    Connecting a UDP socket sends nothing; it only picks a route. This is right where
+    ``getfqdn()`` is not (nodes often cannot resolve the login node's name).
+    """
+    try:
+        infos = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)
+    except socket.gaierror as e:
+        raise RuntimeError(
+            f"cannot resolve node {host!r} to find an address it can reach us at ({e}); set "
+            "SLURMRUN_LAUNCHER_ADDR to this machine's address on the cluster network"
+        ) from e
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(infos[0][4])
+        return str(s.getsockname()[0])
 
 
 def _bind_for(advertise: str) -> str:

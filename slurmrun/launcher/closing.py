@@ -17,11 +17,11 @@ from typing import Protocol
 
 from slurmrun import protocol
 from slurmrun.events import Trace
+from slurmrun.launcher.agents.starters import AgentStarter
 from slurmrun.launcher.health import StepEndings
 from slurmrun.launcher.listener import Listener
 from slurmrun.launcher.pump import Closed, Event, Events, Local, all_of, drain, pump
 from slurmrun.launcher.share import PoolAgent
-from slurmrun.launcher.starters import AgentStarter
 from slurmrun.transport import Connection
 
 __all__ = ["Closable", "close_agents", "interrupts_held"]

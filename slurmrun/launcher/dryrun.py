@@ -1,7 +1,7 @@
 """What a launch would start, without starting it (`Launcher.dry_run`).
 
-`plan_dry_run` takes a plan through the steps a run takes (the launcher's address, the agents'
-environment and starter) and starts nothing; `DryRun` shows what they gave.
+`plan_dry_run` asks a plan what a run asks it (the launcher's address, the agents' environment
+and starter: `Plan.address`, `Plan.start`) and starts nothing; `DryRun` shows what they gave.
 """
 
 from __future__ import annotations
@@ -14,15 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from slurmrun.devices import visible_gpu_count
-from slurmrun.launcher.address import launcher_address, wanted_port
+from slurmrun.launcher.address import wanted_port
+from slurmrun.launcher.agents import KINDS
+from slurmrun.launcher.agents.starters import local_agent_env
 from slurmrun.launcher.plan import Plan
-from slurmrun.launcher.ssh import SshAgents
-from slurmrun.launcher.starters import SrunAgents, local_agent_env
-from slurmrun.launcher.startup import agent_start
 from slurmrun.log_dirs import resolve_log_dir
-from slurmrun.slurm.job import agent_auto_workers, env_job_id
-from slurmrun.variables import JOB_ENV_VAR, JOB_TASKS_VAR, SECRET_VAR
+from slurmrun.variables import JOB_ENV_VAR
 from slurmrun.worker_env import preview
 
 if TYPE_CHECKING:
@@ -52,8 +49,9 @@ class DryRun:
     Attributes:
         job_id: the SLURM job the agents would run in, or None outside SLURM.
         hosts: the hosts, one agent each.
-        agents: ``"srun"`` (one srun step, one task per host), ``"ssh"`` (one ssh per host)
-            or ``"local"`` (subprocesses).
+        agents: how the agents start (`slurmrun.launcher.agents.KINDS`): ``"srun"`` (one srun
+            step, one task per host), ``"ssh"`` (one ssh per host) or ``"local"``
+            (subprocesses).
         workers_per_host: the workers each host gets when the options fix them; None when
             ``"auto"`` (each agent decides on its node when it starts).
         expected_workers: per host, what `workers_per_host` is, or what each agent is
@@ -140,12 +138,7 @@ class DryRun:
             _row("job", self.job_id or "none (not inside a SLURM job)"),
             _row("hosts", f"{', '.join(self.hosts)} ({n} host{'s' * (n != 1)})"),
             _row("a lost host", self._elastic_text()),
-            _row(
-                "agents",
-                "one srun step, one task per host"
-                if self.agents == "srun"
-                else "local subprocesses of the launcher",
-            ),
+            _row("agents", KINDS[self.agents].shown),
             _row("workers per host", self._workers_text()),
             _row("world size", self._world_text()),
             _row("backend", self._backend_text()),
@@ -159,7 +152,7 @@ class DryRun:
             f"  command{'s' * (len(self.commands) != 1)}:",
         ]
         out += [_command_text(cmd) for cmd in self.commands]
-        if self.agents == "ssh" and self.env_shown:
+        if KINDS[self.agents].env_on_stdin and self.env_shown:
             # ssh agents get them on stdin (never on a command line): shown here instead
             out.append(
                 f"  environment of the agents ({len(self.env_shown)} variables, sent on ssh's "
@@ -262,40 +255,19 @@ def _command_text(cmd: tuple[str, ...]) -> str:
 
 
 def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryRun:
-    """The `DryRun` of `plan`: built by the planning steps `run_attempt` takes, starting nothing."""
-    address = launcher_address(
-        plan.hostnames, local=plan.local, ssh=plan.ssh, ssh_config_file=plan.ssh_config_file
-    )
+    """The `DryRun` of `plan`: what `run_attempt` asks of it, starting nothing."""
+    address = plan.address()
     port = wanted_port()
     log_dir = resolve_log_dir(create=False)
-    starter, env = agent_start(
-        cfg, plan, log_dir, secret="", advertise=address.advertise, port=str(port or 0)
-    )
-    hosts = plan.hostnames
-    if isinstance(starter, SrunAgents):
-        commands = [tuple(starter.command)]
-        export = next(a for a in starter.command if a.startswith("--export="))
-        names = export.removeprefix("--export=").split(",")
-        assert plan.step is not None  # noqa: S101 - srun agents come with their step
-        gpus = plan.step.gpus_per_node
-    elif isinstance(starter, SshAgents):
-        commands = [tuple(command) for command in starter.commands()]
-        names = sorted({*env, *local_agent_env(0, hosts[0])} - {SECRET_VAR})
-        gpus = 0  # each host's own: unknown here
-    else:
-        per_agent = [local_agent_env(rank, host) for rank, host in enumerate(hosts)]
-        commands = [
-            (*(f"{k}={v}" for k, v in extra.items()), *plan.command.agent()) for extra in per_agent
-        ]
-        names = sorted({*env, *per_agent[0]})
-        gpus = visible_gpu_count(env)  # local agents see this machine's GPUs
-    if plan.ssh and plan.workers_per_host is None:
-        counts, reason = [0] * len(hosts), "each agent decides on its host (0: unknown here)"
-    else:
-        counts, reason = _expected_workers(plan, env, gpus)
+    start = plan.start(cfg, log_dir, secret="", advertise=address.advertise, port=str(port or 0))
+    env, hosts = start.env, plan.hostnames
+    expected = plan.agents.dry_workers(hosts, env)
+    counts, reason = expected.counts, expected.reason
+    if plan.workers_per_host is not None:
+        counts, reason = plan.workers_per_host, "set by workers_per_host"
     backend = cfg.backend
     if backend == "auto":
-        backend = "nccl" if gpus > 0 else "gloo"
+        backend = "nccl" if expected.gpus > 0 else "gloo"
     worker_env: list[tuple[str, str]] = []
     worker_unset: list[str] = []
     if counts and all(counts):  # unknown counts (ssh, auto) show no worker's environment
@@ -303,7 +275,7 @@ def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryR
     return DryRun(
         job_id=plan.alloc.job_id if plan.alloc is not None else None,
         hosts=tuple(hosts),
-        agents="local" if plan.local else "ssh" if plan.ssh else "srun",
+        agents=plan.agents.name,
         workers_per_host=None if plan.workers_per_host is None else tuple(plan.workers_per_host),
         expected_workers=tuple(counts),
         workers_reason=reason,
@@ -313,9 +285,9 @@ def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryR
         bind_address=address.bind,
         address_reason=address.reason,
         port=port,
-        commands=tuple(commands),
-        env_names=tuple(names),
-        env_shown=tuple((n, shown_value(n, _dry_value(n, env, hosts))) for n in names),
+        commands=start.commands,
+        env_names=start.names,
+        env_shown=tuple((n, shown_value(n, _dry_value(n, env, hosts))) for n in start.names),
         log_dir=log_dir.path if log_dir.keep else None,
         warnings=tuple(warnings),
         worker_env=tuple((n, shown_value(n, v)) for n, v in worker_env),
@@ -329,30 +301,3 @@ def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryR
 def _dry_value(name: str, env: Mapping[str, str], hosts: Sequence[str]) -> str:
     """A variable's value in a dry run (the first agent's, for those that differ by agent)."""
     return {**env, **local_agent_env(0, hosts[0])}.get(name, "")
-
-
-def _expected_workers(plan: Plan, env: Mapping[str, str], gpus: int) -> tuple[list[int], str]:
-    """Workers per host, and why: as set, or as each agent is expected to decide on its node."""
-    if plan.workers_per_host is not None:
-        return plan.workers_per_host, "set by workers_per_host"
-    if gpus > 0:
-        where = "it sees" if plan.local else f"of its step (--gres=gpu:{gpus})"
-        return [gpus] * len(plan.hostnames), f"one per GPU {where}"
-    if plan.local:
-        counts = [
-            agent_auto_workers({**env, **local_agent_env(rank, host)}, host)
-            for rank, host in enumerate(plan.hostnames)
-        ]
-        if env_job_id(env) is None:
-            return counts, "no GPU: one per CPU the agent may use"
-        return counts, "no GPU: the job's tasks on the node, else 1"
-    alloc, nodes = plan.alloc, plan.nodes
-    assert alloc is not None  # noqa: S101 - srun agents run in a job
-    assert nodes is not None  # noqa: S101 - make_plan reads a job's nodes for srun agents
-    if nodes.tasks is None:
-        return [1] * len(plan.hostnames), "no GPU, and the job's tasks per node are unknown: 1"
-    source = alloc.sources.get("tasks_per_node", "the job")
-    tasks = dict(zip(nodes.order, nodes.tasks, strict=True))
-    return [tasks[h] for h in plan.hostnames], (
-        f"no GPU in its step: the job's tasks on its node ({source}, passed on as {JOB_TASKS_VAR})"
-    )

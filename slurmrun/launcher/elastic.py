@@ -1,7 +1,7 @@
 """Restarts without a lost node: on a spare (`Launcher.hosts`) or on those left (`min_hosts`).
 
 A host counts as lost when SLURM marks its node down, drained or not responding once an
-attempt failed (srun agents: `srun.unusable_nodes`; srun then ends the other nodes' tasks
+attempt failed (srun agents: `AgentKind.marked_down`; srun then ends the other nodes' tasks
 itself, so which connection closed first tells nothing), or else when its agent failed during
 the attempt (`AgentFailedError` naming its place: the agent died, went silent past
 ``heartbeat_timeout``, or its step ended on that node). Hosts are told apart by their place
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from slurmrun.errors import AgentFailedError, add_note
-from slurmrun.launcher import srun
 
 if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
@@ -149,6 +148,4 @@ def note_hosts_down(plan: Plan, error: BaseException) -> None:
 
 def _unusable(plan: Plan) -> dict[str, NodeState]:
     """The plan's nodes and spares that SLURM marks down (srun agents only; else none)."""
-    if plan.nodes is None:
-        return {}
-    return srun.unusable_nodes([*plan.hostnames, *plan.spares], SCONTROL_TIMEOUT)
+    return plan.agents.marked_down([*plan.hostnames, *plan.spares], SCONTROL_TIMEOUT)

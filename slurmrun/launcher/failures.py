@@ -21,8 +21,8 @@ from slurmrun.errors import (
     add_note,
     signal_name,
 )
-from slurmrun.launcher.containers import start_hint
-from slurmrun.launcher.starters import AgentStarter
+from slurmrun.launcher.agents.containers import start_hint
+from slurmrun.launcher.agents.starters import AgentStarter
 from slurmrun.logs import tail_file
 from slurmrun.pickling import loads
 from slurmrun.slurm.job import SlurmAllocation, own_job_id

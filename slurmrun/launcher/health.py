@@ -19,8 +19,8 @@ from typing import Protocol
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
 from slurmrun.events import StepEnding, Trace
+from slurmrun.launcher.agents.starters import AgentStarter
 from slurmrun.launcher.failures import agent_exit_error
-from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import tail_file
 from slurmrun.transport import Connection
 

@@ -53,7 +53,7 @@ class Options:
     the SLURM job's nodes, else ``$SLURMRUN_HOSTFILE``'s hosts, else ``["localhost"]``).
     ``"slurm"``: the job's nodes, and an error outside a job. Agents on the job's nodes start
     with srun (in a one-node job too); outside a job, hosts other than this machine get
-    theirs over ssh (`slurmrun.launcher.ssh`)."""
+    theirs over ssh (`slurmrun.launcher.agents.ssh`)."""
 
     workers_per_host: Literal["auto", "slurm"] | int | list[int] = "auto"
     """Workers on each host. ``"auto"``: one per GPU the host sees; without GPUs, the tasks per

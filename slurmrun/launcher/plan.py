@@ -1,39 +1,38 @@
-"""A launch's plan: its hosts, and how their agents start (srun, ssh, local; a container).
+"""A launch's plan: its hosts, and how their agents start (an `AgentKind`; a container).
 
-`make_plan` reads the allocation (or the hosts given) once per launch, and for srun agents
-the job's nodes (`srun.JobNodes`: CPUs, GPUs, tasks per node, their order) there too: what
-follows reads the plan and asks SLURM nothing more. `slurmrun.launcher.startup` turns a plan
-into what the agents start with; where they reach the launcher is
-`slurmrun.launcher.address`'s. A dry run (`slurmrun.launcher.dryrun.plan_dry_run`) takes the
-same steps and starts nothing.
+`make_plan` reads the allocation (or the hosts given) once per launch, and picks how the
+agents start (`slurmrun.launcher.agents`): for srun agents the job's nodes
+(`slurmrun.launcher.agents.srun.JobNodes`: CPUs, GPUs, tasks per node, their order) are read
+there too; what follows reads the plan and asks SLURM nothing more. `Plan.address` and
+`Plan.start` are what the agents reach and start with: a run (`slurmrun.launcher.warm`) and a
+dry run (`slurmrun.launcher.dryrun.plan_dry_run`) ask the same plan, and the dry run starts
+nothing.
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from slurmrun import providers
 from slurmrun.errors import OptionsValueError
-from slurmrun.launcher import srun
-from slurmrun.launcher.containers import PLAIN, AgentCommand, agent_command_of
-from slurmrun.slurm.job import (
-    SlurmAllocation,
-    job_gpus_per_node,
-    slurm_allocation,
-)
+from slurmrun.launcher.agents import KINDS, AgentKind, AgentStart, Local, Srun, Ssh
+from slurmrun.launcher.agents.common import control_env
+from slurmrun.launcher.agents.containers import PLAIN, AgentCommand, agent_command_of
+from slurmrun.launcher.agents.kind import StartOrder
+from slurmrun.launcher.agents.local import is_local
+from slurmrun.slurm.job import SlurmAllocation, slurm_allocation
 
 if TYPE_CHECKING:
+    from slurmrun.launcher.address import Address
     from slurmrun.launcher.options import Options
+    from slurmrun.log_dirs import LogDir
 
-__all__ = ["Plan", "check_for_hosts", "job_nodes", "make_plan"]
-
-_LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
+__all__ = ["Plan", "check_for_hosts", "make_plan"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """Where a launch's agents run and how they start (one plan per launch).
 
@@ -41,13 +40,8 @@ class Plan:
         hostnames: the hosts, one agent each, in node-rank order.
         workers_per_host: workers on each host; None: each agent decides.
         alloc: the SLURM job as read at planning, or None outside one.
-        local: whether the agents are subprocesses of the launcher.
-        ssh: whether the agents start over ssh (hosts outside SLURM).
+        agents: how the agents start (`slurmrun.launcher.agents`): chosen once, here.
         provider: the allocation provider that found the hosts (``hostnames="auto"``).
-        ssh_config_file: the ssh config file for ssh agents.
-        nodes: what the job has on the hosts and spares, read once, which `step` is made
-            from (after a lost host too: `slurmrun.launcher.elastic`); None unless the agents
-            start with srun.
         spares: hosts of the allocation kept out of the run, to replace a lost one
             (`Launcher.hosts`; `slurmrun.launcher.elastic`).
         command: how each agent starts on its node (a container, srun options).
@@ -58,29 +52,35 @@ class Plan:
     hostnames: list[str]
     workers_per_host: list[int] | None
     alloc: SlurmAllocation | None
-    local: bool
-    ssh: bool = False
+    agents: AgentKind
     provider: str = ""
-    ssh_config_file: str | None = None
     spares: list[str] = field(default_factory=list)
-    nodes: srun.JobNodes | None = None
     command: AgentCommand = PLAIN
     title: str = ""
 
-    @property
-    def step(self) -> srun.AgentsStep | None:
-        """The agents' srun step on `hostnames`, from `nodes`; None unless they start with srun."""
-        return None if self.nodes is None else self.nodes.step(self.hostnames)
+    def address(self) -> Address:
+        """Where the agents reach the launcher."""
+        return self.agents.address(self.hostnames)
 
-    @property
-    def task_order(self) -> list[str]:
-        """The agents' nodes in their srun step's task order (the job's), else `hostnames`."""
-        step = self.step
-        return list(step.task_order) if step else list(self.hostnames)
+    def start(
+        self, cfg: Options, log_dir: LogDir, *, secret: str, advertise: str, port: str
+    ) -> AgentStart:
+        """The agents' starter and environment, and what a dry run shows of them.
 
+        What a run starts its agents with (`slurmrun.launcher.warm.open_pool`), and what a dry
+        run shows (`slurmrun.launcher.dryrun.plan_dry_run`, with no secret and port 0).
 
-def _is_local(host: str) -> bool:
-    return host in _LOCAL_NAMES or host == socket.gethostname()
+        Args:
+            cfg: the launch's options.
+            log_dir: the launch's log directory.
+            secret: the launch's secret (hex), which agents prove they know.
+            advertise: the launcher's address the agents connect to.
+            port: the launcher's port.
+        """
+        control = control_env(
+            cfg, self.command, self.alloc, secret=secret, advertise=advertise, port=port
+        )
+        return self.agents.start(StartOrder(cfg, self.hostnames, log_dir, self.command, control))
 
 
 def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
@@ -91,7 +91,7 @@ def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
             the launcher (unless `check_driver_step` is False: `slurmrun info` shows it).
         OptionsValueError, OptionsTypeError: hosts that are not the job's, a node listed
             twice, ``hosts`` or ``min_hosts`` out of range or without a restart, or an srun
-            option that slurmrun sets itself (`slurmrun.launcher.containers`).
+            option that slurmrun sets itself (`slurmrun.launcher.agents.containers`).
     """
     plan = _hosts_plan(cfg, check_driver_step)
     _check_elastic(cfg, len(plan.hostnames), spares=len(plan.spares))
@@ -121,58 +121,47 @@ def _hosts_plan(cfg: Options, check_driver_step: bool) -> Plan:
                 f"{name}='slurm' but no SLURM allocation was found (SLURM_JOB_ID is not set). "
                 "Run inside salloc or an sbatch script, or pass 'auto' to fall back to localhost."
             )
-    found: providers.Hosts | None = None
     if cfg.hostnames == "auto":
         found = providers.detect()
-        hosts = list(found.hostnames)
+        provided = _provided_plan(cfg, found)
+        if provided is not None:
+            active, spares = _spares(cfg, provided.hostnames)
+            counts = provided.workers_per_host
+            return replace(
+                provided,
+                hostnames=active,
+                workers_per_host=None if counts is None else counts[: len(active)],
+                spares=spares,
+            )
+        hosts = list(found.hostnames)  # the job's nodes: planned by the job's rules below
     elif cfg.hostnames == "slurm":
         assert alloc is not None  # noqa: S101 - checked above
         hosts = list(alloc.hostnames)
     else:
         hosts = list(cfg.hostnames)
-    if found is not None and found.agents != "srun":
-        provided = _provided_plan(cfg, found)
-        active, spares = _spares(cfg, provided.hostnames)
-        counts = provided.workers_per_host
-        return replace(
-            provided,
-            hostnames=active,
-            workers_per_host=None if counts is None else counts[: len(active)],
-            spares=spares,
-        )
     hosts, spares = _spares(cfg, hosts)
     # A job's nodes, one of them this machine included, get their agents from srun: the agents
     # then live in the job (its SLURM_* variables, its GPUs and CPUs, its accounting) just
     # as on several nodes. Local agents are for hosts that are not the job's ("localhost").
-    local = alloc is None or not all(h in alloc.hostnames for h in [*hosts, *spares])
-    if local and not all(_is_local(h) for h in hosts):
+    in_job = alloc is not None and all(h in alloc.hostnames for h in [*hosts, *spares])
+    if not in_job and not all(is_local(h) for h in hosts):
         if alloc is None:  # hosts outside any scheduler: their agents start over ssh
             counts = _counts(cfg.workers_per_host, hosts)
+            agents = Ssh(cfg.ssh_config_file)
             return Plan(
-                hosts,
-                counts,
-                None,
-                False,
-                ssh=True,
-                ssh_config_file=cfg.ssh_config_file,
-                spares=spares,
+                hostnames=hosts, workers_per_host=counts, alloc=None, agents=agents, spares=spares
             )
         unknown = [h for h in [*hosts, *spares] if h not in alloc.hostnames]
         raise OptionsValueError(
             f"hostnames {unknown} are not nodes of SLURM job {alloc.job_id}, whose nodes are "
             f"{alloc.hostnames}"
         )
-    if not local and len(set(hosts)) != len(hosts):
-        raise OptionsValueError(
-            f"hostnames lists a node twice ({hosts}); srun starts one agent per node"
-        )
-    if not local and alloc is not None and check_driver_step:
-        _check_driver_step(alloc)
+    kind: AgentKind = Local()
+    if in_job:
+        assert alloc is not None  # noqa: S101 - in_job says so
+        kind = Srun.of_job(alloc, hosts, spares, check_driver_step=check_driver_step)
     counts = _counts(cfg.workers_per_host, hosts)
-    if local or alloc is None:
-        return Plan(hosts, counts, alloc, local, spares=spares)
-    nodes = job_nodes(alloc, [*hosts, *spares])
-    return Plan(hosts, counts, alloc, local, spares=spares, nodes=nodes)
+    return Plan(hostnames=hosts, workers_per_host=counts, alloc=alloc, agents=kind, spares=spares)
 
 
 def _spares(cfg: Options, hosts: list[str]) -> tuple[list[str], list[str]]:
@@ -215,23 +204,6 @@ def _check_elastic(cfg: Options, hosts: int, *, spares: int) -> None:
         )
 
 
-def job_nodes(alloc: SlurmAllocation, hostnames: Sequence[str]) -> srun.JobNodes:
-    """What job `alloc` has on each of `hostnames`, its nodes (`srun.JobNodes`).
-
-    Asks ``scontrol`` for the job's GPUs per node only when neither SLURM's variables nor
-    `slurm_allocation` told (`job_gpus_per_node`): once per launch, at planning.
-    """
-    gpus = job_gpus_per_node(alloc)
-    tasks = alloc.tasks_per_node
-    nodes = sorted((alloc.node_index(h), h) for h in hostnames)
-    return srun.JobNodes(
-        order=tuple(h for _, h in nodes),
-        cpus=tuple(alloc.cpus_per_node[i] for i, _ in nodes),
-        gpus=tuple(gpus[i] for i, _ in nodes),
-        tasks=None if tasks is None else tuple(tasks[i] for i, _ in nodes),
-    )
-
-
 def _counts(w: int | list[int] | str, hosts: list[str]) -> list[int] | None:
     if isinstance(w, str):
         return None
@@ -247,38 +219,26 @@ def _counts(w: int | list[int] | str, hosts: list[str]) -> list[int] | None:
     return list(w)
 
 
-def _provided_plan(cfg: Options, found: providers.Hosts) -> Plan:
-    """The plan for the hosts of an allocation provider whose agents are local or ssh ones."""
+def _provided_plan(cfg: Options, found: providers.Hosts) -> Plan | None:
+    """The plan for the hosts an allocation provider found; None: the job's nodes (srun).
+
+    Raises:
+        OptionsValueError: the provider names a way of starting agents that is not known.
+        ValueError: its hosts cannot have agents of the kind it names.
+    """
+    kind = KINDS.get(found.agents)
+    if kind is None:
+        raise OptionsValueError(
+            f"the allocation provider {found.provider!r} asks for {found.agents!r} agents, "
+            f"which slurmrun does not know (it knows {', '.join(sorted(KINDS))})"
+        )
+    agents = kind.provided(cfg, found)
+    if agents is None:
+        return None
     hosts = list(found.hostnames)
     counts = _counts(cfg.workers_per_host, hosts)
     if counts is None and found.workers_per_host is not None:
         counts = list(found.workers_per_host)
-    if found.agents == "local" and not all(_is_local(h) for h in hosts):
-        raise ValueError(
-            f"the allocation provider {found.provider!r} found hosts {hosts} and asks for local "
-            "agents, but not all of them are this machine"
-        )
-    local = found.agents == "local"
     return Plan(
-        hosts,
-        counts,
-        None,
-        local,
-        ssh=not local,
-        provider=found.provider,
-        ssh_config_file=cfg.ssh_config_file,
-    )
-
-
-def _check_driver_step(alloc: SlurmAllocation) -> None:
-    """Refuses to launch from each of several tasks of one step: they would share the nodes."""
-    step = alloc.driver_step
-    if step is None or step.num_tasks <= 1:
-        return
-    raise RuntimeError(
-        f"slurmrun.launch runs in SLURM step {step.step_id}, which has {step.num_tasks} tasks "
-        f"(this is task {step.proc_id}): every task would launch workers on every node of "
-        f"job {alloc.job_id}, and they would fight over its GPUs and CPUs. Start the script "
-        "that calls launch() once: `python train.py` in the batch script or the salloc "
-        "shell, or `srun -N1 -n1 python train.py`. slurmrun starts one agent per node itself."
+        hostnames=hosts, workers_per_host=counts, alloc=None, agents=agents, provider=found.provider
     )

@@ -28,13 +28,13 @@ from typing import Any, Protocol
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError, VersionMismatchError
 from slurmrun.events import AgentConnected, Trace
+from slurmrun.launcher.agents.starters import AgentStarter
 from slurmrun.launcher.closing import close_agents
 from slurmrun.launcher.health import AgentHealth, StepEndings
 from slurmrun.launcher.listener import Listener
 from slurmrun.launcher.output_stage import Credits, output_window
 from slurmrun.launcher.pump import Closed, Event, Local, Received, all_of, drain, pump
 from slurmrun.launcher.share import PoolAgent
-from slurmrun.launcher.starters import AgentStarter
 from slurmrun.logs import LogDir
 from slurmrun.transport import Connection, Frame
 from slurmrun.versions import mismatch

@@ -23,14 +23,12 @@ from slurmrun.control import ControlServer
 from slurmrun.environment import user_env
 from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.events import Trace
-from slurmrun.launcher import srun
-from slurmrun.launcher.address import launcher_address, listen
-from slurmrun.launcher.containers import launcher_path
+from slurmrun.launcher.address import listen
+from slurmrun.launcher.agents.common import silence
+from slurmrun.launcher.agents.containers import launcher_path
 from slurmrun.launcher.plan import Plan
 from slurmrun.launcher.pool import AgentPool, PoolBroken
 from slurmrun.launcher.run import Run
-from slurmrun.launcher.starters import LocalAgents, SrunAgents
-from slurmrun.launcher.startup import agent_start, silence
 from slurmrun.launcher.watch import StacksWanted
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.logs import log_level
@@ -212,18 +210,15 @@ def say(line: str) -> None:
 
 def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool:
     """Starts and connects the agents of `plan`."""
-    address = launcher_address(
-        plan.hostnames, local=plan.local, ssh=plan.ssh, ssh_config_file=plan.ssh_config_file
-    )
+    address = plan.address()
     server = listen(address.bind)
     log_dir: LogDir | None = None
     try:
         log_dir = resolve_log_dir()
         secret = new_secret()
         agent_silence = silence(cfg)
-        starter, env = agent_start(
+        start = plan.start(
             cfg,
-            plan,
             log_dir,
             secret=secret.hex(),
             advertise=address.advertise,
@@ -236,7 +231,7 @@ def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool
         raise
     pool = AgentPool(
         hostnames=plan.hostnames,
-        starter=starter,
+        starter=start.starter,
         server=server,
         secret=secret,
         connect_timeout=float(cfg.timeout),
@@ -246,7 +241,7 @@ def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool
         starting_note=say if cfg.log_handlers is None and log_level() <= logging.INFO else None,
     )
     try:
-        pool.open(env)
+        pool.open(start.env)
     except AgentFailedError as e:
         pool.close()
         raise explained(e, pool, plan) from e.__cause__
@@ -257,19 +252,8 @@ def open_pool(cfg: Options, plan: Plan, trace: Trace | None = None) -> AgentPool
 
 
 def explained(e: AgentFailedError, pool: AgentPool, plan: Plan) -> AgentFailedError:
-    """`e`, or the node log srun could not open that explains it."""
-    starter, log_dir = pool.starter, pool.log_dir
-    if not isinstance(starter, SrunAgents) or log_dir is None or not log_dir.keep:
-        return e
-    failure = srun.agent_start_failure(starter.log_path, plan.task_order, log_dir.path)
-    if failure is None:
-        return e
-    host, message = failure
-    error = AgentFailedError(
-        message, hostname=host, log_file=starter.log_path, stderr_tail=e.stderr_tail
-    )
-    error.__cause__ = e
-    return error
+    """`e`, or what the plan's kind of agents knows better of why one did not start."""
+    return plan.agents.explain(e, pool.starter, plan.hostnames, pool.log_dir)
 
 
 def run_attempt(  # noqa: PLR0917 - private, called once
@@ -324,10 +308,10 @@ def _run(  # noqa: PLR0917 - private, called once
             "unset": unset,
             "title": plan.title,
         },
-        local_master=plan.local,
+        local_master=plan.agents.local_master,
         handlers=cfg.log_handlers,
         log_dir=kept,
-        agents_write_logs=isinstance(pool.starter, (LocalAgents, SrunAgents)),
+        agents_write_logs=plan.agents.writes_logs,
         log_level=log_level(),
         show_ranks=cfg.show_ranks,
         trace=trace,

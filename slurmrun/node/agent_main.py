@@ -58,7 +58,7 @@ def read_variables(fd: int) -> None:
     """Takes an ssh agent's variables from `fd` into the environment (and its PYTHONPATH).
 
     They come as one line with the length of a JSON object of names to values, then the
-    object (`slurmrun.launcher.ssh.stdin_block`): never on a command line, where every user
+    object (`slurmrun.launcher.agents.ssh.stdin_block`): never on a command line, where every user
     of the host can read them. The secret follows them, read after the spawner's fork.
     """
     size = int(_read_line(fd).decode("ascii"))
@@ -97,7 +97,7 @@ def main() -> int:
     # forked: workers are forks of the spawner and would inherit it (a str cannot be wiped).
     # os.environb hands out the bytes object the interpreter made at startup, not a copy; the
     # spawner wipes that object and its environment blocks (forget_variable).
-    from_stdin = os.environ.get(SECRET_STDIN_VAR) == "1"  # an ssh agent (slurmrun.launcher.ssh)
+    from_stdin = os.environ.get(SECRET_STDIN_VAR) == "1"  # an ssh agent (launcher/agents/ssh.py)
     if from_stdin:
         read_variables(0)  # before anything reads the environment
     if not from_stdin and not os.environb.get(_SECRET_KEY):

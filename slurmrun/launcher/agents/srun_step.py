@@ -1,34 +1,32 @@
-"""The agents' `srun` step: building it, an address its nodes reach, the nodes SLURM marks down.
+"""The agents' srun step: its command line, the environment srun runs with, its process.
 
-After a step failed, `unusable_nodes` asks SLURM which of its nodes are down, drained or not
-responding (`slurmrun.launcher.elastic` leaves them out of the restart).
+`slurmrun.launcher.agents.srun` plans the step (`JobNodes.step`); this builds what starts it:
+one task per node, every variable's value taken from srun's environment (never on a command
+line), and `SrunAgents`, the `AgentStarter` that runs srun and ends the step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
 import shutil
-import socket
+import signal
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO, Any
 
-from slurmrun.launcher.containers import PLAIN, AgentCommand, no_srun_message
-from slurmrun.launcher.starters import SrunAgents
+from slurmrun.launcher.agents.containers import PLAIN, AgentCommand, no_srun_message
+from slurmrun.launcher.agents.starters import wait_exit
 from slurmrun.logs import agent_log_path
-from slurmrun.slurm.scontrol import NodeState, scontrol_node_states
 
 __all__ = [
     "AgentsStep",
-    "JobNodes",
-    "address_toward",
-    "agent_start_failure",
+    "SrunAgents",
     "agents_step_command",
     "srun_agents",
     "srun_environment",
-    "unusable_nodes",
 ]
-
 
 # srun's INPUT ENVIRONMENT VARIABLES (man srun, Slurm 22.05): each one set in the launcher's
 # environment (by salloc, sbatch, the driver's own step, or the user) would silently reshape
@@ -162,12 +160,6 @@ STEP_TASK_VARS = frozenset(
         "SLURM_JOB_GPUS",
     ]
 )
-# srun's word for a task whose stdout could not be set up on its node (e.g. --output names a
-# directory the node cannot see or write).
-_LAUNCH_FAILED = re.compile(r"task (\d+) launch failed: (.+)")
-# srun's words for a node whose slurmd could not be reached to start the step's task there
-# (the node is down, its slurmd dead, its network cut).
-_NODE_UNREACHABLE = re.compile(r"Task launch for StepId=\S+ failed on node (\S+): (.+)")
 
 
 @dataclass(frozen=True)
@@ -189,59 +181,6 @@ class AgentsStep:
     cpus_per_task: int
     gpus_per_node: int
     task_order: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class JobNodes:
-    """What the job has on each node a launch may run on (its hosts and spares), read once.
-
-    `slurmrun.launcher.plan.make_plan` reads it from SLURM (scontrol where no variable tells);
-    the step on any of these nodes (`step`), after a lost node too, is built from it alone.
-
-    Attributes:
-        order: the nodes in SLURM's task order (the job's node order).
-        cpus: each node's CPUs, in `order`.
-        gpus: each node's GPUs (0 where nothing tells), in `order`.
-        tasks: the job's tasks on each node, in `order`; None where nothing tells.
-    """
-
-    order: tuple[str, ...]
-    cpus: tuple[int, ...]
-    gpus: tuple[int, ...]
-    tasks: tuple[int, ...] | None = None
-
-    def step(self, hostnames: Sequence[str]) -> AgentsStep:
-        """The step of one agent on each of `hostnames` (nodes of `order`, in the launch's order).
-
-        It asks the fewest CPUs and GPUs of any of them: a step asks the same on every node.
-        """
-        index = {self.order.index(host) for host in hostnames}
-        return AgentsStep(
-            hostnames=tuple(hostnames),
-            cpus_per_task=min(self.cpus[i] for i in index),
-            gpus_per_node=min(self.gpus[i] for i in index),
-            task_order=tuple(self.order[i] for i in sorted(index)),
-        )
-
-
-def address_toward(host: str) -> str:
-    """The local address the kernel would use to reach `host`.
-
-    ``SLURMRUN_LAUNCHER_ADDR`` overrides it (the launcher reads that, not this function).
-
-    Connecting a UDP socket sends nothing; it only picks a route. This is right where
-    ``getfqdn()`` is not (nodes often cannot resolve the login node's name).
-    """
-    try:
-        infos = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)
-    except socket.gaierror as e:
-        raise RuntimeError(
-            f"cannot resolve node {host!r} to find an address it can reach us at ({e}); set "
-            "SLURMRUN_LAUNCHER_ADDR to this machine's address on the cluster network"
-        ) from e
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect(infos[0][4])
-        return str(s.getsockname()[0])
 
 
 def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -287,7 +226,7 @@ def agents_step_command(
         export: names of the variables the agents get (values: srun's environment).
         srun: the srun executable.
         command: the agent's command, and the options added to srun's
-            (`slurmrun.launcher.containers`).
+            (`slurmrun.launcher.agents.containers`).
     """
     n = len(step.hostnames)
     cmd = [
@@ -345,65 +284,84 @@ def srun_agents(
     )
 
 
-def agent_start_failure(
-    srun_log: str, step_hosts: Sequence[str], log_dir: str
-) -> tuple[str, str] | None:
-    """(host, message) if srun's output says a node could not start its agent's task.
-
-    Either srun could not reach the node's slurmd (``Task launch for StepId=... failed on
-    node N``: the node is lost, and srun ends the whole step, so the other agents' ends say
-    nothing about the cause), or the node cannot open its ``--output`` file (the log
-    directory is not on a filesystem the node shares, or it cannot write there), and srun says
-    only ``task N launch failed: Slurmd could not connect IO``.
-
-    Args:
-        srun_log: srun's own output file.
-        step_hosts: the step's nodes in SLURM's task order (the job's node order).
-        log_dir: the log directory the nodes were told to write to.
-    """
-    try:
-        with open(srun_log, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-    except OSError:
-        return None
-    unreachable = _NODE_UNREACHABLE.search(text)
-    if unreachable is not None:
-        host = unreachable.group(1)
-        return host, (
-            f"the agent on {host} could not start: srun says the task launch failed on node "
-            f"{host}: {unreachable.group(2).strip()} (its slurmd does not answer: the node is "
-            "down, or cut off)"
-        )
-    match = _LAUNCH_FAILED.search(text)
-    if match is None:
-        return None
-    task = int(match.group(1))
-    host = step_hosts[task] if task < len(step_hosts) else f"task {task}"
-    path = agent_log_path(log_dir, host)
-    return host, (
-        f"the agent on {host} could not start: srun says task {task} launch failed: "
-        f"{match.group(2).strip()}. Most likely {host} could not open its log file {path}: "
-        "agents' log files are written by each node, so SLURMRUN_LOG_DIR must be a "
-        "directory on a filesystem that every node shares and can write (the default, "
-        "./slurmrun_logs, must then be too). Set SLURMRUN_LOG_DIR to such a directory, or "
-        "SLURMRUN_LOG_DIR='' to write no log files on the nodes."
-    )
+SRUN_TERM_WAIT = 2.0
 
 
-def unusable_nodes(nodes: Sequence[str], timeout: float = 10) -> dict[str, NodeState]:
-    """The nodes of `nodes` that SLURM says cannot run a step now, with their states.
+@dataclass
+class SrunAgents:
+    """All agents as one SLURM job step, started with the `srun` command line `command`."""
 
-    Asked after a step failed: a node SLURM marks down (a failed health check, an admin, its
-    slurmd gone silent), drained or not responding is where the failure began, whatever
-    connection closed first (srun ends the other nodes' tasks itself), and a step that asks
-    for it is refused. Read from ``scontrol show node``'s states, not from srun's words.
+    command: list[str]
+    log_path: str
+    node_logs: Mapping[str, str]
+    hostnames: Sequence[str]
+    proc: subprocess.Popen[bytes] | None = None
+    step: str | None = None  # "<job id>.<step id>", once an agent said
+    _log: IO[bytes] | None = None
 
-    Args:
-        nodes: the step's nodes (and the spares that might replace one).
-        timeout: seconds to wait for scontrol.
+    def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
+        """See `AgentStarter`."""
+        job, step = hello.get("slurm_job"), hello.get("slurm_step")
+        if job and step:
+            self.step = f"{job}.{step}"
 
-    Returns:
-        The unusable nodes' states by name; empty when none is, or scontrol cannot tell.
-    """
-    states = scontrol_node_states(nodes, timeout) or {}
-    return {node: state for node, state in states.items() if not state.usable}
+    def log_file(self, node_rank: int | None) -> str | None:
+        """See `AgentStarter`."""
+        if node_rank is None:
+            return self.log_path
+        return self.node_logs.get(self.hostnames[node_rank], self.log_path)
+
+    def start(self, env: Mapping[str, str]) -> None:
+        """See `AgentStarter`."""
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        try:
+            self.proc = subprocess.Popen(
+                self.command,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        except FileNotFoundError as e:
+            raise RuntimeError(f"could not run srun ({e}); is SLURM's client installed?") from e
+
+    def _cancel_step(self) -> None:
+        if self.step is None:
+            return
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(["scancel", self.step], capture_output=True, timeout=10.0, check=False)
+
+    def exit_codes(self) -> dict[int | None, int]:
+        """See `AgentStarter`."""
+        if self.proc is None or self.proc.poll() is None:
+            return {}
+        return {None: self.proc.returncode}
+
+    def stop(self, grace: float) -> None:
+        """See `AgentStarter`."""
+        killed = True  # unless srun is seen to end by itself: then the step ended with it
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                wait_exit(self.proc, grace)
+                if self.proc.poll() is None:
+                    # srun forwards SIGTERM to the step's tasks and ends the step. A task on a
+                    # lost node keeps srun waiting (up to KillWait and longer): then kill srun
+                    # and cancel the step, which slurmctld ends even on a node it cannot reach.
+                    self.proc.send_signal(signal.SIGTERM)
+                    wait_exit(self.proc, SRUN_TERM_WAIT)
+                if self.proc.poll() is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(self.proc.pid, signal.SIGKILL)  # not reaped: still its group
+                    wait_exit(self.proc, 5.0)
+                else:
+                    killed = False
+            else:
+                killed = False
+        finally:
+            try:
+                if killed:  # also when anything above raised (a Ctrl-C while we wait)
+                    self._cancel_step()
+            finally:
+                if self._log is not None:
+                    self._log.close()

@@ -37,6 +37,7 @@ __all__ = [
     "driver_container",
     "launcher_path",
     "no_srun_message",
+    "slurmrun_root",
     "start_hint",
 ]
 
@@ -110,6 +111,12 @@ class AgentCommand:
 PLAIN = AgentCommand()
 
 
+def slurmrun_root() -> str:
+    """The directory that holds this very slurmrun package (a checkout's, or site-packages)."""
+    here = os.path.abspath(__file__)  # slurmrun/launcher/agents/containers.py
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(here))))
+
+
 def launcher_path(contained: bool) -> list[str]:
     """The ``sys.path`` workers take from the launcher (`slurmrun.protocol.Start.sys_path`).
 
@@ -120,7 +127,7 @@ def launcher_path(contained: bool) -> list[str]:
     paths = [p if p else os.getcwd() for p in sys.path]
     if not contained:
         return paths
-    package = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    package = slurmrun_root()
     interpreter = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     if site.ENABLE_USER_SITE:
         interpreter.add(site.getusersitepackages())

@@ -24,14 +24,27 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
-from slurmrun.launcher.containers import PLAIN, AgentCommand
-from slurmrun.launcher.starters import HostAgents, local_agent_env, package_pythonpath, wait_exit
+from slurmrun.launcher.address import Address, routed
+from slurmrun.launcher.agents.common import agent_env
+from slurmrun.launcher.agents.containers import PLAIN, AgentCommand
+from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
+from slurmrun.launcher.agents.starters import (
+    HostAgents,
+    local_agent_env,
+    package_pythonpath,
+    wait_exit,
+)
 from slurmrun.variables import SECRET_STDIN_VAR, SECRET_VAR
 
-__all__ = ["SshAgents", "ssh_command", "ssh_hostname", "stdin_block"]
+if TYPE_CHECKING:
+    from slurmrun.launcher.options import Options
+    from slurmrun.providers import Hosts
+
+__all__ = ["Ssh", "SshAgents", "ssh_command", "ssh_hostname", "stdin_block"]
 
 # How long ssh may take to open a connection (a host that is down: no endless wait).
 CONNECT_TIMEOUT = 10
@@ -79,6 +92,49 @@ def ssh_hostname(host: str, config_file: str | None) -> str:
     return host
 
 
+@dataclass(frozen=True)
+class Ssh(AgentKind):
+    """Agents over ssh, one per host (`slurmrun.launcher.agents.kind.AgentKind`).
+
+    Attributes:
+        config_file: the ssh config file (`Launcher.ssh_config_file`); None: the user's.
+    """
+
+    name: ClassVar[str] = "ssh"
+    shown: ClassVar[str] = "one ssh per host"
+    env_on_stdin: ClassVar[bool] = True
+    local_master: ClassVar[bool] = False
+    writes_logs: ClassVar[bool] = False  # ssh writes each agent's output, its own messages too
+
+    config_file: str | None = None
+
+    @classmethod
+    def provided(cls, cfg: Options, found: Hosts) -> Ssh:
+        """See `AgentKind`."""
+        return cls(cfg.ssh_config_file)
+
+    def address(self, hostnames: Sequence[str]) -> Address:
+        """See `AgentKind`: toward the first host (the name an ssh alias stands for)."""
+        first = hostnames[0]
+        return routed(first, ssh_hostname(first, self.config_file))
+
+    def start(self, order: StartOrder) -> AgentStart:
+        """See `AgentKind`: the variables go on stdin, their values shown by a dry run."""
+        env = agent_env(order.cfg, os.environ, order.control)
+        hostnames = list(order.hostnames)
+        starter = SshAgents(
+            hostnames, order.log_dir.path, config_file=self.config_file, command=order.command
+        )
+        names = sorted({*env, *local_agent_env(0, hostnames[0])} - {SECRET_VAR})
+        return AgentStart(starter, env, tuple(map(tuple, starter.commands())), tuple(names))
+
+    def dry_workers(self, hostnames: Sequence[str], env: dict[str, str]) -> DryWorkers:
+        """See `AgentKind`: each agent decides on its host, unknown here."""
+        return DryWorkers(
+            0, [0] * len(hostnames), "each agent decides on its host (0: unknown here)"
+        )
+
+
 @dataclass
 class SshAgents(HostAgents):
     """One agent per host, each the remote command of an ``ssh`` subprocess.
@@ -94,7 +150,7 @@ class SshAgents(HostAgents):
         return [ssh_command(host, self.config_file, self.command) for host in self.hostnames]
 
     def start(self, env: Mapping[str, str]) -> None:
-        """See `slurmrun.launcher.starters.AgentStarter`."""
+        """See `slurmrun.launcher.agents.starters.AgentStarter`."""
         secret = env[SECRET_VAR].encode("ascii") + b"\n"
         for rank, command in enumerate(self.commands()):
             variables = stdin_block({**env, **local_agent_env(rank, self.hostnames[rank])})
@@ -116,11 +172,11 @@ class SshAgents(HostAgents):
                 proc.stdin.flush()
 
     def exit_codes(self) -> dict[int | None, int]:
-        """See `AgentStarter` in `slurmrun.launcher.starters` (255: ssh could not connect)."""
+        """See `slurmrun.launcher.agents.starters.AgentStarter` (255: ssh could not connect)."""
         return {r: p.returncode for r, p in enumerate(self.procs) if p.poll() is not None}
 
     def stop(self, grace: float) -> None:
-        """See `slurmrun.launcher.starters.AgentStarter`.
+        """See `slurmrun.launcher.agents.starters.AgentStarter`.
 
         After `grace`, the agents' stdin is closed (they stop their workers and exit on
         end-of-file); ssh processes still running after that are killed, which drops their
