@@ -152,13 +152,18 @@ def test_python_m_slurmrun_cli_info_runs(tmp_path):
 
 
 # What the test cluster's scontrol printed (2026-11-25), cut to the fields that matter.
-SHOW_JOB = (
-    "JobId=66 JobName=job.sh UserId=root(0) JobState=RUNNING Reason=None Requeue=1 "
-    "RunTime=00:00:03 TimeLimit=00:05:00 TimeMin=N/A SubmitTime=2026-11-25T10:17:33 "
-    "StartTime=2026-11-25T10:17:33 EndTime=2026-11-25T10:22:33 Deadline=N/A "
-    "PreemptEligibleTime=2026-11-25T10:17:33 PreemptTime=None Partition=debug "
-    "AllocNode:Sid=slurmctl:1 NodeList=node[1-2]\n"
-)
+SHOW_JOB = """\
+JobId=66 JobName=job.sh
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   RunTime=00:00:03 TimeLimit=00:05:00 TimeMin=N/A
+   SubmitTime=2026-11-25T10:17:33 EligibleTime=2026-11-25T10:17:33
+   StartTime=2026-11-25T10:17:33 EndTime=2026-11-25T10:22:33 Deadline=N/A
+   PreemptEligibleTime=2026-11-25T10:17:33 PreemptTime=None
+   Partition=debug AllocNode:Sid=slurmctl:1
+   NodeList=node[1-2]
+"""
 SHOW_PARTITION = (
     "PartitionName=debug AllowGroups=ALL Default=YES DefaultTime=NONE GraceTime=20 Hidden=NO "
     "Nodes=node[1-3] PriorityJobFactor=1 PriorityTier=1 OverTimeLimit=NONE "

@@ -18,7 +18,8 @@ import socket
 import subprocess
 import threading
 
-from slurmrun.slurm.scontrol import scontrol, scontrol_fields
+from slurmrun.slurm.records import config_fields, first_record
+from slurmrun.slurm.scontrol import scontrol
 
 __all__ = [
     "SlurmUnavailableError",
@@ -156,10 +157,10 @@ def placement(job_id: str, *, timeout: float = QUERY_TIMEOUT) -> str:
     Read from ``scontrol show job`` (partition) and ``scontrol show config`` (the controller's
     ClusterName); ``""`` where neither can be read.
     """
-    job = scontrol(["show", "job", "-o", job_id.partition("_")[0]], timeout) or ""
+    job = scontrol(["show", "job", job_id.partition("_")[0]], timeout) or ""
     config = scontrol(["show", "config"], timeout) or ""
-    cluster = scontrol_fields(config).get("ClusterName")
-    partition = scontrol_fields(job).get("Partition")  # an array's first element: the first wins
+    cluster = config_fields(config).get("ClusterName")
+    partition = first_record(job).fields.get("Partition")  # an array's first element
     parts = [
         f"cluster {cluster}" if cluster else "",
         f"partition {partition}" if partition else "",
