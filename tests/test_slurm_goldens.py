@@ -33,8 +33,10 @@ def golden(version: str, name: str) -> str:
     return (GOLDEN / version / name).read_text()
 
 
-def test_every_captured_version_is_tested():
+def test_every_captured_version_is_tested_and_named_in_the_docs():
     assert sorted(p.name for p in GOLDEN.iterdir() if p.is_dir()) == VERSIONS
+    docs = (Path(__file__).parents[1] / "docs" / "slurm.md").read_text()
+    assert f"SLURM versions tested: {', '.join(VERSIONS)}." in docs
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -17,6 +17,7 @@ import shutil
 import socket
 import subprocess
 import threading
+from collections.abc import Callable, Sequence
 
 from slurmrun.slurm.records import config_fields, first_record
 from slurmrun.slurm.scontrol import scontrol
@@ -26,6 +27,7 @@ __all__ = [
     "check_slurm",
     "controller_hosts",
     "placement",
+    "slurm_version",
     "unresolved_controllers",
 ]
 
@@ -166,3 +168,18 @@ def placement(job_id: str, *, timeout: float = QUERY_TIMEOUT) -> str:
         f"partition {partition}" if partition else "",
     ]
     return ", ".join(part for part in parts if part)
+
+
+def slurm_version(
+    scontrol: Callable[[Sequence[str]], str | None] = scontrol,
+) -> str | None:
+    """The SLURM controller's version (``26.05.5``), or None when scontrol does not answer.
+
+    Read from the ``SLURM_VERSION`` field of ``scontrol show config``: the controller's, where
+    ``scontrol --version`` names the client's. Nothing in slurmrun decides by it (where SLURM
+    versions differ, their outputs are read by fields); ``slurmrun info`` shows it.
+
+    Args:
+        scontrol: runs scontrol with these arguments; its output, or None if it failed.
+    """
+    return config_fields(scontrol(["show", "config"]) or "").get("SLURM_VERSION") or None

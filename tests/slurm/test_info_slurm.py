@@ -45,6 +45,8 @@ def test_info_in_salloc_shows_the_job_and_the_srun_plan(run_cmd, node_processes)
         "preemptible": True,
     }
     assert slurm["ending"]["end_time"][:4].isdigit()
+    # the controller's version: the same as scontrol's own here (issue 50)
+    assert slurm["version"] == run_cmd(["scontrol", "--version"]).stdout.split()[-1]
     text = _salloc(run_cmd, ["-N3"], INFO).stdout
     assert "SLURM job" in text
     assert "node[1-3] (from SLURM_JOB_NODELIST)" in text
