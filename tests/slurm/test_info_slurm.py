@@ -80,6 +80,19 @@ def test_info_inside_a_step_reads_the_job_from_scontrol(run_cmd, node_processes)
     assert node_processes() == {}
 
 
+def test_info_inside_a_step_reads_no_word_of_the_users_command_line(run_cmd, node_processes):
+    # Issue 50: scontrol shows the user's command line (22.05 in Command=, 26.05 also in
+    # SubmitLine=); its words that look like the job's fields are not the job's.
+    info = f"{' '.join(INFO)} --json"
+    words = ["NumTasks=3", "Nodes=node1", "GRES=gpu:8"]
+    argv = ["bash", "-c", f"srun -N1 -n1 {info}", "x", *words]
+    data = json.loads(_salloc(run_cmd, ["-N2", "-n4", "--gpus-per-node=1"], argv).stdout)
+    nodes = data["slurm"]["nodes"]
+    assert [(n["tasks"], n["gpus"]) for n in nodes] == [(2, 1), (2, 1)]
+    assert data["launch"]["expected_workers"] == [1, 1]  # one per GPU of the step
+    assert node_processes() == {}
+
+
 def test_info_in_a_step_of_two_tasks_warns(run_cmd, tmp_path, node_processes):
     # Each task writes its own file (two JSON documents on one stdout would interleave).
     script = f"{' '.join(INFO)} --json > {tmp_path}/info.$SLURM_PROCID.json"
