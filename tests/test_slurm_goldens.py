@@ -99,11 +99,18 @@ def test_free_text_fields_are_whole_and_command_lines_hold_their_own_lines(versi
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_nodes_state_and_the_config_are_read_by_fields(version):
-    from slurmrun.slurm.records import config_fields
+    from slurmrun.slurm.records import config_fields, parse_records
 
     n1, _ = NODES[version]
     (node,) = parse_node_states(golden(version, "node.txt")).values()
     assert (node.name, node.words, node.usable, node.reason) == (n1, ("IDLE",), True, "")
+    (debug, urgent) = parse_records(golden(version, "partition.txt"))
+    assert (debug.fields["PartitionName"], debug.fields["Nodes"], debug.node_lines) == (
+        "debug",
+        f"{n1[:-1]}[1-{3 if version == '22.05' else 2}]",
+        [],
+    )
+    assert urgent.fields["PreemptMode"] == "OFF"
     config = config_fields(golden(version, "config.txt"))
     assert config["SLURM_VERSION"] == golden(version, "version.txt").split()[-1]
     assert config["SLURM_VERSION"].startswith(f"{version}.")
@@ -160,3 +167,36 @@ def test_sacct_without_accounting_is_asked_once(version, tmp_path, monkeypatch):
     assert queue._sacct(["1"]) == {}
     assert queue._sacct(["2"]) == {}
     assert calls.read_text() == "x\n"
+
+
+def test_a_command_line_of_several_lines_holds_every_line_until_workdir():
+    # Hand-made from job_wrap.txt's layout: a user's bash -c script whose lines look like a
+    # record's start, a per-node line and fields; none of them is the job's.
+    from slurmrun.slurm.records import parse_records
+
+    text = (
+        "JobId=7 JobName=x\n   JobState=PENDING Reason=None Dependency=(null)\n"
+        "   NumNodes=1 NumCPUs=1 NumTasks=1 CPUs/Task=1 ReqB:S:C:T=0:0:*:*\n"
+        "   Command=bash\n   SubmitLine=salloc bash -c '\nJobId=9 JobName=y\n"
+        "     Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu:8\n   NumTasks=3'\n"
+        "   WorkDir=/home/u\n   Comment=a\n   b\n"
+    )
+    (record,) = parse_records(text)
+    assert record.fields["NumTasks"] == "1" and record.node_lines == []
+    assert record.fields["SubmitLine"].splitlines()[1:] == [
+        "JobId=9 JobName=y",
+        "Nodes=node1 CPU_IDs=0 Mem=0 GRES=gpu:8",
+        "NumTasks=3'",
+    ]
+    assert (record.fields["WorkDir"], record.fields["Comment"]) == ("/home/u", "a\nb")
+
+
+def test_a_nodes_reason_of_several_lines_is_read_whole():
+    text = (
+        "NodeName=n1 Arch=x86_64\n   State=IDLE+DRAIN ThreadsPerCore=1\n"
+        "   Reason=gpu 3 fell off State=IDLE [root@2026-01-02T03:04:05]\n"
+        "          then came back\n   Comment=x\n"
+    )
+    (node,) = parse_node_states(text).values()
+    assert node.words == ("IDLE", "DRAIN") and not node.usable
+    assert node.reason == "gpu 3 fell off State=IDLE; then came back"

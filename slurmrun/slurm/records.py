@@ -52,6 +52,7 @@ _COMMAND_LINE_ENDS = {"Command": ("SubmitLine", "WorkDir"), "SubmitLine": ("Work
 # The first key of a per-node line of `scontrol show job -d` ("Nodes=n1 CPU_IDs=0-3 GRES=...");
 # SLURM prints those lines before the job's "MinCPUsNode=" line, never after.
 _NODE_LINE_KEY = "Nodes"
+_NODE_LINE_INDENT = "     "  # where `show partition` has a "   Nodes=" field of its own
 _AFTER_NODE_LINES = "MinCPUsNode"
 # A field line: the record's first (no indent), an ordinary one (3 spaces) or a per-node line
 # of `show job -d` (5 spaces); then a key ("CPUs/Task", "NtasksPerN:B:S:C", "AllocNode:Sid").
@@ -140,7 +141,7 @@ def parse_records(text: str, free_text: frozenset[str] = JOB_FREE_TEXT) -> list[
         record = records[-1]
         open_key = None
         pairs = _line_fields(line, free_text)
-        if match["key"] == _NODE_LINE_KEY:
+        if match["key"] == _NODE_LINE_KEY and match["indent"] == _NODE_LINE_INDENT:
             if not nodes_done:
                 record.node_lines.append(dict(pairs))
             continue
