@@ -470,6 +470,7 @@ def test_a_reader_gone_ends_every_command_quietly(tmp_path):
         (["status", "2"], 141),
         (["logs", "2"], 0),  # prints nothing: its rank has no log
         (["jobs"], 141),
+        (["--dry-run", "talk.py"], 141),  # issue 50: `slurmrun --dry-run ... | head`
         (["submit", "--help"], 0),  # argparse ignores the error itself
         (["--workers-per-host", "2", "talk.py"], 0),  # a launch runs on: the run's own status
     ):

@@ -270,7 +270,7 @@ def test_scontrol_is_asked_once_by_plan_dry_run_agent_starts_and_a_smaller_resta
     lost = AgentFailedError("the agent on node3 sent nothing for 5 s", hostname="node3")
     smaller = without_lost_host(cfg, plan, lost)
     # the job's facts once; after the failure, only which nodes SLURM marks down (none here)
-    assert calls.read_text().splitlines() == ["show job -d 4242", "-o show node node1,node2,node3"]
+    assert calls.read_text().splitlines() == ["show job -d 4242", "show node node1,node2,node3"]
     assert smaller is not None
     step = smaller.agents.step(smaller.hostnames)
     assert step.gpus_per_node == 2  # node1 and node2 have 2 each: node3 had 1

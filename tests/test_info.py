@@ -23,8 +23,10 @@ GOLDEN = Path(__file__).parent / "golden"
 @pytest.fixture(autouse=True)
 def _no_real_job_end(request, monkeypatch):
     """The fake job 4242 is nobody's: scontrol (which may be slow, or know a real 4242) is
-    not asked how it ends; the tests of that part call `job_end` themselves."""
-    monkeypatch.setattr(info, "job_end", lambda job_id: None)
+    not asked how it ends nor the controller's version; the tests of those parts call
+    `job_end` themselves, or give info a scontrol of their own."""
+    monkeypatch.setattr(info, "job_end", lambda job_id, scontrol=None: None)
+    monkeypatch.setattr(info, "scontrol", lambda args, timeout=10: None, raising=False)
 
 
 def _golden(name: str, text: str) -> None:
@@ -152,13 +154,18 @@ def test_python_m_slurmrun_cli_info_runs(tmp_path):
 
 
 # What the test cluster's scontrol printed (2026-11-25), cut to the fields that matter.
-SHOW_JOB = (
-    "JobId=66 JobName=job.sh UserId=root(0) JobState=RUNNING Reason=None Requeue=1 "
-    "RunTime=00:00:03 TimeLimit=00:05:00 TimeMin=N/A SubmitTime=2026-11-25T10:17:33 "
-    "StartTime=2026-11-25T10:17:33 EndTime=2026-11-25T10:22:33 Deadline=N/A "
-    "PreemptEligibleTime=2026-11-25T10:17:33 PreemptTime=None Partition=debug "
-    "AllocNode:Sid=slurmctl:1 NodeList=node[1-2]\n"
-)
+SHOW_JOB = """\
+JobId=66 JobName=job.sh
+   UserId=root(0) GroupId=root(0) MCS_label=N/A
+   JobState=RUNNING Reason=None Dependency=(null)
+   Requeue=1 Restarts=0 BatchFlag=1 Reboot=0 ExitCode=0:0
+   RunTime=00:00:03 TimeLimit=00:05:00 TimeMin=N/A
+   SubmitTime=2026-11-25T10:17:33 EligibleTime=2026-11-25T10:17:33
+   StartTime=2026-11-25T10:17:33 EndTime=2026-11-25T10:22:33 Deadline=N/A
+   PreemptEligibleTime=2026-11-25T10:17:33 PreemptTime=None
+   Partition=debug AllocNode:Sid=slurmctl:1
+   NodeList=node[1-2]
+"""
 SHOW_PARTITION = (
     "PartitionName=debug AllowGroups=ALL Default=YES DefaultTime=NONE GraceTime=20 Hidden=NO "
     "Nodes=node[1-3] PriorityJobFactor=1 PriorityTier=1 OverTimeLimit=NONE "
@@ -226,3 +233,44 @@ def test_job_end_without_preemption_an_unlimited_job_or_an_unknown_one():
     config = SHOW_CONFIG.replace("preempt/partition_prio", "preempt/none")
     outputs = {"job": SHOW_JOB, "partition": SHOW_PARTITION, "config": config}
     assert not job_end("66", _scontrol(outputs)).preemptible  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
+def test_info_names_the_slurm_version_read_once_from_the_controllers_config(
+    monkeypatch, tmp_path, version
+):
+    """Issue 50: the controller's SLURM_VERSION field (``scontrol show config``), which
+    `job_end` reads too: scontrol is asked for it once."""
+    slurm = GOLDEN / "slurm" / version
+    outputs = {
+        ("show", "job", "4242"): (slurm / "job_cpu.txt").read_text(),
+        ("show", "partition", "debug"): (slurm / "partition.txt").read_text(),
+        ("show", "config"): (slurm / "config.txt").read_text(),
+    }
+    asked: list[tuple[str, ...]] = []
+
+    def scontrol(args, timeout=10):
+        asked.append(tuple(args))
+        return outputs.get(tuple(args))
+
+    monkeypatch.setattr(info, "scontrol", scontrol, raising=False)
+    monkeypatch.setattr(info, "job_end", job_end)
+    env = {**JOB, "SLURM_GPUS_PER_NODE": "2", "SLURMRUN_LAUNCHER_ADDR": "10.0.0.1"}
+    _environ(monkeypatch, tmp_path, **env)
+    data = info.gather()
+    expected = (slurm / "version.txt").read_text().split()[-1]  # "slurm-wlm 26.05.5"
+    assert data["slurm"]["version"] == expected
+    assert f"  SLURM version:    {expected} (scontrol show config: SLURM_VERSION)" in (
+        info.render(data).splitlines()
+    )
+    assert data["slurm"]["ending"]["partition"] == "debug"  # job_end read the same config
+    assert asked.count(("show", "config")) == 1
+
+
+def test_info_says_when_the_slurm_version_is_unknown(monkeypatch, tmp_path):
+    _environ(monkeypatch, tmp_path, SLURMRUN_LAUNCHER_ADDR="10.0.0.1", **JOB)
+    data = info.gather()
+    assert data["slurm"]["version"] is None
+    assert "  SLURM version:    unknown (scontrol show config did not answer)" in (
+        info.render(data).splitlines()
+    )

@@ -345,11 +345,17 @@ JobId=5 JobName=cpu
    MinCPUsNode=1
 """
 
-SCONTROL_ONE_LINE = (
-    "JobId=10 JobName=a UserId=lin(1001) JobState=RUNNING NodeList=n[1-3] "
-    "JOB_GRES=gpu:h200:5 Nodes=n[1-2] CPU_IDs=0-7 Mem=0 GRES=gpu:h200:2(IDX:0-1) "
-    "Nodes=n3 CPU_IDs=0-3 Mem=0 GRES=gpu:h200:1(IDX:6) MinCPUsNode=1 Gres=gpu:9\n"
-)
+# Typed GPUs over node groups of several sizes (what `scontrol -o` once gave in one line: slurmrun
+# reads the layout of lines, where free-text values end at their line's end).
+SCONTROL_TYPED_GROUPS = """\
+JobId=10 JobName=a b
+   JobState=RUNNING
+   NodeList=n[1-3]
+   JOB_GRES=gpu:h200:5
+     Nodes=n[1-2] CPU_IDs=0-7 Mem=0 GRES=gpu:h200:2(IDX:0-1)
+     Nodes=n3 CPU_IDs=0-3 Mem=0 GRES=gpu:h200:1(IDX:6)
+   MinCPUsNode=1
+"""
 
 SCONTROL_SHARDS = """\
 JobId=31 JobName=shared
@@ -364,7 +370,7 @@ JobId=31 JobName=shared
         (SCONTROL_TYPED, {"gpu-a01": 4, "gpu-a02": 4, "gpu-b07": 3}),
         (SCONTROL_OLD_GRES_IDX, {"node-06": 4}),
         (SCONTROL_CPU_ONLY, {"cpu1": 0, "cpu2": 0}),
-        (SCONTROL_ONE_LINE, {"n1": 2, "n2": 2, "n3": 1}),
+        (SCONTROL_TYPED_GROUPS, {"n1": 2, "n2": 2, "n3": 1}),
         (SCONTROL_SHARDS, {"node4": 1}),
         ("     Nodes=gpu[04-05] CPU_IDs=0-47 Mem=0 GRES=gpu(IDX:0-7)\n", {"gpu04": 8, "gpu05": 8}),
         ("     Nodes=gpu1 CPU_IDs=0 Mem=0 GRES_IDX=gpu:K2(IDX:0-1)\n", {"gpu1": 2}),
@@ -442,14 +448,19 @@ def test_scontrol_gpus_is_none_without_scontrol(monkeypatch):
 
 # --- node states (scontrol show node) ------------------------------------------------------
 
-# `scontrol -o show node node2` on Slurm 22.05 (the test cluster), node2 set down by an admin.
-NODE_DOWN_ONE_LINE = (
-    "NodeName=node2 Arch=x86_64 CoresPerSocket=4  CPUAlloc=0 CPUEfctv=4 CPUTot=4 "
-    "OS=Linux 6.18.44 #1 SMP PREEMPT_DYNAMIC @0  RealMemory=4096 AllocMem=0 "
-    "State=DOWN ThreadsPerCore=1 TmpDisk=0 Partitions=debug,urgent  "
-    "LastBusyTime=2026-11-27T12:55:54 CfgTRES=cpu=4,mem=4G,billing=4 AllocTRES= "
-    "Reason=slurmrun test [root@2026-11-27T12:57:53]"
-)
+# `scontrol show node node2` on Slurm 22.05 (the test cluster), node2 set down by an admin.
+NODE_DOWN = """\
+NodeName=node2 Arch=x86_64 CoresPerSocket=4
+   CPUAlloc=0 CPUEfctv=4 CPUTot=4 CPULoad=1.56
+   OS=Linux 6.18.44 #1 SMP PREEMPT_DYNAMIC @0
+   RealMemory=4096 AllocMem=0 FreeMem=21535 Sockets=1 Boards=1
+   State=DOWN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
+   Partitions=debug,urgent
+   LastBusyTime=2026-11-27T12:55:54
+   CfgTRES=cpu=4,mem=4G,billing=4
+   AllocTRES=
+   Reason=slurmrun test State=IDLE [root@2026-11-27T12:57:53]
+"""
 # `scontrol show node` (records of several lines), as 24.11 prints them.
 NODES_BLOCKS = """NodeName=gpu01 Arch=x86_64 CoresPerSocket=32
    State=MIXED+DRAIN+NOT_RESPONDING ThreadsPerCore=1 TmpDisk=0 Weight=1
@@ -466,11 +477,11 @@ NodeName=gpu03 Arch=x86_64 CoresPerSocket=32
 """
 
 
-def test_node_states_are_read_from_fields_one_line_or_blocks():
-    (node2,) = slurm_scontrol.parse_node_states(NODE_DOWN_ONE_LINE).values()
+def test_node_states_are_read_from_fields_of_each_record():
+    (node2,) = slurm_scontrol.parse_node_states(NODE_DOWN).values()
     assert node2.words == ("DOWN",) and not node2.usable
-    assert node2.reason == "slurmrun test"
-    assert str(node2) == "DOWN (reason: slurmrun test)"
+    assert node2.reason == "slurmrun test State=IDLE"  # free text: its words are no fields
+    assert str(node2) == "DOWN (reason: slurmrun test State=IDLE)"
     states = slurm_scontrol.parse_node_states(NODES_BLOCKS)
     assert [(n, s.words, s.usable) for n, s in states.items()] == [
         ("gpu01", ("MIXED", "DRAIN", "NOT_RESPONDING"), False),
@@ -512,7 +523,7 @@ def test_unusable_nodes_asks_scontrol_show_node_for_the_nodes_and_keeps_the_bad_
     (scontrol_dir / "out.txt").write_text(NODES_BLOCKS)
     fake_scontrol(
         scontrol_dir,
-        f'[ "$*" = "-o show node gpu01,gpu02,gpu03" ] && cat "{scontrol_dir}/out.txt" || exit 1',
+        f'[ "$*" = "show node gpu01,gpu02,gpu03" ] && cat "{scontrol_dir}/out.txt" || exit 1',
     )
     assert sorted(unusable_nodes(["gpu01", "gpu02", "gpu03"])) == ["gpu01", "gpu03"]
     fake_scontrol(scontrol_dir, "exit 1")  # scontrol cannot tell: no node is blamed
@@ -762,7 +773,8 @@ def test_job_node_index_reads_only_the_job_node_list():
 def test_preemption_reads_a_recent_preempt_time_and_requeue_from_scontrol():
     now = datetime.datetime(2026, 11, 25, 6, 47)
     running = (
-        "JobId=7 JobName=x JobState=RUNNING Requeue=1 Restarts=0\n"
+        "JobId=7 JobName=x\n   JobState=RUNNING Reason=None Dependency=(null)\n"
+        "   Requeue=1 Restarts=0\n"
         "   PreemptEligibleTime=2026-11-25T06:46:39 PreemptTime=None"
     )
     preempted = running.replace("PreemptTime=None", "PreemptTime=2026-11-25T06:46:46")

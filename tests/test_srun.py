@@ -139,6 +139,16 @@ def test_srun_environment_keeps_the_job_and_drops_what_reshapes_the_step():
         assert name not in env
 
 
+@pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
+def test_srun_environment_drops_every_input_variable_of_each_slurm_versions_srun(version):
+    # srun's INPUT ENVIRONMENT VARIABLES, from the man page of that version's Debian package
+    # (24.11 added SLURM_TRES_PER_TASK, which salloc/sbatch -c N set: it conflicts with
+    # --ntasks-per-gpu in a step; 26.05 SLURM_TRES_BIND, SLURM_OOMKILLSTEP).
+    names = (GOLDEN / "slurm" / version / "srun_input_vars.txt").read_text().split()
+    env = srun_step.srun_environment(dict.fromkeys(names, "1"))
+    assert sorted(env) == sorted(srun_step.SRUN_KEEP_VARS & set(names))
+
+
 def test_srun_environment_outside_a_step_keeps_the_batch_node_gpus():
     # In the batch script (no step), CUDA_VISIBLE_DEVICES is the job's on its node.
     env = {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_NTASKS": "2"}

@@ -13,7 +13,7 @@ import os
 import shlex
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hostlist
@@ -24,9 +24,10 @@ from slurmrun.devices import usable_cpu_count, visible_gpu_count
 from slurmrun.launcher.agents.containers import driver_container
 from slurmrun.launcher.dryrun import DryRun, plan_dry_run
 from slurmrun.launcher.plan import make_plan
+from slurmrun.slurm.cluster import slurm_version
 from slurmrun.slurm.job import SlurmAllocation, own_job_id, slurm_allocation
 from slurmrun.slurm.job_end import job_end
-from slurmrun.slurm.scontrol import SCONTROL_SOURCE, scontrol_gpus
+from slurmrun.slurm.scontrol import SCONTROL_SOURCE, scontrol, scontrol_gpus
 
 __all__ = ["gather", "main", "render"]
 
@@ -69,6 +70,7 @@ def _slurm_section(alloc: SlurmAllocation, warnings: list[str]) -> dict[str, Any
             gpus = [per_host[h] for h in alloc.hostnames]
             sources["gpus_per_node"] = SCONTROL_SOURCE
     raw = os.environ.get(sources["hostnames"], "")
+    ask = _asked_once(scontrol)  # `scontrol show config`: for the version and the job's end
     step = alloc.driver_step
     if step is not None and step.num_tasks > 1:
         warnings.append(
@@ -93,12 +95,30 @@ def _slurm_section(alloc: SlurmAllocation, warnings: list[str]) -> dict[str, Any
             for i, host in enumerate(alloc.hostnames)
         ],
         "sources": sources,
-        "ending": _ending(alloc),
+        "version": slurm_version(ask),
+        "ending": _ending(alloc, ask),
     }
 
 
-def _ending(alloc: SlurmAllocation) -> dict[str, Any] | None:
-    end = job_end(own_job_id() or alloc.job_id)
+def _asked_once(
+    scontrol: Callable[[Sequence[str]], str | None],
+) -> Callable[[Sequence[str]], str | None]:
+    """`scontrol`, whose answer to the same arguments is asked once and kept."""
+    answers: dict[tuple[str, ...], str | None] = {}
+
+    def ask(args: Sequence[str]) -> str | None:
+        key = tuple(args)
+        if key not in answers:
+            answers[key] = scontrol(args)
+        return answers[key]
+
+    return ask
+
+
+def _ending(
+    alloc: SlurmAllocation, scontrol: Callable[[Sequence[str]], str | None]
+) -> dict[str, Any] | None:
+    end = job_end(own_job_id() or alloc.job_id, scontrol)
     return None if end is None else {**dataclasses.asdict(end), "preemptible": end.preemptible}
 
 
@@ -180,6 +200,12 @@ def render(info: dict[str, Any]) -> str:
     else:
         sources = slurm["sources"]
         lines.append(f"  SLURM job:        {slurm['job_id']} (from {sources['job_id']})")
+        version = slurm.get("version")
+        lines.append(
+            f"  SLURM version:    {version} (scontrol show config: SLURM_VERSION)"
+            if version
+            else "  SLURM version:    unknown (scontrol show config did not answer)"
+        )
         step = slurm["step"]
         lines.append(
             "  step:             "

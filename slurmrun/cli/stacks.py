@@ -180,7 +180,8 @@ def _ask_all(entries: list[LauncherEntry], timeout: float) -> int:
 
 def _ask_on_batch_host(args: argparse.Namespace) -> int:
     """Runs ``slurmrun stacks JOB_ID --here`` on the job's batch host; returns its status."""
-    from slurmrun.slurm.scontrol import first_record, scontrol, scontrol_fields  # noqa: PLC0415
+    from slurmrun.slurm.records import first_record  # noqa: PLC0415
+    from slurmrun.slurm.scontrol import scontrol  # noqa: PLC0415
 
     job = args.job_id
     text = scontrol(["show", "job", job])
@@ -189,7 +190,7 @@ def _ask_on_batch_host(args: argparse.Namespace) -> int:
             f"SLURM does not know job {job} (scontrol show job {job} failed); squeue --me lists "
             "your jobs"
         )
-    fields = scontrol_fields(first_record(text))
+    fields = first_record(text).fields
     state, host = fields.get("JobState", "?"), fields.get("BatchHost", "")
     if state != "RUNNING":
         raise _Failed(f"job {job} is {state}, not RUNNING: no launcher of it runs")

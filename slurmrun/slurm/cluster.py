@@ -17,14 +17,17 @@ import shutil
 import socket
 import subprocess
 import threading
+from collections.abc import Callable, Sequence
 
-from slurmrun.slurm.scontrol import scontrol, scontrol_fields
+from slurmrun.slurm.records import config_fields, first_record
+from slurmrun.slurm.scontrol import scontrol
 
 __all__ = [
     "SlurmUnavailableError",
     "check_slurm",
     "controller_hosts",
     "placement",
+    "slurm_version",
     "unresolved_controllers",
 ]
 
@@ -156,12 +159,27 @@ def placement(job_id: str, *, timeout: float = QUERY_TIMEOUT) -> str:
     Read from ``scontrol show job`` (partition) and ``scontrol show config`` (the controller's
     ClusterName); ``""`` where neither can be read.
     """
-    job = scontrol(["show", "job", "-o", job_id.partition("_")[0]], timeout) or ""
+    job = scontrol(["show", "job", job_id.partition("_")[0]], timeout) or ""
     config = scontrol(["show", "config"], timeout) or ""
-    cluster = scontrol_fields(config).get("ClusterName")
-    partition = scontrol_fields(job).get("Partition")  # an array's first element: the first wins
+    cluster = config_fields(config).get("ClusterName")
+    partition = first_record(job).fields.get("Partition")  # an array's first element
     parts = [
         f"cluster {cluster}" if cluster else "",
         f"partition {partition}" if partition else "",
     ]
     return ", ".join(part for part in parts if part)
+
+
+def slurm_version(
+    scontrol: Callable[[Sequence[str]], str | None] = scontrol,
+) -> str | None:
+    """The SLURM controller's version (``26.05.5``), or None when scontrol does not answer.
+
+    Read from the ``SLURM_VERSION`` field of ``scontrol show config``: the controller's, where
+    ``scontrol --version`` names the client's. Nothing in slurmrun decides by it (where SLURM
+    versions differ, their outputs are read by fields); ``slurmrun info`` shows it.
+
+    Args:
+        scontrol: runs scontrol with these arguments; its output, or None if it failed.
+    """
+    return config_fields(scontrol(["show", "config"]) or "").get("SLURM_VERSION") or None

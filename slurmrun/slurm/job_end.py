@@ -16,7 +16,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from slurmrun.slurm.scontrol import first_record, scontrol, scontrol_fields, scontrol_show_job
+from slurmrun.slurm.records import config_fields, first_record
+from slurmrun.slurm.scontrol import scontrol, scontrol_show_job
 
 __all__ = ["PREEMPTED_RECENTLY", "JobEnd", "Preemption", "job_end", "preemption"]
 
@@ -35,12 +36,16 @@ class JobEnd:
     # seconds from the first SIGTERM to the second when preempted (SIGKILL then follows after
     # KillWait); with PreemptType=preempt/qos the job's QOS sets it, not the partition
     grace_time: int | None
-    preempt_type: str | None = None  # the cluster's: preempt/none, preempt/partition_prio...
+    # the cluster's: preempt/partition_prio, preempt/qos; none: preempt/none or (null)
+    preempt_type: str | None = None
 
     @property
     def preemptible(self) -> bool:
         """Whether the job can be preempted (a preemption type, and a mode other than OFF)."""
-        if self.preempt_type is not None and self.preempt_type.endswith("/none"):
+        # 22.05 prints "preempt/none" for no preemption plugin, 24.11 and later "(null)".
+        if self.preempt_type is not None and (
+            self.preempt_type.endswith("/none") or self.preempt_type in ("(null)", "")
+        ):
             return False
         return self.preempt_mode is not None and self.preempt_mode.upper() != "OFF"
 
@@ -59,12 +64,12 @@ def job_end(
         job_id: the job, as scontrol names it (`slurmrun.slurm.job.own_job_id`).
         scontrol: runs scontrol with these arguments; its output, or None if it failed.
     """
-    job = scontrol_fields(first_record(scontrol(["show", "job", job_id]) or ""))
+    job = first_record(scontrol(["show", "job", job_id]) or "").fields
     if "TimeLimit" not in job:
         return None
     partition = job.get("Partition", "")
-    part = scontrol_fields(scontrol(["show", "partition", partition]) or "")
-    config = scontrol_fields(scontrol(["show", "config"]) or "")
+    part = first_record(scontrol(["show", "partition", partition]) or "").fields
+    config = config_fields(scontrol(["show", "config"]) or "")
     end_time = job.get("EndTime")
     return JobEnd(
         time_limit=job["TimeLimit"],
@@ -114,7 +119,7 @@ def preemption(
         scontrol: ``scontrol show job``'s output for a job id (default: run it).
         now: the time to compare ``PreemptTime`` with (default: now; SLURM prints local time).
     """
-    fields = scontrol_fields(first_record((scontrol or scontrol_show_job)(job_id) or ""))
+    fields = first_record((scontrol or scontrol_show_job)(job_id) or "").fields
     try:
         when = datetime.datetime.fromisoformat(fields.get("PreemptTime", ""))
     except ValueError:  # "None", "Unknown", or no such job

@@ -73,7 +73,7 @@ def normalise_state(text: str) -> str:
 
 
 def parse_squeue(text: str) -> dict[str, str]:
-    """``{job id: state}`` from ``squeue --noheader --format=%i|%T`` output."""
+    """``{job id: state}`` from ``squeue --array --noheader --format=%i|%T`` output."""
     states: dict[str, str] = {}
     for line in text.splitlines():
         job_id, sep, state = line.strip().partition("|")
@@ -113,8 +113,17 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | None:
 def _squeue(job_ids: list[str]) -> dict[str, str]:
     if shutil.which("squeue") is None:
         return {}
+    # --array: one line per array element; without it squeue folds an array's pending
+    # elements into one line ("53_[0-2]|PENDING") that names none of them.
     done = _run(
-        ["squeue", "--noheader", "--states=all", f"--jobs={','.join(job_ids)}", "--format=%i|%T"]
+        [
+            "squeue",
+            "--array",
+            "--noheader",
+            "--states=all",
+            f"--jobs={','.join(job_ids)}",
+            "--format=%i|%T",
+        ]
     )
     # rc 1 with "Invalid job id specified": none of the ids is in the controller's memory.
     return parse_squeue(done.stdout) if done is not None else {}

@@ -1,7 +1,8 @@
-"""Running ``scontrol`` and reading what it prints: a job's fields, tasks and GPUs, node states.
+"""Running ``scontrol`` and reading what it prints: a job's tasks and GPUs, node states.
 
 Every run of scontrol is bounded by a time limit and answers None when scontrol is missing or
-fails.
+fails. What it prints is read by fields (`slurmrun.slurm.records`), never by words: a job's
+command and submit line may hold any word (``NumTasks=3``, ``GRES=gpu:8``).
 """
 
 from __future__ import annotations
@@ -12,28 +13,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from slurmrun.slurm.notation import expand_hostlist, scontrol_gres_gpus
+from slurmrun.slurm.records import NODE_FREE_TEXT, first_record, parse_records
 
 __all__ = [
     "SCONTROL_SOURCE",
     "NodeState",
-    "first_record",
     "job_tasks_per_node",
     "parse_node_states",
     "parse_scontrol_gpus",
     "parse_scontrol_tasks",
     "scontrol",
-    "scontrol_fields",
     "scontrol_gpus",
     "scontrol_node_states",
     "scontrol_show_job",
 ]
 
-# Keys that belong to one per-node line of `scontrol show job -d`.
-_SCONTROL_NODE_KEYS = frozenset({"Nodes", "CPU_IDs", "Mem", "GRES", "GRES_IDX"})
 # How `SlurmAllocation.sources` names figures read from scontrol.
 SCONTROL_SOURCE = "scontrol show job -d"
-# `scontrol show job` fields that tell how many tasks the job has (see job_tasks_per_node).
-_SCONTROL_TASK_FIELDS = re.compile(r"\b(NumNodes|NumTasks|CPUs/Task|NtasksPerN:B:S:C)=(\S+)")
 # The words of a node's ``State=`` (a base state and its flags, joined by "+": DOWN+NOT_RESPONDING,
 # IDLE+DRAIN, MIXED+DRAIN+FAIL; sinfo's DRAINED/DRAINING/FAILING too) that say it cannot run a
 # step now: down, drained or draining, failing, not responding, powered off or rebooting.
@@ -52,8 +48,8 @@ UNUSABLE_NODE_STATES = frozenset(
         "REBOOT_ISSUED",
     }
 )
-# A node's ``Reason=`` runs to the next ``Key=`` word (it may hold spaces); "[user@time]" ends it.
-_NODE_REASON = re.compile(r"\bReason=(.*?)\s*(?:\[[^\]]*\])?(?=\s+[A-Za-z_/]+=|\s*$)", re.S)
+# What ends a node's ``Reason=`` line: who set it and when ("[root@2026-01-02T03:04:05]").
+_REASON_BY = re.compile(r"\s*\[[^\]]*@[^\]]*\]$")
 
 
 def scontrol(args: Sequence[str], timeout: float = 10) -> str | None:
@@ -82,33 +78,11 @@ def scontrol_show_job(job_id: str, timeout: float = 10) -> str | None:
     return scontrol(["show", "job", "-d", job_id], timeout)
 
 
-def scontrol_fields(text: str) -> dict[str, str]:
-    """The fields of scontrol's output, as one dict (the first of a key wins).
-
-    ``Key=Value`` words (``scontrol show job/partition``) and ``Key = Value`` lines
-    (``scontrol show config``) alike. For a job, pass its own record only: ``scontrol show
-    job <array id>`` lists every task of the array after it (`first_record`).
-    """
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(" = ")
-        if sep and " " not in key.strip():
-            fields.setdefault(key.strip(), value.strip())
-            continue
-        for word in line.split():
-            key, sep, value = word.partition("=")
-            if sep:
-                fields.setdefault(key, value)
-    return fields
-
-
-def first_record(text: str) -> str:
-    """The first record of ``scontrol show job`` (records are separated by blank lines)."""
-    return text.strip().split("\n\n")[0]
-
-
 def parse_scontrol_tasks(text: str) -> tuple[int, int, int, int] | None:
     """Read ``(NumNodes, NumTasks, CPUs/Task, ntasks per node)`` from ``scontrol show job``.
+
+    Read from the job's own record (the first), by fields: never from its command or
+    submit line.
 
     Args:
         text: the output of ``scontrol show job [-d] <job id>``.
@@ -117,7 +91,7 @@ def parse_scontrol_tasks(text: str) -> tuple[int, int, int, int] | None:
         The four numbers (ntasks per node 0 when not requested), or None if the text lacks
         one of them (e.g. the job is pending and has no nodes yet).
     """
-    fields = dict(_SCONTROL_TASK_FIELDS.findall(text))
+    fields = first_record(text).fields
     values = [
         fields.get("NumNodes", ""),
         fields.get("NumTasks", ""),
@@ -176,9 +150,10 @@ def parse_scontrol_gpus(text: str) -> dict[str, int]:
     """Read how many GPUs each node of a job has from ``scontrol show job -d`` output.
 
     Understands the per-node lines ``Nodes=node[1-2] CPU_IDs=0-3 Mem=0 GRES=gpu:2(IDX:0-1)``,
-    typed GPUs (``gpu:a100:2(IDX:0-1)``, several types summed), the older
-    ``GRES_IDX=gpu(IDX:0,2-3)`` form (counted from the indices) and ``scontrol -o`` one-line
-    output. Nodes listed without GPUs count 0.
+    typed GPUs (``gpu:a100:2(IDX:0-1)``, several types summed) and the older
+    ``GRES_IDX=gpu(IDX:0,2-3)`` form (counted from the indices), in every record of the text
+    (a heterogeneous job's components), only where SLURM prints them. Nodes listed without
+    GPUs count 0.
 
     Args:
         text: the output of ``scontrol show job -d <job_id>``.
@@ -191,19 +166,15 @@ def parse_scontrol_gpus(text: str) -> dict[str, int]:
         ValueError: if a node list or a GPU count in the text is malformed.
     """
     gpus: dict[str, int] = {}
-    current: list[str] = []
-    for token in text.split():
-        key, _, value = token.partition("=")
-        if key not in _SCONTROL_NODE_KEYS:
-            current = []
-        elif key == "Nodes":
-            current = expand_hostlist(value, f"Nodes={value!r} in scontrol output")
-            for host in current:
-                gpus.setdefault(host, 0)
-        elif key in {"GRES", "GRES_IDX"}:
-            count = scontrol_gres_gpus(value)
-            for host in current:
-                gpus[host] += count
+    for record in parse_records(text):
+        for line in record.node_lines:
+            value = line.get("Nodes", "")
+            hosts = expand_hostlist(value, f"Nodes={value!r} in scontrol output")
+            count = sum(
+                scontrol_gres_gpus(line[key]) for key in ("GRES", "GRES_IDX") if key in line
+            )
+            for host in hosts:
+                gpus[host] = gpus.get(host, 0) + count
     return gpus
 
 
@@ -254,21 +225,21 @@ class NodeState:
 
 
 def parse_node_states(text: str) -> dict[str, NodeState]:
-    """Read each node's state from ``scontrol [-o] show node`` output.
+    """Read each node's state from ``scontrol show node`` output (records of lines, not ``-o``).
 
-    A record starts at its ``NodeName=`` word (one a line with ``-o``, or a block of lines).
     A state's words are those of ``State=`` split at "+", upper case, without the marks
-    sinfo's short form appends (``down*``).
+    sinfo's short form appends (``down*``); the reason is its ``Reason=`` free text, without
+    who set it and when, its lines joined by "; ".
 
     Args:
-        text: the output of ``scontrol [-o] show node [NODES]``.
+        text: the output of ``scontrol show node [NODES]``.
 
     Returns:
         The nodes' states by name; empty if the text names no node.
     """
     states: dict[str, NodeState] = {}
-    for record in re.split(r"(?=\bNodeName=)", text):
-        fields = scontrol_fields(record)
+    for record in parse_records(text, NODE_FREE_TEXT):
+        fields = record.fields
         name = fields.get("NodeName", "")
         if not name:
             continue
@@ -277,13 +248,14 @@ def parse_node_states(text: str) -> dict[str, NodeState]:
             for word in fields.get("State", "").split("+")
             if word.strip()
         )
-        reason = _NODE_REASON.search(record)
-        states[name] = NodeState(name, words, reason.group(1).strip() if reason else "")
+        first, *more = fields.get("Reason", "").split("\n")
+        reason = "; ".join([_REASON_BY.sub("", first).strip(), *more]).strip("; ")
+        states[name] = NodeState(name, words, reason)
     return states
 
 
 def scontrol_node_states(nodes: Sequence[str], timeout: float = 10) -> dict[str, NodeState] | None:
-    """Ask ``scontrol -o show node`` the states of `nodes`, now.
+    """Ask ``scontrol show node`` the states of `nodes`, now.
 
     Args:
         nodes: the nodes' names.
@@ -295,7 +267,7 @@ def scontrol_node_states(nodes: Sequence[str], timeout: float = 10) -> dict[str,
     """
     if not nodes:
         return {}
-    text = scontrol(["-o", "show", "node", ",".join(nodes)], timeout)
+    text = scontrol(["show", "node", ",".join(nodes)], timeout)
     if text is None:
         return None
     states = parse_node_states(text)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.slurm.conftest import JOB_NAME, REPO
+from tests.slurm.conftest import JOB_NAME, REPO, wait_job
 
 # This checkout's slurmrun, whatever is installed.
 ENV = {"PYTHONPATH": str(REPO)}
@@ -45,6 +45,8 @@ def test_info_in_salloc_shows_the_job_and_the_srun_plan(run_cmd, node_processes)
         "preemptible": True,
     }
     assert slurm["ending"]["end_time"][:4].isdigit()
+    # the controller's version: the same as scontrol's own here (issue 50)
+    assert slurm["version"] == run_cmd(["scontrol", "--version"]).stdout.split()[-1]
     text = _salloc(run_cmd, ["-N3"], INFO).stdout
     assert "SLURM job" in text
     assert "node[1-3] (from SLURM_JOB_NODELIST)" in text
@@ -75,6 +77,40 @@ def test_info_inside_a_step_reads_the_job_from_scontrol(run_cmd, node_processes)
     assert "--gres=gpu:2" in data["launch"]["commands"][0]
     assert data["launch"]["expected_workers"] == [2, 2]
     assert data["warnings"] == []
+    assert node_processes() == {}
+
+
+def _counts(compressed: str) -> list[int]:
+    """``3,1`` or ``2(x2)`` (SLURM_TASKS_PER_NODE) as ``[3, 1]`` or ``[2, 2]``."""
+    counts: list[int] = []
+    for part in compressed.split(","):
+        count, _, times = part.partition("(x")
+        counts += [int(count)] * int(times.rstrip(")") or 1)
+    return counts
+
+
+def test_info_inside_a_step_reads_no_word_of_the_users_command_line(
+    run_cmd, tmp_path, node_processes
+):
+    # Issue 50: scontrol shows the user's command line (22.05 a batch script's arguments in
+    # Command=, 26.05 the whole submit line in SubmitLine=); its words that look like the
+    # job's fields are not the job's.
+    script = tmp_path / "job.sh"
+    script.write_text(
+        f"#!/bin/bash\nexport PYTHONPATH={REPO}\n"
+        f'echo "$SLURM_TASKS_PER_NODE" > {tmp_path}/tasks\n'
+        f"srun -N1 -n1 {' '.join(INFO)} --json > {tmp_path}/info.json\n"
+    )
+    out = tmp_path / "job.out"
+    words = ["NumTasks=3", "Nodes=node1", "GRES=gpu:8"]
+    shape = ["-N2", "-n4", "--gpus-per-node=1"]
+    argv = ["sbatch", "--parsable", f"--job-name={JOB_NAME}", "--time=2", f"--output={out}"]
+    job_id = run_cmd([*argv, *shape, str(script), *words]).stdout.strip().split(";")[0]
+    assert wait_job(job_id, 60, out)["ExitCode"] == "0:0", out.read_text()
+    nodes = json.loads((tmp_path / "info.json").read_text())["slurm"]["nodes"]
+    tasks = _counts((tmp_path / "tasks").read_text().strip())  # as SLURM set it in the job
+    assert [(n["tasks"], n["gpus"]) for n in nodes] == [(t, 1) for t in tasks]
+    assert sum(tasks) == 4
     assert node_processes() == {}
 
 

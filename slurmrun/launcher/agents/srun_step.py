@@ -28,9 +28,10 @@ __all__ = [
     "srun_environment",
 ]
 
-# srun's INPUT ENVIRONMENT VARIABLES (man srun, Slurm 22.05): each one set in the launcher's
-# environment (by salloc, sbatch, the driver's own step, or the user) would silently reshape
-# the agents' step, so srun gets none of them but those that find the job.
+# srun's INPUT ENVIRONMENT VARIABLES (man srun, Slurm 22.05, 24.11 and 26.05: the lists are in
+# tests/golden/slurm/): each one set in the launcher's environment (by salloc, sbatch, the
+# driver's own step, or the user) would silently reshape the agents' step, so srun gets none
+# of them but those that find the job. 24.11 sets SLURM_TRES_PER_TASK=cpu=N for `-c N` jobs.
 SRUN_INPUT_VARS = frozenset(
     [
         "PMI_FANOUT",
@@ -91,6 +92,7 @@ SRUN_INPUT_VARS = frozenset(
         "SLURM_NTASKS_PER_GPU",
         "SLURM_NTASKS_PER_NODE",
         "SLURM_NTASKS_PER_SOCKET",
+        "SLURM_OOMKILLSTEP",
         "SLURM_OPEN_MODE",
         "SLURM_OVERCOMMIT",
         "SLURM_OVERLAP",
@@ -120,10 +122,13 @@ SRUN_INPUT_VARS = frozenset(
         "SLURM_THREADS",
         "SLURM_THREADS_PER_CORE",
         "SLURM_TIMELIMIT",
+        "SLURM_TRES_BIND",
+        "SLURM_TRES_PER_TASK",
         "SLURM_UMASK",
         "SLURM_UNBUFFEREDIO",
         "SLURM_USE_MIN_NODES",
         "SLURM_WAIT",
+        "SLURM_WAIT4SWITCH",
         "SLURM_WCKEY",
         "SLURM_WORKING_DIR",
         "SLURMD_DEBUG",
