@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 from slurmrun import protocol
 
 
@@ -42,7 +45,7 @@ def test_an_agents_start_header_is_a_start_message_with_its_share() -> None:
         {"A": "1"},
         "/logs",
     )
-    assert header["t"] == protocol.START and shared["workers"] == 0  # shared is left as it was
+    assert header["t"] == protocol.Start.kind and shared["workers"] == 0  # shared is left as it was
 
 
 def test_every_kind_round_trips_through_its_header() -> None:
@@ -74,6 +77,41 @@ def test_every_kind_round_trips_through_its_header() -> None:
     )
     for message in messages:
         assert protocol.parse(message.header()) == message
+
+
+def test_a_kind_is_declared_by_its_class_alone() -> None:
+    """Defining a message class enters its kind in KINDS (no constant, no list to edit); a kind
+    taken by another class, or none at all, is refused when the class is defined."""
+    import pytest
+
+    @dataclasses.dataclass(frozen=True)
+    class Probe(protocol.Message):
+        kind: ClassVar[str] = "test_probe"
+        n: int
+
+    try:
+        assert protocol.KINDS["test_probe"] is Probe
+        assert protocol.parse(Probe(n=3).header()) == Probe(n=3)
+        with pytest.raises(TypeError, match="'test_probe' is both Probe and Other"):
+
+            class Other(protocol.Message):
+                kind: ClassVar[str] = "test_probe"
+
+        with pytest.raises(TypeError, match="Nameless names no kind"):
+
+            class Nameless(protocol.Message):
+                pass
+
+    finally:
+        del protocol.KINDS["test_probe"]
+
+
+def test_kinds_and_events_spell_kind_alike() -> None:
+    from slurmrun import events
+
+    assert protocol.Start.kind == "start" and protocol.Heartbeat.kind == "hb"
+    assert events.LaunchStarted.kind == "launch_started"
+    assert not hasattr(protocol.Start, "KIND")
 
 
 def test_an_unknown_kind_or_a_missing_field_is_a_protocol_error() -> None:

@@ -70,17 +70,18 @@ def _read(conn: Connection) -> None:
     try:
         while True:
             frame = conn.recv()
-            if frame is None or frame.kind == protocol.STOP:
+            if frame is None:
                 break
-            if frame.kind == protocol.FUNC:
-                _calls.put_nowait(frame)  # a second one would be the agent's bug: Full ends us
-                continue
-            message = protocol.parse(frame.header)
-            if isinstance(message, protocol.AskStacks):
-                _answer(conn, message)
-            elif isinstance(message, protocol.DebugInput):
-                line = None if message.eof else bytes(frame.body).decode(errors="replace")
-                debugger.give_input(line, message.run)
+            match protocol.parse(frame.header):
+                case protocol.Stop():
+                    break
+                case protocol.Func():
+                    _calls.put_nowait(frame)  # a second one would be the agent's bug: Full ends us
+                case protocol.AskStacks() as ask:
+                    _answer(conn, ask)
+                case protocol.DebugInput() as given:
+                    line = None if given.eof else bytes(frame.body).decode(errors="replace")
+                    debugger.give_input(line, given.run)
     except (OSError, EOFError, protocol.ProtocolError, queue.Full):
         pass
     os.kill(os.getpid(), signal.SIGKILL)

@@ -412,7 +412,7 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
     code = 0
     try:
         frame = conn.recv()
-        while frame is not None and frame.kind != protocol.FUNC:  # (nothing else comes first)
+        while frame is not None and not isinstance(protocol.parse(frame.header), protocol.Func):
             frame = conn.recv()
         if frame is None:
             os._exit(71)
