@@ -432,9 +432,8 @@ def _admit(pool: AgentPool, conn: Connection, hello: protocol.Hello) -> PoolAgen
     pool.agents[rank] = agent
     pool.listener.add_agent(conn)
     if pool.trace is not None:
-        pool.trace.emit(
-            AgentConnected, host=agent.hostname, node_rank=rank, seconds=pool.trace.seconds()
-        )
+        seconds = pool.trace.seconds()
+        pool.trace.emit(AgentConnected(host=agent.hostname, node_rank=rank, seconds=seconds))
     return agent
 
 

@@ -359,11 +359,12 @@ def _on_started(
     if trace is None:
         return
     trace.emit(
-        WorkersStarted,
-        host=share.hostname,
-        node_rank=share.agent.node_rank,
-        pids=tuple(started.pids),
-        seconds=trace.seconds(),
+        WorkersStarted(
+            host=share.hostname,
+            node_rank=share.agent.node_rank,
+            pids=tuple(started.pids),
+            seconds=trace.seconds(),
+        )
     )
     if all(s.started for s in shares.values()):
         trace.mark("workers_started")

@@ -201,10 +201,11 @@ class RunWatch:
         )
         if self.trace is not None:
             self.trace.emit(
-                Stalled,
-                seconds=seconds,
-                summary=report.summary(),
-                stacks_file=str(path or ""),
+                Stalled(
+                    seconds=seconds,
+                    summary=report.summary(),
+                    stacks_file=str(path or ""),
+                )
             )
 
     def before_stop(self, error: BaseException) -> None:
