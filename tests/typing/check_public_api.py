@@ -79,5 +79,6 @@ def debug_here(launcher: slurmrun.Launcher) -> None:
     if report is not None:
         assert_type(report.summary(), str)
 
+
 # Events are built whole: a forgotten field is an error (the ignore would be unused otherwise).
 stalled = slurmrun.events.Stalled(seconds=1.0, summary="")  # type: ignore[call-arg]
