@@ -162,6 +162,7 @@ def _session(
         "starter": starter,
         "server": server,
         "start_header": {"sys_path": list(sys.path), "cwd": os.getcwd(), "env": {}},
+        "surroundings": _surroundings(),
         "local_master": False,
         "handlers": None if log_dir else [],
         "log_dir": log_dir,
@@ -171,6 +172,15 @@ def _session(
     session = TimedSession(**{k: v for k, v in wanted.items() if k in names})
     session.marks = {}
     return session
+
+
+def _surroundings() -> object:
+    """Where the run's workers run, as this version takes it (None: a version before it)."""
+    try:
+        from slurmrun.start_parts import Surroundings
+    except ImportError:
+        return None
+    return Surroundings(sys_path=list(sys.path), cwd=os.getcwd(), env={})
 
 
 def start_fake_agents(

@@ -40,7 +40,6 @@ During a run, two exchanges look inside it (`slurmrun.stacks`, `slurmrun.node.de
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -51,6 +50,9 @@ from slurmrun.messages import TEXT_LIMIT as TEXT_LIMIT
 from slurmrun.messages import Message as Message
 from slurmrun.messages import ProtocolError as ProtocolError
 from slurmrun.messages import clip as clip
+from slurmrun.start_parts import AgentShare as AgentShare
+from slurmrun.start_parts import RunStart as RunStart
+from slurmrun.start_parts import Surroundings as Surroundings
 
 # Heartbeats (each way) per heartbeat timeout: the interval is the timeout divided by this.
 HEARTBEATS_PER_TIMEOUT = 5
@@ -80,73 +82,22 @@ def log_cost(body_bytes: int) -> int:
 # ------------------------------------------------------------ launcher -> agent
 
 
-@dataclass(frozen=True)
-class Start(Message):
-    """One run's share of an agent: its workers and where they meet."""
+@dataclass(frozen=True, kw_only=True)
+class Start(AgentShare, RunStart, Message):
+    """One agent's START of a run: the run's shared part and the agent's share.
+
+    The agent reads them as one (`slurmrun.start_parts`); `start_header` joins them to send.
+    """
 
     kind: ClassVar[str] = "start"
-    run: int  # the run's id: every message of the run carries it back
-    workers: int
-    rank_offset: int
-    world_size: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    backend: str | None
-    timeout: float
-    grace: float  # seconds from SIGTERM to SIGKILL when workers are stopped
-    log_level: int
-    sys_path: list[str]
-    cwd: str
-    env: dict[str, str]  # set in every worker, on top of the agent's environment
-    # Where the agent writes each worker's finished lines (`slurmrun.logs.WorkerLog`); None:
-    # it does not (the launcher writes files, or there are none).
-    log_dir: str | None = None
-    # The local ranks whose output and logging records go to the launcher (None: every
-    # rank's). The agent's own always do.
-    forward_ranks: list[int] | None = None
-    unset: list[str] = dataclasses.field(default_factory=list)  # removed from every worker's env
-    # The agent's name in log file names (`slurmrun.logs.host_labels`: a host named twice has
-    # one per node); empty: its hostname.
-    log_name: str = ""
-    # Every node's worker count in SLURM's compressed form ("2(x2),1"): the run's layout, as
-    # workers see it in SLURM_TASKS_PER_NODE (`slurmrun.worker_env`). Empty: `workers` per node.
-    tasks_per_node: str = ""
-    # Keep the workers for the next run if this one succeeds (`Launcher.keep_workers`): the
-    # agent then hands the next run to them (`slurmrun.node.kept`) instead of forking new ones.
-    keep: bool = False
-    # The workers run another interpreter than the launcher's (a container): they keep their
-    # own ``sys.path`` after ``sys_path``, which then holds only the launcher's own entries
-    # (its script's directory, PYTHONPATH), none of its interpreter's.
-    own_path: bool = False
-    # The agent's output window from now on, in `log_cost` units (see OUTPUT_WINDOW); 0: as is.
-    output_window: int = 0
-    # What the run runs (``func train``, ``script train.py``: `slurmrun.titles.run_title`),
-    # for the header line that starts the run's part of each worker's log file.
-    title: str = ""
 
 
-def start_header(
-    shared: dict[str, Any],
-    *,
-    workers: int,
-    rank_offset: int,
-    node_rank: int,
-    forward_ranks: list[int] | None,
-    log_name: str = "",
-) -> dict[str, Any]:
-    """One agent's START: `shared` (a `Start(...).header()` made once per run) with its share.
+def start_header(run: RunStart, share: AgentShare) -> dict[str, Any]:
+    """One agent's START header: the run's part (its fields taken once per run) and its share.
 
     A run sends one to every agent; a `Start` built for each would cost ~25x as much.
     """
-    share = {
-        "workers": workers,
-        "rank_offset": rank_offset,
-        "node_rank": node_rank,
-        "forward_ranks": forward_ranks,
-        "log_name": log_name,
-    }
-    return shared | share
+    return {"t": Start.kind, **run.shared_fields, **share.own_fields()}
 
 
 @dataclass(frozen=True)

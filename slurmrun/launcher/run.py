@@ -30,6 +30,7 @@ from slurmrun.launcher.watch import RunWatch
 from slurmrun.logs import host_labels, run_header
 from slurmrun.pickling import loads
 from slurmrun.result import LaunchResult
+from slurmrun.start_parts import Surroundings
 from slurmrun.transport import Connection, Frame
 from slurmrun.worker_env import compress_counts
 
@@ -51,7 +52,7 @@ class Run:
     timeout: float
     grace: float
     payload: bytes
-    start_header: dict[str, Any]  # sys_path, cwd, env (see protocol.Start)
+    surroundings: Surroundings  # where the workers run: paths, directory, variables, title
     local_master: bool = False
     handlers: list[logging.Handler] | None = None  # None: the defaults (see logs.py)
     log_dir: str | None = None  # where the default handlers write one file per worker
@@ -157,51 +158,50 @@ class Run:
         forward_all = (
             not own or (self.log_dir is not None and not agent_files) or self.show_ranks == "all"
         )
-        title = str(self.start_header.get("title", ""))
+        surroundings = self.surroundings
         if own:
             files_here = None if agent_files else self.log_dir
             self._handlers = default_handlers(
                 pool.hostnames, files_here, self.log_level, self.show_ranks
             )
-            begin_files(self._handlers, self.labels, counts, run_header(self.id, title))
+            begin_files(
+                self._handlers, self.labels, counts, run_header(self.id, surroundings.title)
+            )
         master_addr = "127.0.0.1" if self.local_master else order[0].hello.addr
         # What every agent's START shares is built once; each gets its own share on top.
-        shared = protocol.Start(
+        shared = protocol.RunStart(
+            sys_path=surroundings.sys_path,
+            cwd=surroundings.cwd,
+            env=surroundings.env,
+            unset=surroundings.unset,
+            own_path=surroundings.own_path,
+            title=surroundings.title,
             run=self.id,
-            workers=0,
-            rank_offset=0,
             world_size=sum(counts),
-            node_rank=0,
             master_addr=master_addr,
             master_port=order[0].master_port,
             backend=self.backend,
             timeout=self.timeout,
             grace=self.grace,
             log_level=self.log_level,
-            sys_path=list(self.start_header["sys_path"]),
-            own_path=bool(self.start_header.get("own_path", False)),
-            cwd=str(self.start_header["cwd"]),
-            env=dict(self.start_header["env"]),
-            unset=list(self.start_header.get("unset", [])),
             log_dir=self.log_dir if agent_files else None,
             tasks_per_node=compress_counts(counts),
             keep=self.keep_workers,
             output_window=pool.credits.window,
-            title=title,
-        ).header()
+        )
         offset = 0
         for agent, count in zip(order, counts, strict=True):
             self._shares[agent.node_rank] = Share(agent, count, offset)
             self._results_left += count
             self._done_left += 1
-            start = protocol.start_header(
-                shared,
+            share = protocol.AgentShare(
                 workers=count,
                 rank_offset=offset,
                 node_rank=agent.node_rank,
                 forward_ranks=None if forward_all else self._shown_ranks(offset, count),
                 log_name=self.labels[agent.node_rank],
             )
+            start = protocol.start_header(shared, share)
             agent.run = self.id  # busy until its IDLE for this run
             pool.send(agent, start, self.payload)
             offset += count

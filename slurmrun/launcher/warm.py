@@ -35,6 +35,7 @@ from slurmrun.launcher.watch import StacksWanted
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.logs import log_level
 from slurmrun.result import LaunchResult
+from slurmrun.start_parts import Surroundings
 from slurmrun.variables import RESTART_VAR
 from slurmrun.worker_env import flight_recorder_vars, restart_vars
 
@@ -312,18 +313,14 @@ def _run(  # noqa: PLR0917 - private, called once
         timeout=float(cfg.timeout),
         grace=3.0,
         payload=payload,
-        start_header={
-            "sys_path": launcher_path(plan.command.contained),
-            "own_path": plan.command.contained,
-            "cwd": os.getcwd(),
-            "env": {
-                **changed,
-                RESTART_VAR: str(attempt),
-                **restart_vars(attempt, cfg.max_restarts),
-            },
-            "unset": unset,
-            "title": plan.title,
-        },
+        surroundings=Surroundings(
+            sys_path=launcher_path(plan.command.contained),
+            own_path=plan.command.contained,
+            cwd=os.getcwd(),
+            env={**changed, RESTART_VAR: str(attempt), **restart_vars(attempt, cfg.max_restarts)},
+            unset=unset,
+            title=plan.title,
+        ),
         local_master=plan.local,
         handlers=cfg.log_handlers,
         log_dir=kept,
