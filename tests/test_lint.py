@@ -65,12 +65,17 @@ def test_one_side_of_a_launch_imports_nothing_of_the_other(side: str, other: str
 
 
 def test_the_ground_floor_imports_neither_side() -> None:
-    """Modules directly in slurmrun/ (but the package's face and entry point) and SLURM's facts
-    (slurmrun/slurm/) stand below both."""
+    """Modules directly in slurmrun/ (but the package's face and entry point) and the packages
+    beside the sides (SLURM's facts in slurmrun/slurm/, the stacks in slurmrun/stacks/, ...)
+    stand below both."""
     above = {PACKAGE / "__init__.py", PACKAGE / "__main__.py"}
+    sides = {"launcher", "node", "batch", "cli"}
+    beside = [d for d in PACKAGE.iterdir() if d.is_dir() and d.name not in sides]
+    floor = [*PACKAGE.glob("*.py"), *(path for d in beside for path in d.rglob("*.py"))]
+    assert PACKAGE / "stacks" / "report.py" in floor
     crossing = {
         f"{path.relative_to(ROOT)} imports {name}"
-        for path in sorted([*PACKAGE.glob("*.py"), *(PACKAGE / "slurm").glob("*.py")])
+        for path in sorted(floor)
         if path not in above
         for name in _imported_modules(path)
         if name.split(".")[1:2] in (["launcher"], ["node"], ["batch"], ["cli"])

@@ -40,6 +40,6 @@ VERBS = {
     "cancel": Verb(_JOBS, "cancel JOB_ID", "cancel a submitted job", named=True),
     "jobs": Verb(_JOBS, "jobs", "list the jobs submitted", named=True),
     "stacks": Verb(
-        "slurmrun.cli.stacks", "stacks [JOB_ID]", "print the Python stacks of a running launch"
+        "slurmrun.stacks.command", "stacks [JOB_ID]", "print the Python stacks of a running launch"
     ),
 }

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmrun.authentication import new_secret
-from slurmrun.control import ControlServer
 from slurmrun.environment import user_env
 from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.events import Trace
@@ -35,13 +34,14 @@ from slurmrun.launcher.watch import StacksWanted
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.logs import log_level
 from slurmrun.result import LaunchResult
+from slurmrun.stacks.control import ControlServer
 from slurmrun.start_parts import Surroundings
 from slurmrun.variables import RESTART_VAR
 from slurmrun.worker_env import flight_recorder_vars, restart_vars
 
 if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
-    from slurmrun.stacks import StackReport
+    from slurmrun.stacks.report import StackReport
 
 __all__ = ["Warm", "run_attempt", "sigterm_as_exit"]
 
@@ -143,7 +143,7 @@ class Warm:
             return None
 
     def start_control(self) -> None:
-        """Lets ``slurmrun stacks`` reach this launcher (`slurmrun.control`), once."""
+        """Lets ``slurmrun stacks`` reach this launcher (`slurmrun.stacks.control`), once."""
         if self.control is None:
             what = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
             self.control = ControlServer(

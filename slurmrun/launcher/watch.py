@@ -2,7 +2,7 @@
 
 A `RunWatch` belongs to one `slurmrun.launcher.run.Run` and sees its messages and ticks:
 
-- stacks on demand (`slurmrun.launcher.stackdumps`): one request at a time; others that come
+- stacks on demand (`slurmrun.launcher.stacks_gather`): one request at a time; others that come
   meanwhile share its report;
 - a stall (``Launcher(stall_timeout=...)``): when no rank wrote output, returned or failed for
   that long, every rank's stacks are dumped once (printed, written to the log directory, a
@@ -33,8 +33,8 @@ from slurmrun.launcher.pump import Local, pump
 from slurmrun.launcher.share import Share
 
 if TYPE_CHECKING:
-    from slurmrun.launcher.stackdumps import Gather
-    from slurmrun.stacks import StackReport
+    from slurmrun.launcher.stacks_gather import Gather
+    from slurmrun.stacks.report import StackReport
 
 __all__ = ["RunWatch", "StacksWanted"]
 
@@ -133,7 +133,7 @@ class RunWatch:
             self.gather.done.append(done)
             return
         # (imported when first used: a launch that never looks pays nothing for it)
-        from slurmrun.launcher.stackdumps import Gather  # noqa: PLC0415
+        from slurmrun.launcher.stacks_gather import Gather  # noqa: PLC0415
 
         now = time.monotonic()
         gather = Gather(self.run, self.shares, self.labels, why, now, now + timeout, done=[done])

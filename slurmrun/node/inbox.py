@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from slurmrun import protocol
 from slurmrun.node import debugger
-from slurmrun.node.stack_signal import stacks_signal
+from slurmrun.stacks import stacks_signal
 
 if TYPE_CHECKING:
     from slurmrun.transport import Connection, Frame
@@ -88,14 +88,14 @@ def _read(conn: Connection) -> None:
 
 
 def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
-    from slurmrun import stacks  # noqa: PLC0415 - when first asked: a run that never is pays nothing
+    from slurmrun.stacks import report  # noqa: PLC0415 - when first asked: a run that never is pays nothing
 
     try:
-        body = stacks.capture(skip={threading.get_ident()})
+        body = report.capture(skip={threading.get_ident()})
     except Exception as e:  # a dump must never end the worker: say why there is none
         answer = protocol.Stacks(request=ask.request, source="none", note=f"capture failed: {e}")
         body = b""
     else:
-        answer = protocol.Stacks(request=ask.request, source=stacks.StackSource.PYTHON.value)
+        answer = protocol.Stacks(request=ask.request, source=report.StackSource.PYTHON.value)
     with contextlib.suppress(OSError):  # the agent is gone: STOP or the close ends us
         conn.send(answer.header(), body)

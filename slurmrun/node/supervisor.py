@@ -237,11 +237,11 @@ class RunWorkers:
         return True
 
     def stacks(self, ask: protocol.AskStacks) -> None:
-        """Answers the launcher's ASK_STACKS for every worker (`slurmrun.node.dumps`; waits)."""
+        """Answers the launcher's ASK_STACKS for every worker (`node.stacks_answer`; waits)."""
         if not self.spawned.wait(timeout=ask.answer_wait):
             no_stacks(self.launcher, ask, "its workers are starting")
             return
-        from slurmrun.node.dumps import answer_stacks  # noqa: PLC0415 - only when asked
+        from slurmrun.node.stacks_answer import answer_stacks  # noqa: PLC0415 - only when asked
 
         answer_stacks(self.workers, self.launcher, ask)
 

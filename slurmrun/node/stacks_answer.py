@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from slurmrun import protocol
 from slurmrun.node.relay import WorkerLink
-from slurmrun.node.stack_signal import stacks_signal
-from slurmrun.stacks import MAX_CAPTURE_BYTES, StackSource
+from slurmrun.stacks import stacks_signal
+from slurmrun.stacks.report import MAX_CAPTURE_BYTES, StackSource
 from slurmrun.transport import Connection
 from slurmrun.waiting import wait_readable
 
