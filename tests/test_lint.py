@@ -81,3 +81,13 @@ def test_the_ground_floor_imports_neither_side() -> None:
         if name.split(".")[1:2] in (["launcher"], ["node"], ["batch"], ["cli"])
     }
     assert not crossing, sorted(crossing)
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's name says where it is: two ``run.py`` (the launcher's run, the command's) or
+    two ``submit.py`` had a reader open the wrong one (``__init__.py`` aside)."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in by_name.items() if len(paths) > 1}

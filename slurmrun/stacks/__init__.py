@@ -9,7 +9,7 @@ launcher groups the answers into one report. Here, on the ground floor both side
   the report (`StackReport`: ranks grouped by stack, written to the log directory);
 - `slurmrun.stacks.control`, `slurmrun.stacks.control_dir`: the launcher's private control
   socket, through which ``slurmrun stacks`` reaches it from another terminal;
-- `slurmrun.stacks.command`: the ``slurmrun stacks`` command;
+- `slurmrun.stacks.verb`: the ``slurmrun stacks`` command;
 - `stacks_signal`: the signal on which a worker's faulthandler dumps.
 
 Each side's part lives on its side (the launcher and the nodes import nothing of each other):
