@@ -91,3 +91,24 @@ def test_no_two_modules_share_a_name() -> None:
         if path.name != "__init__.py":
             by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
     assert not {name: paths for name, paths in by_name.items() if len(paths) > 1}
+
+
+def test_the_launcher_package_names_only_modules_it_has() -> None:
+    """launcher/__init__.py maps its modules for a reader: each `name` it cites exists."""
+    import re
+
+    import slurmrun.launcher
+
+    doc = slurmrun.launcher.__doc__ or ""
+    cited = set(re.findall(r"`([a-z_]+)`", doc)) - {"launch"}
+    missing = {n for n in cited if not (PACKAGE / "launcher" / f"{n}.py").exists()}
+    assert cited and not missing, sorted(missing)
+
+
+def test_a_run_takes_one_object_per_concern() -> None:
+    """The pool, the call, its output and what watches it: not 18 keywords."""
+    import dataclasses
+
+    from slurmrun.launcher.run import Run
+
+    assert [f.name for f in dataclasses.fields(Run)] == ["pool", "call", "output", "watching", "id"]

@@ -4,10 +4,12 @@
 from) that runs (`driver`), and `launch(func, ...)` a call of it. Its modules: the checks of
 the options and the call (`checks`), a launch's plan (`plan`: hosts, how their agents start,
 with the launcher's address in `address`), the agents' starters (`starters`, `srun`, `ssh`),
-the agents kept in a pool (`pool`, its events routed by `router`, read by `listener` and
-`incoming`), one run on them (`run`, with the verdicts of `failures`), a launch's attempts
-and restarts (`attempts`), and what a warm launcher keeps between runs (`warm`). It talks to
-`slurmrun.node` only through `slurmrun.protocol` and `slurmrun.transport`.
+the agents kept in a pool (`pool`, whose `Router` routes the events of its loop, `pump`,
+read by `listener` and `incoming`), one run on them (`run`, given one object per concern by
+`run_setup`, judged by `verdicts`, its errors built by `failures`, watched by `watch`, its
+stacks gathered by `stacks_gather`), a launch's attempts and restarts (`attempts`), and what
+a warm launcher keeps between runs (`warm`). It talks to `slurmrun.node` only through
+`slurmrun.protocol` and `slurmrun.transport`.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from slurmrun.launcher.containers import launcher_path
 from slurmrun.launcher.plan import Plan
 from slurmrun.launcher.pool import AgentPool, PoolBroken
 from slurmrun.launcher.run import Run
+from slurmrun.launcher.run_setup import Call, Output, Watching
 from slurmrun.launcher.starters import LocalAgents, SrunAgents
 from slurmrun.launcher.startup import agent_start, silence
 from slurmrun.launcher.watch import StacksWanted
@@ -306,29 +307,29 @@ def _run(  # noqa: PLR0917 - private, called once
         recorder_dir = os.path.join(kept or os.getcwd(), "flight_recorder")
         os.makedirs(recorder_dir, exist_ok=True)  # torch writes its dumps there, not makes it
         changed |= flight_recorder_vars(recorder_dir)
-    run = Run(
-        pool=pool,
+    surroundings = Surroundings(
+        sys_path=launcher_path(plan.command.contained),
+        own_path=plan.command.contained,
+        cwd=os.getcwd(),
+        env={**changed, RESTART_VAR: str(attempt), **restart_vars(attempt, cfg.max_restarts)},
+        unset=unset,
+        title=plan.title,
+    )
+    call = Call(
+        payload=payload,
+        surroundings=surroundings,
         workers_per_host=plan.workers_per_host,
         backend=cfg.backend,
         timeout=float(cfg.timeout),
-        grace=3.0,
-        payload=payload,
-        surroundings=Surroundings(
-            sys_path=launcher_path(plan.command.contained),
-            own_path=plan.command.contained,
-            cwd=os.getcwd(),
-            env={**changed, RESTART_VAR: str(attempt), **restart_vars(attempt, cfg.max_restarts)},
-            unset=unset,
-            title=plan.title,
-        ),
         local_master=plan.local,
+        keep_workers=cfg.keep_workers,
+    )
+    output = Output(
         handlers=cfg.log_handlers,
         log_dir=kept,
         agents_write_logs=isinstance(pool.starter, (LocalAgents, SrunAgents)),
         log_level=log_level(),
         show_ranks=cfg.show_ranks,
-        trace=trace,
-        stall_timeout=cfg.stall_timeout,
-        keep_workers=cfg.keep_workers,
     )
+    run = Run(pool, call, output, Watching(trace, cfg.stall_timeout))
     return run.run()

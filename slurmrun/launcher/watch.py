@@ -22,14 +22,15 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from slurmrun import protocol
 from slurmrun.errors import add_note
-from slurmrun.events import Stalled, Trace
+from slurmrun.events import Stalled
 from slurmrun.launcher.console import LineTyped, Sessions, TerminalReader, has_terminal
 from slurmrun.launcher.pool import AgentPool
 from slurmrun.launcher.pump import Local, pump
+from slurmrun.launcher.run_setup import Watching
 from slurmrun.launcher.share import Share
 
 if TYPE_CHECKING:
@@ -72,13 +73,6 @@ class StacksWanted(Local):
             self.answer.set_result(None)
 
 
-class WatchOptions(Protocol):
-    """What `RunWatch` reads of its run's options."""
-
-    stall_timeout: float | None
-    log_dir: str | None
-
-
 class RunWatch:
     """Stacks, stalls and debugger sessions of one run (see the module's docstring).
 
@@ -86,9 +80,9 @@ class RunWatch:
         pool: the run's agents.
         shares: the run's shares by node rank.
         labels: each node's label, by node rank.
-        trace: the launch's events.
-        options: the run's ``stall_timeout`` (seconds without a word from any rank that make
-            a stall; None: off) and ``log_dir`` (where reports are written; None: nowhere).
+        watching: the launch's events, and the run's ``stall_timeout`` (seconds without a
+            word from any rank that make a stall; None: off).
+        log_dir: where reports are written; None: nowhere.
     """
 
     def __init__(
@@ -96,15 +90,15 @@ class RunWatch:
         pool: AgentPool,
         shares: Mapping[int, Share],
         labels: list[str],
-        trace: Trace | None,
-        options: WatchOptions,
+        watching: Watching,
+        log_dir: str | None,
     ) -> None:
         self.pool = pool
         self.shares = shares
         self.labels = labels
-        self.stall_timeout = options.stall_timeout
-        self.log_dir = options.log_dir
-        self.trace = trace
+        self.stall_timeout = watching.stall_timeout
+        self.log_dir = log_dir
+        self.trace = watching.trace
         self.run = 0
         self.gather: Gather | None = None
         self.last_word = math.inf  # when a rank last started, wrote, returned or failed
