@@ -311,13 +311,13 @@ class AskStacks(Message):
 class Stacks(Message):
     """One worker's stacks (the body) for request `request`: worker or agent -> launcher.
 
-    The body is `slurmrun.stacks.capture`'s JSON (`source` "python"), faulthandler's text
+    The body is `slurmrun.stacks.report.capture`'s JSON (`source` "python"), faulthandler's text
     ("faulthandler"), or empty ("none": `note` says why).
     """
 
     kind: ClassVar[str] = "stacks"
     request: int
-    source: str = "python"  # a `slurmrun.stacks.StackSource` value
+    source: str = "python"  # a `slurmrun.stacks.report.StackSource` value
     note: str = ""  # why there are none ("exited with code 0"), clipped
     local_rank: int = -1
     run: int = 0

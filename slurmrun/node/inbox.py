@@ -2,7 +2,7 @@
 
 A worker's inbox thread (``slurmrun-inbox``) reads its control connection while the function
 runs: STOP (or the connection closing: the agent is gone) ends the worker at once, ASK_STACKS
-is answered with every thread's stack (`slurmrun.stacks.capture`), DEBUG_INPUT goes to the
+is answered with every thread's stack (`slurmrun.stacks.report.capture`), DEBUG_INPUT goes to the
 debugger (`slurmrun.node.debugger`), and FUNC (the next run, for a kept worker) waits in a
 queue for the main thread (`next_call`).
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = ["INBOX_THREAD", "arm_stacks_signal", "next_call", "watch_agent"]
 
-INBOX_THREAD = "slurmrun-inbox"  # `slurmrun.stacks.capture` leaves "slurmrun-" threads out
+INBOX_THREAD = "slurmrun-inbox"  # `slurmrun.stacks.report.capture` leaves "slurmrun-" threads out
 
 
 def arm_stacks_signal(side: socket.socket) -> None:

@@ -26,24 +26,14 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from slurmrun.stacks.report import MAX_CAPTURE_BYTES as MAX_CAPTURE_BYTES
     from slurmrun.stacks.report import Frame as Frame
     from slurmrun.stacks.report import RankStacks as RankStacks
     from slurmrun.stacks.report import StackReport as StackReport
     from slurmrun.stacks.report import StackSource as StackSource
     from slurmrun.stacks.report import ThreadStack as ThreadStack
-    from slurmrun.stacks.report import capture as capture
 
-__all__ = [
-    "MAX_CAPTURE_BYTES",
-    "Frame",
-    "RankStacks",
-    "StackReport",
-    "StackSource",
-    "ThreadStack",
-    "capture",
-    "stacks_signal",
-]
+# The report's types (`slurmrun.stacks.report`), as `Launcher.stacks` returns them.
+__all__ = ["Frame", "RankStacks", "StackReport", "StackSource", "ThreadStack", "stacks_signal"]
 
 # A real-time signal: SIGUSR1/2 are the user's (and SLURM's --signal).
 _OFFSET = 4
