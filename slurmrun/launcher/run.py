@@ -145,34 +145,22 @@ class Run:
         forward_all = (
             not own or (out.log_dir is not None and not agent_files) or out.show_ranks == "all"
         )
-        surroundings = call.surroundings
         if own:
             files_here = None if agent_files else out.log_dir
             self._handlers = default_handlers(
                 pool.hostnames, files_here, out.log_level, out.show_ranks
             )
             begin_files(
-                self._handlers, self.labels, counts, run_header(self.id, surroundings.title)
+                self._handlers, self.labels, counts, run_header(self.id, call.surroundings.title)
             )
         # What every agent's START shares is built once; each gets its own share on top.
-        shared = protocol.RunStart(
-            sys_path=surroundings.sys_path,
-            cwd=surroundings.cwd,
-            env=surroundings.env,
-            unset=surroundings.unset,
-            own_path=surroundings.own_path,
-            title=surroundings.title,
-            run=self.id,
-            world_size=sum(counts),
-            master_addr="127.0.0.1" if call.local_master else order[0].hello.addr,
-            master_port=order[0].master_port,
-            backend=call.backend,
-            timeout=call.timeout,
-            grace=call.grace,
+        shared = _run_part(
+            self.id,
+            call,
+            counts,
+            order[0],
             log_level=out.log_level,
             log_dir=out.log_dir if agent_files else None,
-            tasks_per_node=compress_counts(counts),
-            keep=call.keep_workers,
             output_window=pool.credits.window,
         )
         offset = 0
@@ -300,6 +288,40 @@ class Run:
 
     def _collect(self) -> LaunchResult[Any]:
         return _values([self._shares[i] for i in range(len(self.pool.hostnames))])
+
+
+def _run_part(
+    run: int,
+    call: Call,
+    counts: list[int],
+    first: PoolAgent,
+    *,
+    log_level: int,
+    log_dir: str | None,
+    output_window: int,
+) -> protocol.RunStart:
+    """What every agent's START of run `run` shares; `first` hosts rank 0."""
+    surroundings = call.surroundings
+    return protocol.RunStart(
+        sys_path=surroundings.sys_path,
+        cwd=surroundings.cwd,
+        env=surroundings.env,
+        unset=surroundings.unset,
+        own_path=surroundings.own_path,
+        title=surroundings.title,
+        run=run,
+        world_size=sum(counts),
+        master_addr="127.0.0.1" if call.local_master else first.hello.addr,
+        master_port=first.master_port,
+        backend=call.backend,
+        timeout=call.timeout,
+        grace=call.grace,
+        log_level=log_level,
+        log_dir=log_dir,
+        tasks_per_node=compress_counts(counts),
+        keep=call.keep_workers,
+        output_window=output_window,
+    )
 
 
 def _values(order: list[Share]) -> LaunchResult[Any]:
