@@ -223,12 +223,12 @@ class FakeAgent:
         return header
 
     def _on_frame(self, header: dict[str, Any]) -> None:
-        kind = header.get("t")
-        if kind == "start":
+        kind = header.get("t")  # read raw, as fast as an agent could
+        if kind == protocol.Start.kind:
             self._on_start(header)
-        elif kind == "end":
+        elif kind == protocol.End.kind:
             self._send(protocol.Idle(run=int(header["run"]), master_port=1234).header())
-        elif kind == "close":
+        elif kind == protocol.Close.kind:
             self._end()
 
     # ------------------------------------------------------------------ the run

@@ -162,15 +162,49 @@ def _session(
         "starter": starter,
         "server": server,
         "start_header": {"sys_path": list(sys.path), "cwd": os.getcwd(), "env": {}},
+        "surroundings": _surroundings(),
         "local_master": False,
         "handlers": None if log_dir else [],
         "log_dir": log_dir,
         "agents_write_logs": True,  # as srun agents do: they see the (shared) log directory
     }
+    wanted |= _run_parts(wanted)
     names = {f.name for f in dataclasses.fields(Session)}
     session = TimedSession(**{k: v for k, v in wanted.items() if k in names})
     session.marks = {}
     return session
+
+
+def _run_parts(wanted: dict[str, Any]) -> dict[str, Any]:
+    """The same, as a version whose run takes one object per concern takes them ({}: older)."""
+    try:
+        from slurmrun.launcher.run_setup import Call, Output, Watching
+    except ImportError:
+        return {}
+    call = Call(
+        payload=wanted["payload"],
+        surroundings=wanted["surroundings"],
+        workers_per_host=wanted["workers_per_host"],
+        backend=wanted["backend"],
+        timeout=wanted["timeout"],
+        grace=wanted["grace"],
+        local_master=wanted["local_master"],
+    )
+    output = Output(
+        handlers=wanted["handlers"],
+        log_dir=wanted["log_dir"],
+        agents_write_logs=wanted["agents_write_logs"],
+    )
+    return {"call": call, "output": output, "watching": Watching()}
+
+
+def _surroundings() -> object:
+    """Where the run's workers run, as this version takes it (None: a version before it)."""
+    try:
+        from slurmrun.start_parts import Surroundings
+    except ImportError:
+        return None
+    return Surroundings(sys_path=list(sys.path), cwd=os.getcwd(), env={})
 
 
 def start_fake_agents(

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = [
@@ -59,9 +59,12 @@ DRAIN_TIMEOUT = 2.0
 log = logging.getLogger("slurmrun")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Event:
     """What every event has.
+
+    An event is built with its own fields, all of them (``LaunchStarted(hosts=...,
+    world_size=...)``), and `Trace.emit` stamps it with its launch and the time.
 
     Attributes:
         launch_id: the same for every event of one launch.
@@ -69,15 +72,15 @@ class Event:
     """
 
     kind: ClassVar[str] = "event"
-    launch_id: str
-    time: float
+    launch_id: str = ""
+    time: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         """The event as a JSON-ready dict, with its ``kind`` first."""
         return {"kind": self.kind, **dataclasses.asdict(self)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchStarted(Event):
     """A launch began: its hosts, and its world size if known before the agents are asked.
 
@@ -87,11 +90,11 @@ class LaunchStarted(Event):
     """
 
     kind: ClassVar[str] = "launch_started"
-    hosts: tuple[str, ...] = ()
-    world_size: int | None = None
+    hosts: tuple[str, ...]
+    world_size: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AgentConnected(Event):
     """An agent connected (said hello).
 
@@ -102,12 +105,12 @@ class AgentConnected(Event):
     """
 
     kind: ClassVar[str] = "agent_connected"
-    host: str = ""
-    node_rank: int = 0
-    seconds: float = 0.0
+    host: str
+    node_rank: int
+    seconds: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkersStarted(Event):
     """An agent forked its workers.
 
@@ -119,13 +122,13 @@ class WorkersStarted(Event):
     """
 
     kind: ClassVar[str] = "workers_started"
-    host: str = ""
-    node_rank: int = 0
-    pids: tuple[int, ...] = ()
-    seconds: float = 0.0
+    host: str
+    node_rank: int
+    pids: tuple[int, ...]
+    seconds: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkerFailed(Event):
     """A worker raised, or died without a result.
 
@@ -140,16 +143,16 @@ class WorkerFailed(Event):
     """
 
     kind: ClassVar[str] = "worker_failed"
-    host: str = ""
-    local_rank: int = 0
-    rank: int = 0
-    exitcode: int | None = None
-    signal: str | None = None
-    error: str | None = None
-    last_lines: str = ""
+    host: str
+    local_rank: int
+    rank: int
+    exitcode: int | None
+    signal: str | None
+    error: str | None
+    last_lines: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AgentFailed(Event):
     """An agent died, went silent, or never started.
 
@@ -159,11 +162,11 @@ class AgentFailed(Event):
     """
 
     kind: ClassVar[str] = "agent_failed"
-    host: str = ""
-    message: str = ""
+    host: str
+    message: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StepEnding(Event):
     """SLURM is ending an agent's step (SIGTERM: preemption, the time limit, ``scancel``).
 
@@ -176,11 +179,11 @@ class StepEnding(Event):
     """
 
     kind: ClassVar[str] = "step_ending"
-    host: str = ""
-    node_rank: int = 0
+    host: str
+    node_rank: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Restarting(Event):
     """An attempt failed and the workers start again (``max_restarts``).
 
@@ -192,13 +195,13 @@ class Restarting(Event):
     """
 
     kind: ClassVar[str] = "restarting"
-    attempt: int = 0
-    error: str = ""
-    hosts: tuple[str, ...] = ()
-    lost: tuple[str, ...] = ()
+    attempt: int
+    error: str
+    hosts: tuple[str, ...]
+    lost: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Stalled(Event):
     """No rank wrote output, returned or failed for ``stall_timeout`` seconds.
 
@@ -212,12 +215,12 @@ class Stalled(Event):
     """
 
     kind: ClassVar[str] = "stalled"
-    seconds: float = 0.0
-    summary: str = ""
-    stacks_file: str = ""
+    seconds: float
+    summary: str
+    stacks_file: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchFinished(Event):
     """The launch ended.
 
@@ -228,9 +231,9 @@ class LaunchFinished(Event):
     """
 
     kind: ClassVar[str] = "launch_finished"
-    ok: bool = True
-    error: str | None = None
-    timings: Mapping[str, float] = field(default_factory=dict)
+    ok: bool
+    error: str | None
+    timings: Mapping[str, float]
 
 
 EventHandler = Callable[[Event], object]
@@ -284,6 +287,11 @@ class Dispatcher:
         if self._handlers:
             self._thread = threading.Thread(target=self._serve, name="slurmrun-events", daemon=True)
             self._thread.start()
+
+    @property
+    def active(self) -> bool:
+        """Whether any handler takes events."""
+        return self._thread is not None
 
     def emit(self, event: Event) -> None:
         """Queues `event`; never blocks."""
@@ -340,19 +348,22 @@ class Trace:
         """The milestones reached, in `TIMING_KEYS` order."""
         return {k: round(self._marks[k], 6) for k in TIMING_KEYS if k in self._marks}
 
-    def emit(self, event_type: type[Event], **fields: Any) -> None:
-        """Emits an event of `event_type` with `fields`, stamped with this launch and now."""
-        self._dispatcher.emit(event_type(launch_id=self.launch_id, time=time.time(), **fields))
+    def emit(self, event: Event) -> None:
+        """Emits `event`, stamped with this launch and now."""
+        if self._dispatcher.active:
+            stamped = dataclasses.replace(event, launch_id=self.launch_id, time=time.time())
+            self._dispatcher.emit(stamped)
 
     def finish(self, error: BaseException | None) -> dict[str, float]:
         """Emits `LaunchFinished`, waits (bounded) for the handlers; returns the timings."""
         self.mark("total")
         timings = self.timings()
         self.emit(
-            LaunchFinished,
-            ok=error is None,
-            error=None if error is None else type(error).__name__,
-            timings=timings,
+            LaunchFinished(
+                ok=error is None,
+                error=None if error is None else type(error).__name__,
+                timings=timings,
+            )
         )
         self._dispatcher.close()
         return timings

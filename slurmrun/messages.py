@@ -2,8 +2,9 @@
 
 A message is one frame of `slurmrun.transport`: a JSON header whose ``"t"`` names its kind.
 `Message.header` builds it and `Message.from_header` reads it back; texts bound for a header
-are clipped (`clip`). The kinds themselves, and what each side sends, are in
-`slurmrun.protocol`.
+are clipped (`clip`). A kind is declared once, by its class (``kind: ClassVar[str] = "end"``):
+defining the class enters it in `KINDS`, which `slurmrun.protocol.parse` reads. The kinds
+themselves, and what each side sends, are in `slurmrun.protocol`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-__all__ = ["TEXT_LIMIT", "Message", "ProtocolError", "clip"]
+__all__ = ["KINDS", "TEXT_LIMIT", "Message", "ProtocolError", "clip"]
 
 # ------------------------------------------------------------ bounded texts
 # The most characters of one text field (a message, a traceback, an output tail) in a header.
@@ -56,11 +57,29 @@ class ProtocolError(ValueError):
     """A header that is no message of this protocol (unknown kind, missing or wrong fields)."""
 
 
+# Every message class by its kind, filled as the classes are defined (`Message`).
+KINDS: dict[str, type[Message]] = {}
+
+
 @dataclass(frozen=True)
 class Message:
-    """A message: its header is ``{"t": KIND, **fields}``; some kinds also carry a body."""
+    """A message: its header is ``{"t": kind, **fields}``; some kinds also carry a body.
 
-    KIND: ClassVar[str]
+    A subclass names its kind in its body (``kind: ClassVar[str] = "end"``) and is thereby
+    one of `KINDS`: a kind is declared in one place, its class.
+    """
+
+    kind: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("kind")
+        if not isinstance(kind, str) or not kind:
+            raise TypeError(f"message class {cls.__name__} names no kind (kind: ClassVar[str])")
+        other = KINDS.get(kind)
+        if other is not None and other.__qualname__ != cls.__qualname__:
+            raise TypeError(f"message kind {kind!r} is both {other.__name__} and {cls.__name__}")
+        KINDS[kind] = cls
 
     def header(self) -> dict[str, Any]:
         """The frame header that carries this message.
@@ -69,7 +88,7 @@ class Message:
         a header is only encoded, and a run sends one START per agent.
         """
         shape = _shape(type(self))
-        header: dict[str, Any] = {"t": self.KIND}
+        header: dict[str, Any] = {"t": self.kind}
         for name in shape.order:
             value = getattr(self, name)
             # A default is left out (`from_header` puts it back): smaller frames to encode,
@@ -93,7 +112,7 @@ class Message:
         keys = header.keys()
         if not shape.required <= keys:
             missing = sorted(shape.required - keys)
-            raise ProtocolError(f"a {cls.KIND!r} message without its fields {missing}")
+            raise ProtocolError(f"a {cls.kind!r} message without its fields {missing}")
         values = shape.defaults()
         if keys <= shape.allowed:
             values.update(header)

@@ -5,7 +5,10 @@ library, this and `slurmrun.variables`, the environment's names, before it forks
 spawner). A message is one frame of `slurmrun.transport`:
 a JSON header whose ``"t"`` names its kind, and for some kinds a body (a pickle, or a `Log`'s
 text). Every kind is a frozen dataclass here, built with ``Kind(...).header()`` and read with
-`parse`; every message of a run carries the run's id (``run``: START gives it, the agent
+`parse`, and declared by its class alone (``kind: ClassVar[str] = "end"`` enters it in
+`KINDS`); a side tells messages apart by their classes (``isinstance``, ``match``), and only
+frames it deliberately leaves unparsed (the agent's relay, heartbeats) by ``frame.kind ==
+Kind.kind``; every message of a run carries the run's id (``run``: START gives it, the agent
 stamps its workers' frames with it), and the launcher drops what belongs to another run.
 Texts in a header are clipped (`clip`): a header is small, and what is cut stays in the
 worker's log file.
@@ -40,73 +43,19 @@ agent -> worker; `DebugCompletions` back): the launcher waits for the answer a m
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from slurmrun.messages import TEXT_LIMIT, Message, ProtocolError, clip
-
-__all__ = [
-    "ASK_STACKS",
-    "CLOSE",
-    "CREDIT",
-    "DEBUGGER",
-    "DEBUG_COMPLETE",
-    "DEBUG_COMPLETIONS",
-    "DEBUG_INPUT",
-    "DIED",
-    "DONE",
-    "END",
-    "ERROR",
-    "FUNC",
-    "HEARTBEAT",
-    "HELLO",
-    "IDLE",
-    "KINDS",
-    "LOG",
-    "LOG_FRAME_COST",
-    "OUTPUT_WINDOW",
-    "RESULT",
-    "STACKS",
-    "START",
-    "STARTED",
-    "STOP",
-    "STREAM",
-    "TERMINATING",
-    "TEXT_LIMIT",
-    "AskStacks",
-    "Close",
-    "Credit",
-    "DebugComplete",
-    "DebugCompletions",
-    "DebugInput",
-    "DebugState",
-    "Debugger",
-    "Died",
-    "Done",
-    "End",
-    "Error",
-    "Func",
-    "Heartbeat",
-    "Hello",
-    "Idle",
-    "Log",
-    "Message",
-    "ProtocolError",
-    "Result",
-    "Stacks",
-    "Start",
-    "Started",
-    "Stop",
-    "StreamRequest",
-    "Terminating",
-    "clip",
-    "log_cost",
-    "parse",
-    "stamp",
-    "start_header",
-]
+# The machinery, re-exported: the contract is read from here.
+from slurmrun.messages import KINDS as KINDS
+from slurmrun.messages import TEXT_LIMIT as TEXT_LIMIT
+from slurmrun.messages import Message as Message
+from slurmrun.messages import ProtocolError as ProtocolError
+from slurmrun.messages import clip as clip
+from slurmrun.start_parts import AgentShare as AgentShare
+from slurmrun.start_parts import RunStart as RunStart
+from slurmrun.start_parts import Surroundings as Surroundings
 
 # Heartbeats (each way) per heartbeat timeout: the interval is the timeout divided by this.
 HEARTBEATS_PER_TIMEOUT = 5
@@ -135,110 +84,32 @@ def log_cost(body_bytes: int) -> int:
     return body_bytes + LOG_FRAME_COST
 
 
-# ------------------------------------------------------------ message kinds
-# launcher -> agent
-START = "start"  # `Start`, with the pickled call as body: fork the workers of one run
-END = "end"  # `End`: the run is over: stop its workers (if any are left), then say IDLE
-CLOSE = "close"  # `Close`: exit (stopping workers first)
-HEARTBEAT = "hb"  # `Heartbeat`, both ways
-ASK_STACKS = "ask_stacks"  # `AskStacks`: every worker's stacks, please (also agent -> worker)
-DEBUG_INPUT = "debug_input"  # `DebugInput`: a line for a worker's debugger (also agent -> worker)
-CREDIT = "credit"  # `Credit`: the launcher took LOG frames of this cost (see OUTPUT_WINDOW)
-# agent -> launcher
-HELLO = "hello"  # `Hello`, first thing after the handshake
-STARTED = "started"  # `Started`: the run's workers' process ids, by local rank
-IDLE = "idle"  # `Idle`: the run's workers are gone and their output was forwarded
-DONE = "done"  # `Done`: every worker exited, and its result and output were forwarded
-DIED = "died"  # `Died`: a worker exited without a result
-TERMINATING = "terminating"  # `Terminating`: SLURM is ending this step (see SLURM_TERM_WAIT)
-# worker -> agent -> launcher (the agent stamps "run" and "local_rank": `stamp`)
-LOG = "log"  # `Log`
-RESULT = "result"  # `Result`, with the pickled return value as body
-ERROR = "error"  # `Error`, with the pickled exception as body
-STACKS = "stacks"  # `Stacks`, with the worker's stacks as body
-DEBUGGER = "debugger"  # `Debugger`, with the debugger's output as body
-# worker <-> agent
-STREAM = "stream"  # `StreamRequest`: a worker asks for a connection of its own (large result)
-FUNC = "func"  # `Func`, agent -> worker, with the pickled call as body
-STOP = "stop"  # `Stop`, agent -> worker: stop now
-
 # ------------------------------------------------------------ launcher -> agent
 
 
-@dataclass(frozen=True)
-class Start(Message):
-    """One run's share of an agent: its workers and where they meet."""
+@dataclass(frozen=True, kw_only=True)
+class Start(AgentShare, RunStart, Message):
+    """One agent's START of a run: the run's shared part and the agent's share.
 
-    KIND: ClassVar[str] = START
-    run: int  # the run's id: every message of the run carries it back
-    workers: int
-    rank_offset: int
-    world_size: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    backend: str | None
-    timeout: float
-    grace: float  # seconds from SIGTERM to SIGKILL when workers are stopped
-    log_level: int
-    sys_path: list[str]
-    cwd: str
-    env: dict[str, str]  # set in every worker, on top of the agent's environment
-    # Where the agent writes each worker's finished lines (`slurmrun.logs.WorkerLog`); None:
-    # it does not (the launcher writes files, or there are none).
-    log_dir: str | None = None
-    # The local ranks whose output and logging records go to the launcher (None: every
-    # rank's). The agent's own always do.
-    forward_ranks: list[int] | None = None
-    unset: list[str] = dataclasses.field(default_factory=list)  # removed from every worker's env
-    # The agent's name in log file names (`slurmrun.logs.host_labels`: a host named twice has
-    # one per node); empty: its hostname.
-    log_name: str = ""
-    # Every node's worker count in SLURM's compressed form ("2(x2),1"): the run's layout, as
-    # workers see it in SLURM_TASKS_PER_NODE (`slurmrun.worker_env`). Empty: `workers` per node.
-    tasks_per_node: str = ""
-    # Keep the workers for the next run if this one succeeds (`Launcher.keep_workers`): the
-    # agent then hands the next run to them (`slurmrun.node.kept`) instead of forking new ones.
-    keep: bool = False
-    # The workers run another interpreter than the launcher's (a container): they keep their
-    # own ``sys.path`` after ``sys_path``, which then holds only the launcher's own entries
-    # (its script's directory, PYTHONPATH), none of its interpreter's.
-    own_path: bool = False
-    # The agent's output window from now on, in `log_cost` units (see OUTPUT_WINDOW); 0: as is.
-    output_window: int = 0
-    # What the run runs (``func train``, ``script train.py``: `slurmrun.titles.run_title`),
-    # for the header line that starts the run's part of each worker's log file.
-    title: str = ""
+    The agent reads them as one (`slurmrun.start_parts`); `start_header` joins them to send.
+    """
+
+    kind: ClassVar[str] = "start"
 
 
-def start_header(
-    shared: dict[str, Any],
-    *,
-    workers: int,
-    rank_offset: int,
-    node_rank: int,
-    forward_ranks: list[int] | None,
-    log_name: str = "",
-) -> dict[str, Any]:
-    """One agent's START: `shared` (a `Start(...).header()` made once per run) with its share.
+def start_header(run: RunStart, share: AgentShare) -> dict[str, Any]:
+    """One agent's START header: the run's part (its fields taken once per run) and its share.
 
     A run sends one to every agent; a `Start` built for each would cost ~25x as much.
     """
-    share = {
-        "workers": workers,
-        "rank_offset": rank_offset,
-        "node_rank": node_rank,
-        "forward_ranks": forward_ranks,
-        "log_name": log_name,
-    }
-    return shared | share
+    return {"t": Start.kind, **run.shared_fields, **share.own_fields()}
 
 
 @dataclass(frozen=True)
 class End(Message):
     """The run is over: stop its workers if any are left, then say `Idle`."""
 
-    KIND: ClassVar[str] = END
+    kind: ClassVar[str] = "end"
     run: int
     keep: bool = False  # the run succeeded and its workers serve the next one (Start.keep)
     # The launcher got SIGTERM: SLURM may be signalling this step's workers too (scancel, the
@@ -251,14 +122,14 @@ class End(Message):
 class Close(Message):
     """Exit, stopping the workers first."""
 
-    KIND: ClassVar[str] = CLOSE
+    kind: ClassVar[str] = "close"
 
 
 @dataclass(frozen=True)
 class Credit(Message):
     """The launcher showed (or dropped) LOG frames of run `run` that cost `cost` in all."""
 
-    KIND: ClassVar[str] = CREDIT
+    kind: ClassVar[str] = "credit"
     cost: int
     run: int = 0
 
@@ -267,7 +138,7 @@ class Credit(Message):
 class Heartbeat(Message):
     """I am alive (both ways, every heartbeat interval)."""
 
-    KIND: ClassVar[str] = HEARTBEAT
+    kind: ClassVar[str] = "hb"
 
 
 # ------------------------------------------------------------ agent -> launcher
@@ -277,7 +148,7 @@ class Heartbeat(Message):
 class Hello(Message):
     """An agent introduces itself (once per connection, before anything else)."""
 
-    KIND: ClassVar[str] = HELLO
+    kind: ClassVar[str] = "hello"
     hostname: str
     node_rank: int  # -1: an srun agent, known by its hostname
     addr: str  # its address on the way to the launcher (MASTER_ADDR if it hosts rank 0)
@@ -298,7 +169,7 @@ class Hello(Message):
 class Started(Message):
     """The run's workers were forked."""
 
-    KIND: ClassVar[str] = STARTED
+    kind: ClassVar[str] = "started"
     run: int
     pids: list[int]  # by local rank
     reused: bool = False  # the last run's workers took this run (Start.keep)
@@ -311,7 +182,7 @@ class Started(Message):
 class Idle(Message):
     """An agent is ready for the next run: the workers of `run` are gone."""
 
-    KIND: ClassVar[str] = IDLE
+    kind: ClassVar[str] = "idle"
     run: int
     master_port: int  # a free port for the next run's rank 0
 
@@ -320,7 +191,7 @@ class Idle(Message):
 class Done(Message):
     """Every worker of the run exited, and its result and output were forwarded."""
 
-    KIND: ClassVar[str] = DONE
+    kind: ClassVar[str] = "done"
     run: int
 
 
@@ -328,7 +199,7 @@ class Done(Message):
 class Died(Message):
     """A worker exited (or was killed) without a result."""
 
-    KIND: ClassVar[str] = DIED
+    kind: ClassVar[str] = "died"
     run: int
     local_rank: int
     exitcode: int | None
@@ -344,7 +215,7 @@ class Died(Message):
 class Terminating(Message):
     """SLURM is ending the agent's step (SIGTERM): see `SLURM_TERM_WAIT`."""
 
-    KIND: ClassVar[str] = TERMINATING
+    kind: ClassVar[str] = "terminating"
 
 
 # ------------------------------------------------------------ worker -> agent -> launcher
@@ -358,7 +229,7 @@ class Log(Message):
     a pickle: `slurmrun.output` builds, cuts and joins them.
     """
 
-    KIND: ClassVar[str] = LOG
+    kind: ClassVar[str] = "log"
     stream: str  # "stdout", "stderr" or "logging"
     level: int
     # "": the line goes on; "\n", "\r\n": it is finished; "\r": a state of it (a progress bar)
@@ -373,7 +244,7 @@ class Log(Message):
 class Result(Message):
     """A worker's return value (the body), or the announcement of one that was streamed."""
 
-    KIND: ClassVar[str] = RESULT
+    kind: ClassVar[str] = "result"
     streamed: bool = False  # it came (or comes) on a connection of its own
     node_rank: int = -1  # set on a streamed result's own connection
     local_rank: int = -1
@@ -385,7 +256,7 @@ class Result(Message):
 class Error(Message):
     """A worker's exception (pickled in the body, if it could be)."""
 
-    KIND: ClassVar[str] = ERROR
+    kind: ClassVar[str] = "error"
     exc_type: str
     message: str  # clipped to TEXT_LIMIT (the whole text is in the pickled exception)
     traceback: str  # clipped to TEXT_LIMIT
@@ -416,14 +287,14 @@ def stamp(header: dict[str, Any], *, run: int, local_rank: int) -> None:
 class StreamRequest(Message):
     """A worker asks its agent for a connection of its own to the launcher (a large result)."""
 
-    KIND: ClassVar[str] = STREAM
+    kind: ClassVar[str] = "stream"
 
 
 @dataclass(frozen=True)
 class Func(Message):
     """The call to run (the body), agent -> worker."""
 
-    KIND: ClassVar[str] = FUNC
+    kind: ClassVar[str] = "func"
     run: int = 0  # the run it belongs to (a kept worker serves several)
 
 
@@ -431,14 +302,14 @@ class Func(Message):
 class Stop(Message):
     """Stop now, agent -> worker."""
 
-    KIND: ClassVar[str] = STOP
+    kind: ClassVar[str] = "stop"
 
 
 @dataclass(frozen=True)
 class AskStacks(Message):
     """Every worker's stacks, please: launcher -> agent, and agent -> each worker."""
 
-    KIND: ClassVar[str] = ASK_STACKS
+    kind: ClassVar[str] = "ask_stacks"
     run: int
     request: int  # the answers carry it back
     # Seconds a worker has to answer itself before the agent dumps it (`slurmrun.stacks`).
@@ -449,13 +320,13 @@ class AskStacks(Message):
 class Stacks(Message):
     """One worker's stacks (the body) for request `request`: worker or agent -> launcher.
 
-    The body is `slurmrun.stacks.capture`'s JSON (`source` "python"), faulthandler's text
+    The body is `slurmrun.stacks.report.capture`'s JSON (`source` "python"), faulthandler's text
     ("faulthandler"), or empty ("none": `note` says why).
     """
 
-    KIND: ClassVar[str] = STACKS
+    kind: ClassVar[str] = "stacks"
     request: int
-    source: str = "python"  # a `slurmrun.stacks.StackSource` value
+    source: str = "python"  # a `slurmrun.stacks.report.StackSource` value
     note: str = ""  # why there are none ("exited with code 0"), clipped
     local_rank: int = -1
     run: int = 0
@@ -475,7 +346,7 @@ class DebugState(str, enum.Enum):
 class Debugger(Message):
     """A worker's debugger (pdb) speaks: its output is the body (`slurmrun.node.debugger`)."""
 
-    KIND: ClassVar[str] = DEBUGGER
+    kind: ClassVar[str] = "debugger"
     state: str  # a `DebugState` value
     where: str = ""  # "node2 rank 5": who speaks, for the launcher's messages
     local_rank: int = -1
@@ -490,19 +361,10 @@ class DebugInput(Message):
     debugger lets the rank go on.
     """
 
-    KIND: ClassVar[str] = DEBUG_INPUT
+    kind: ClassVar[str] = "debug_input"
     run: int
     local_rank: int
     eof: bool = False
-
-
-KINDS: dict[str, type[Message]] = {
-    cls.KIND: cls
-    for cls in (
-        Start, End, Close, Credit, Heartbeat, Hello, Started, Idle, Done, Died, Terminating,
-        Log, Result, Error, StreamRequest, Func, Stop, AskStacks, Stacks, Debugger, DebugInput,
-    )
-}  # fmt: skip
 
 
 def parse(header: dict[str, Any]) -> Message:
@@ -518,10 +380,8 @@ def parse(header: dict[str, Any]) -> Message:
 
 
 # ------------------------------------------------------------ completion in a debugger
-# launcher -> agent -> worker
-DEBUG_COMPLETE = "debug_complete"  # `DebugComplete`: Tab was pressed at a worker's pdb prompt
-# worker -> agent -> launcher
-DEBUG_COMPLETIONS = "debug_completions"  # `DebugCompletions`: that pdb's answer
+# `DebugComplete` (launcher -> agent -> worker): Tab was pressed at a worker's pdb prompt;
+# `DebugCompletions` (worker -> agent -> launcher): that pdb's answer.
 
 # What one answer may hold: a Tab after ``p `` in a module with thousands of names lists
 # only this many, each clipped (the header stays far below the transport's limit).
@@ -537,7 +397,7 @@ class DebugComplete(Message):
     given); the answer carries `request` back.
     """
 
-    KIND: ClassVar[str] = DEBUG_COMPLETE
+    kind: ClassVar[str] = "debug_complete"
     run: int
     local_rank: int
     request: int
@@ -555,15 +415,12 @@ class DebugComplete(Message):
 class DebugCompletions(Message):
     """A worker's pdb answers `DebugComplete` `request`: the completions of its text."""
 
-    KIND: ClassVar[str] = DEBUG_COMPLETIONS
+    kind: ClassVar[str] = "debug_completions"
     request: int
-    matches: list[str] = dataclasses.field(default_factory=list)  # at most COMPLETIONS_LIMIT
+    matches: list[str] = field(default_factory=list)  # at most COMPLETIONS_LIMIT
     local_rank: int = -1
     run: int = 0
 
     def __post_init__(self) -> None:
         kept = [m for m in self.matches[:COMPLETIONS_LIMIT] if len(m) <= COMPLETION_TEXT_LIMIT]
         object.__setattr__(self, "matches", kept)
-
-
-KINDS.update({cls.KIND: cls for cls in (DebugComplete, DebugCompletions)})

@@ -128,7 +128,6 @@ class RankPlace:
         master_addr: where rank 0's store listens.
         master_port: that store's port.
         tasks_per_node: every node's worker count, in SLURM's compressed form (``"2(x2),1"``).
-        pid: the worker's process id.
     """
 
     rank: int
@@ -139,7 +138,6 @@ class RankPlace:
     master_addr: str
     master_port: int
     tasks_per_node: str
-    pid: int
 
 
 def compress_counts(counts: Sequence[int]) -> str:
@@ -219,7 +217,7 @@ def job_vars(environ: Mapping[str, str]) -> str:
 
 
 def worker_changes(
-    environ: Mapping[str, str], place: RankPlace, job: str | None = None
+    environ: Mapping[str, str], place: RankPlace, job: str | None, *, pid: int
 ) -> tuple[dict[str, str], list[str]]:
     """What a worker sets in, and removes from, the environment it inherited.
 
@@ -228,6 +226,7 @@ def worker_changes(
         place: where the worker stands.
         job: the job's `JOB_VARS` (`job_vars`), where the agents were started by srun in the
             job; None: the worker's own SLURM variables are the job's.
+        pid: the worker's process id.
 
     Returns:
         The variables to set, and the names to remove.
@@ -267,7 +266,7 @@ def worker_changes(
         "SLURM_LOCALID": str(place.local_rank),
         "SLURM_NODEID": str(place.node_rank),
         "SLURM_GTIDS": ",".join(str(first + i) for i in range(place.local_world_size)),
-        "SLURM_TASK_PID": str(place.pid),
+        "SLURM_TASK_PID": str(pid),
         "SLURM_NTASKS": world,
         "SLURM_NPROCS": world,
         "SLURM_STEP_NUM_TASKS": world,
@@ -321,7 +320,6 @@ def preview(
         master_addr="",
         master_port=0,
         tasks_per_node=compress_counts(counts),
-        pid=0,
     )
-    values, removed = worker_changes(environ, place, job)
+    values, removed = worker_changes(environ, place, job, pid=0)
     return sorted((name, _LATER.get(name, value)) for name, value in values.items()), removed

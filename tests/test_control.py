@@ -1,4 +1,4 @@
-"""The launchers' private control channel (`slurmrun.control`) and ``slurmrun stacks`` on one host.
+"""The launchers' private control channel (`slurmrun.stacks.control`) and ``slurmrun stacks``.
 
 Every test points XDG_RUNTIME_DIR at its own directory. The command-line tests run the fake
 launchers and ``python -m slurmrun stacks`` in UTS namespaces of their own, all with one
@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from slurmrun import control
-from slurmrun.control import ControlError, ControlServer, LauncherEntry, ask, launchers
-from slurmrun.control_dir import answers
+from slurmrun.stacks import control
+from slurmrun.stacks.control import ControlError, ControlServer, LauncherEntry, ask, launchers
+from slurmrun.stacks.control_dir import answers
 
 REPO = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -40,7 +40,7 @@ NOBODY = 65534
 FAKE_LAUNCHER = textwrap.dedent(
     """
     import json, os, select, sys, time
-    from slurmrun.control import ControlServer
+    from slurmrun.stacks.control import ControlServer
 
     what, reply = sys.argv[1], sys.argv[2]
 

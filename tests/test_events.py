@@ -55,6 +55,22 @@ def test_a_launch_reports_its_events_in_order_with_real_pids_and_timings() -> No
     assert [e.time for e in seen] == sorted(e.time for e in seen)
 
 
+def test_an_event_is_built_whole_and_the_trace_stamps_its_launch_and_time() -> None:
+    """`trace.emit(Stalled(...))`: the event is built with every field of its own (none has a
+    default to hide a forgotten one), and the trace adds its launch id and the time."""
+    with pytest.raises(TypeError, match="summary"):
+        events.Stalled(seconds=1.0, stacks_file="")  # type: ignore[call-arg]
+    seen: list[events.Event] = []
+    trace = events.Trace(seen.append)
+    trace.emit(events.Stalled(seconds=2.0, summary="s", stacks_file="f"))
+    trace.finish(None)
+    stalled, finished = seen
+    assert stalled == events.Stalled(
+        launch_id=trace.launch_id, time=stalled.time, seconds=2.0, summary="s", stacks_file="f"
+    )
+    assert stalled.time > 0 and finished.launch_id == trace.launch_id
+
+
 def test_a_failed_launch_ends_with_launch_finished_and_its_timings_on_the_exception() -> None:
     seen: list[events.Event] = []
     with pytest.raises(ValueError, match="rank 1 fails") as info:

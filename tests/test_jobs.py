@@ -343,7 +343,7 @@ def test_dry_run_without_requeue_and_with_another_signal(tmp_path):
 
 
 def test_cli_time_forms():
-    from slurmrun.cli.submit import parse_time
+    from slurmrun.cli.submitting import parse_time
 
     assert [parse_time(t) for t in ("30", "5:30", "1:00:00", "2-0", "1-02:30")] == [
         30,

@@ -65,14 +65,51 @@ def test_one_side_of_a_launch_imports_nothing_of_the_other(side: str, other: str
 
 
 def test_the_ground_floor_imports_neither_side() -> None:
-    """Modules directly in slurmrun/ (but the package's face and entry point) and SLURM's facts
-    (slurmrun/slurm/) stand below both."""
+    """Modules directly in slurmrun/ (but the package's face and entry point) and the packages
+    beside the sides (SLURM's facts in slurmrun/slurm/, the stacks in slurmrun/stacks/, ...)
+    stand below both."""
     above = {PACKAGE / "__init__.py", PACKAGE / "__main__.py"}
+    sides = {"launcher", "node", "batch", "cli"}
+    beside = [d for d in PACKAGE.iterdir() if d.is_dir() and d.name not in sides]
+    floor = [*PACKAGE.glob("*.py"), *(path for d in beside for path in d.rglob("*.py"))]
+    assert PACKAGE / "stacks" / "report.py" in floor
     crossing = {
         f"{path.relative_to(ROOT)} imports {name}"
-        for path in sorted([*PACKAGE.glob("*.py"), *(PACKAGE / "slurm").glob("*.py")])
+        for path in sorted(floor)
         if path not in above
         for name in _imported_modules(path)
         if name.split(".")[1:2] in (["launcher"], ["node"], ["batch"], ["cli"])
     }
     assert not crossing, sorted(crossing)
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A module's name says where it is: two ``run.py`` (the launcher's run, the command's) or
+    two ``submit.py`` had a reader open the wrong one (``__init__.py`` aside)."""
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {name: paths for name, paths in by_name.items() if len(paths) > 1}
+
+
+def test_the_launcher_package_names_only_modules_it_has() -> None:
+    """launcher/__init__.py maps its modules for a reader: each `name` it cites exists."""
+    import re
+
+    import slurmrun.launcher
+
+    doc = slurmrun.launcher.__doc__ or ""
+    cited = set(re.findall(r"`([a-z_]+)`", doc)) - {"launch"}
+    here = PACKAGE / "launcher"
+    missing = {n for n in cited if not (here / f"{n}.py").exists() and not (here / n).is_dir()}
+    assert cited and not missing, sorted(missing)
+
+
+def test_a_run_takes_one_object_per_concern() -> None:
+    """The pool, the call, its output and what watches it: not 18 keywords."""
+    import dataclasses
+
+    from slurmrun.launcher.run import Run
+
+    assert [f.name for f in dataclasses.fields(Run)] == ["pool", "call", "output", "watching", "id"]

@@ -2,34 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 from slurmrun import protocol
 
 
-def test_an_agents_start_header_is_a_start_message_with_its_share() -> None:
-    """The hand-out builds one header per run and adds each agent's share (protocol.py)."""
-    shared = protocol.Start(
+def _run_part() -> protocol.RunStart:
+    return protocol.RunStart(
+        sys_path=["/x"],
+        cwd="/",
+        env={"A": "1"},
+        title="func f",
         run=7,
-        workers=0,
-        rank_offset=0,
         world_size=12,
-        node_rank=0,
         master_addr="10.0.0.1",
         master_port=1234,
         backend="gloo",
         timeout=60.0,
         grace=3.0,
         log_level=20,
-        sys_path=["/x"],
-        cwd="/",
-        env={"A": "1"},
         log_dir="/logs",
-    ).header()
-    header = protocol.start_header(
-        shared, workers=4, rank_offset=8, node_rank=2, forward_ranks=[0], log_name="n#2"
     )
+
+
+def test_an_agents_start_joins_the_runs_part_and_its_share() -> None:
+    """The hand-out builds the run's part once (typed) and each agent's share (typed); one
+    function joins them into the START header, which the agent reads as both."""
+    run = _run_part()
+    share = protocol.AgentShare(
+        workers=4, rank_offset=8, node_rank=2, forward_ranks=[0], log_name="n#2"
+    )
+    header = protocol.start_header(run, share)
     start = protocol.parse(header)
     assert isinstance(start, protocol.Start)
-    assert (start.run, start.log_name) == (7, "n#2")
+    assert isinstance(start, protocol.RunStart) and isinstance(start, protocol.AgentShare)
+    assert (start.run, start.log_name, start.title) == (7, "n#2", "func f")
     assert (start.workers, start.rank_offset, start.node_rank, start.forward_ranks) == (
         4,
         8,
@@ -42,7 +50,33 @@ def test_an_agents_start_header_is_a_start_message_with_its_share() -> None:
         {"A": "1"},
         "/logs",
     )
-    assert header["t"] == protocol.START and shared["workers"] == 0  # shared is left as it was
+    assert header["t"] == protocol.Start.kind
+    assert protocol.start_header(run, share) == header  # the run's part is taken once, unchanged
+
+
+def test_start_is_its_two_parts_and_nothing_else() -> None:
+    """A per-run or per-agent fact is one field of its part: START, the header and the node's
+    worker spec carry it without another edit."""
+    from slurmrun.node.worker import WorkerSpec
+
+    def names(cls: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    assert names(protocol.Start) == names(protocol.RunStart) | names(protocol.AgentShare)
+    assert names(protocol.RunStart) >= names(protocol.Surroundings)
+    assert names(WorkerSpec) == {"hostname", "start", "place"}
+
+
+def test_each_worker_is_placed_from_its_agents_start() -> None:
+    from slurmrun.node.worker import place_of
+
+    share = protocol.AgentShare(workers=4, rank_offset=8, node_rank=2)
+    start = protocol.parse(protocol.start_header(_run_part(), share))
+    assert isinstance(start, protocol.Start)
+    place = place_of(start, 3)
+    assert (place.rank, place.local_rank, place.node_rank) == (11, 3, 2)
+    assert (place.world_size, place.local_world_size, place.tasks_per_node) == (12, 4, "4(x3)")
+    assert (place.master_addr, place.master_port) == ("10.0.0.1", 1234)
 
 
 def test_every_kind_round_trips_through_its_header() -> None:
@@ -78,6 +112,41 @@ def test_every_kind_round_trips_through_its_header() -> None:
     )
     for message in messages:
         assert protocol.parse(message.header()) == message
+
+
+def test_a_kind_is_declared_by_its_class_alone() -> None:
+    """Defining a message class enters its kind in KINDS (no constant, no list to edit); a kind
+    taken by another class, or none at all, is refused when the class is defined."""
+    import pytest
+
+    @dataclasses.dataclass(frozen=True)
+    class Probe(protocol.Message):
+        kind: ClassVar[str] = "test_probe"
+        n: int
+
+    try:
+        assert protocol.KINDS["test_probe"] is Probe
+        assert protocol.parse(Probe(n=3).header()) == Probe(n=3)
+        with pytest.raises(TypeError, match="'test_probe' is both Probe and Other"):
+
+            class Other(protocol.Message):
+                kind: ClassVar[str] = "test_probe"
+
+        with pytest.raises(TypeError, match="Nameless names no kind"):
+
+            class Nameless(protocol.Message):
+                pass
+
+    finally:
+        del protocol.KINDS["test_probe"]
+
+
+def test_kinds_and_events_spell_kind_alike() -> None:
+    from slurmrun import events
+
+    assert protocol.Start.kind == "start" and protocol.Heartbeat.kind == "hb"
+    assert events.LaunchStarted.kind == "launch_started"
+    assert not hasattr(protocol.Start, "KIND")
 
 
 def test_an_unknown_kind_or_a_missing_field_is_a_protocol_error() -> None:

@@ -62,7 +62,7 @@ def test_a_jobs_gpus_are_read_from_its_node_lines_never_from_its_command_or_subm
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_records_hold_each_job_of_an_array_or_heterogeneous_job(version):
-    from slurmrun.slurm.records import first_record, parse_records
+    from slurmrun.slurm.fields import first_record, parse_records
 
     array = parse_records(golden(version, "job_array.txt"))
     assert sorted(r.fields["ArrayTaskId"] for r in array) == ["0", "1", "2"]
@@ -77,7 +77,7 @@ def test_records_hold_each_job_of_an_array_or_heterogeneous_job(version):
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_free_text_fields_are_whole_and_command_lines_hold_their_own_lines(version):
-    from slurmrun.slurm.records import first_record
+    from slurmrun.slurm.fields import first_record
 
     n1, _ = NODES[version]
     cpu = first_record(golden(version, "job_cpu.txt")).fields
@@ -99,7 +99,7 @@ def test_free_text_fields_are_whole_and_command_lines_hold_their_own_lines(versi
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_nodes_state_and_the_config_are_read_by_fields(version):
-    from slurmrun.slurm.records import config_fields, parse_records
+    from slurmrun.slurm.fields import config_fields, parse_records
 
     n1, _ = NODES[version]
     (node,) = parse_node_states(golden(version, "node.txt")).values()
@@ -172,7 +172,7 @@ def test_sacct_without_accounting_is_asked_once(version, tmp_path, monkeypatch):
 def test_a_command_line_of_several_lines_holds_every_line_until_workdir():
     # Hand-made from job_wrap.txt's layout: a user's bash -c script whose lines look like a
     # record's start, a per-node line and fields; none of them is the job's.
-    from slurmrun.slurm.records import parse_records
+    from slurmrun.slurm.fields import parse_records
 
     text = (
         "JobId=7 JobName=x\n   JobState=PENDING Reason=None Dependency=(null)\n"

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from slurmrun import stacks
-from slurmrun.stacks import (
+from slurmrun.stacks import report as stacks
+from slurmrun.stacks.report import (
     MAX_CAPTURE_BYTES,
     MAX_FRAMES,
     MAX_THREADS,
@@ -59,7 +59,7 @@ def _wait_until_in(ident: int | None, function: str) -> None:
 USER_SCRIPT = """\
 import os, sys, threading, time
 from slurmrun.cli.script import run_script
-from slurmrun.stacks import capture
+from slurmrun.stacks.report import capture
 from slurmrun.waiting import wait_readable
 
 event = threading.Event()
@@ -598,7 +598,7 @@ def test_write_names_the_file_by_time_and_suffixes_a_taken_name(tmp_path: Path) 
 
 
 def test_importing_the_module_imports_nothing_heavy() -> None:
-    code = "import sys, slurmrun.stacks; print(sorted(m for m in sys.modules if m in %r))"
+    code = "import sys, slurmrun.stacks.report; print(sorted(m for m in sys.modules if m in %r))"
     heavy = ["torch", "numpy", "cloudpickle", "slurmrun.transport", "slurmrun.protocol"]
     result = subprocess.run(
         [sys.executable, "-c", code % heavy],
@@ -610,3 +610,23 @@ def test_importing_the_module_imports_nothing_heavy() -> None:
     )
     assert result.stdout == "[]\n"
     assert stacks.__file__.startswith(str(ROOT))
+
+
+def test_the_package_loads_its_report_names_when_first_used() -> None:
+    """`slurmrun.stacks` is the whole feature's package; the spawner imports it for the signal
+    alone, before anything else, so its report (``slurmrun.stacks.StackReport``) loads later."""
+    code = (
+        "import sys, slurmrun.stacks as s; s.stacks_signal()\n"
+        "print('slurmrun.stacks.report' in sys.modules)\n"
+        "from slurmrun.stacks import StackReport\n"
+        "print(StackReport.__module__)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert result.stdout == "False\nslurmrun.stacks.report\n"

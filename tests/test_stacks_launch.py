@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import slurmrun
-from slurmrun import control
-from slurmrun.control import ControlError
 from slurmrun.events import Event
-from slurmrun.stacks import StackSource
+from slurmrun.stacks import control
+from slurmrun.stacks.control import ControlError
+from slurmrun.stacks.report import StackSource
 
 REPO = Path(__file__).resolve().parents[1]
 LIMIT = 120

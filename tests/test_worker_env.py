@@ -130,7 +130,6 @@ def _place(rank: int, local_rank: int, counts: list[int]) -> RankPlace:
         master_addr="10.0.0.1",
         master_port=29500,
         tasks_per_node=compress_counts(counts),
-        pid=4242,
     )
 
 
@@ -146,12 +145,12 @@ def test_counts_are_compressed_as_slurm_writes_them(counts, text):
 def test_the_jobs_values_replace_the_agents_steps_and_the_absent_ones_go():
     environ = {"SLURM_JOB_ID": "5", "SLURM_JOB_NAME": "slurmrun-agents", "SLURM_MEM_PER_CPU": "9"}
     job = worker_env.job_vars({"SLURM_JOB_NAME": "train.sh", "SLURM_CPUS_PER_TASK": "4"})
-    values, removed = worker_changes(environ, _place(1, 1, [2, 2]), job)
+    values, removed = worker_changes(environ, _place(1, 1, [2, 2]), job, pid=4242)
     assert (values["SLURM_JOB_NAME"], values["SLURM_CPUS_PER_TASK"]) == ("train.sh", "4")
     assert removed == ["SLURM_MEM_PER_CPU"]
     assert values["SLURM_NTASKS_PER_NODE"] == "2"
     # Outside srun agents (no job variables carried), the worker's own stay as they are.
-    values, removed = worker_changes(environ, _place(1, 1, [2, 2]), None)
+    values, removed = worker_changes(environ, _place(1, 1, [2, 2]), None, pid=4242)
     assert "SLURM_JOB_NAME" not in values and removed == []
 
 

@@ -2,8 +2,8 @@
 
 `split_command` cuts a command line where the launcher's options end (the fields of
 `slurmrun.Launcher`, converted by `slurmrun.cli.values` in `parse_launcher`) and the
-script's (or ``-m MODULE``'s) begin; `slurmrun.cli.run` (``slurmrun SCRIPT.py``) and
-`slurmrun.cli.submit` (``slurmrun submit SCRIPT.py``) both read it from here, and the verbs
+script's (or ``-m MODULE``'s) begin; `slurmrun.cli.launching` (``slurmrun SCRIPT.py``) and
+`slurmrun.cli.submitting` (``slurmrun submit SCRIPT.py``) both read it from here, and the verbs
 share the job folder's option (`DEFAULT_FOLDER`).
 """
 

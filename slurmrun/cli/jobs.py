@@ -1,6 +1,6 @@
 """``slurmrun status|logs|cancel|jobs``: following the jobs of ``slurmrun submit``.
 
-They work on the jobs submitted into ``--folder`` (`slurmrun.cli.submit`). Exit status: 0;
+They work on the jobs submitted into ``--folder`` (`slurmrun.cli.submitting`). Exit status: 0;
 2 for bad options; 1 for a job that was not submitted into the folder, a folder that is
 not the user's alone (`slurmrun.batch.JobFolderError`), a job whose files fail their seal
 (`slurmrun.errors.JobFolderTamperedError`), or a failed ``scancel``; 130 when Ctrl-C ends

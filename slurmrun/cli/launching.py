@@ -1,8 +1,12 @@
-"""The command's run of a script, once its command line is parsed (`slurmrun.cli.run`).
+"""``slurmrun [launcher options] SCRIPT.py [args...]`` (or ``-m MODULE``): the command's run.
 
-`run_command` runs the script on every worker (or, for ``--dry-run``, shows the plan) and
-turns what happened into the command's exit status: a rank's own ``sys.exit`` status, 1 for a
-raised exception, 128+N for a worker killed by signal N, 2 for bad options.
+The launcher options are the fields of `slurmrun.Launcher`
+(`slurmrun.cli.command.parse_launcher`); everything from the script's path (or ``-m MODULE``)
+on belongs to the script, as with ``python`` and ``torchrun``. `main` parses them, and
+`run_command` runs the script on every worker through `slurmrun.cli.script.run_script` (or,
+for ``--dry-run``, shows the plan) and turns what happened into the command's exit status: a
+rank's own ``sys.exit`` status, 1 for a raised exception, 128+N for a worker killed by signal
+N, 2 for bad options. See ``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -13,18 +17,48 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
-from slurmrun.cli.helptext import usage_text
+from slurmrun.cli.command import UsageError, check_target, parse_launcher, split_command
+from slurmrun.cli.helptext import help_text, usage_text
 from slurmrun.cli.script import ScriptExit, run_script
 from slurmrun.errors import OptionsError, RemoteTraceback, WorkerFailedError
 from slurmrun.variables import PRELOAD_VAR
+from slurmrun.versions import slurmrun_version
 
 if TYPE_CHECKING:
     from slurmrun.cli.command import Command
     from slurmrun.launcher.driver import Launcher
 
-__all__ = ["SIGTERM_STATUS", "run_command", "usage_error"]
+__all__ = ["SIGTERM_STATUS", "main", "run_command", "usage_error"]
 
 SIGTERM_STATUS = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+
+
+def main(argv: list[str]) -> int:
+    """``slurmrun [OPTIONS] SCRIPT [ARGS...]``; returns its exit status.
+
+    Args:
+        argv: the arguments after the program's name.
+
+    Returns:
+        0 when every rank finished (and after ``--help``, ``--version``); the first failing
+        rank's ``sys.exit`` status; 1 when a rank raised; 128+N for a worker killed by signal
+        N; 130 on Ctrl-C; 2 for bad options (``slurmrun: error: ...``, as argparse).
+    """
+    try:
+        cmd = split_command(argv)
+    except UsageError as e:
+        return usage_error(str(e))
+    # Only before the script: `slurmrun train.py --help` gives --help to the script.
+    if {"-h", "--help", "--version"} & set(cmd.launcher_args):
+        asked_help = {"-h", "--help"} & set(cmd.launcher_args)
+        print(help_text() if asked_help else f"slurmrun {slurmrun_version()}")
+        return 0
+    try:
+        launcher = parse_launcher(cmd.launcher_args, words=cmd.words)
+        check_target(cmd)
+    except UsageError as e:
+        return usage_error(str(e))
+    return run_command(launcher, cmd)
 
 
 def usage_error(message: str) -> int:

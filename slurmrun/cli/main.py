@@ -1,4 +1,4 @@
-"""The ``slurmrun`` command: the module of a verb runs ``slurmrun VERB``, `cli.run` the rest.
+"""The ``slurmrun`` command: the module of a verb runs ``slurmrun VERB``, `cli.launching` the rest.
 
 The verbs are the table `slurmrun.cli.verbs.VERBS`; without one, ``slurmrun [OPTIONS]
 SCRIPT.py [ARGS...]`` runs a script on every worker. See ``docs/cli.md``.
@@ -55,7 +55,7 @@ def _verb(argv: list[str]) -> int:
     verb = VERBS.get(argv[0]) if argv else None
     # Only the module that runs is imported (here, not at the top): each pays for its own imports.
     if verb is None:
-        from slurmrun.cli.run import main as run_main  # noqa: PLC0415
+        from slurmrun.cli.launching import main as run_main  # noqa: PLC0415
 
         return run_main(argv)
     return int(importlib.import_module(verb.module).main(argv if verb.named else argv[1:]))

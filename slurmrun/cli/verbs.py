@@ -33,13 +33,15 @@ _JOBS = "slurmrun.cli.jobs"
 VERBS = {
     "info": Verb("slurmrun.cli.info", "info [--json]", "show what slurmrun detects in this job"),
     "submit": Verb(
-        "slurmrun.cli.submit", "submit ... SCRIPT", "submit SCRIPT (or -m MODULE) as a batch job"
+        "slurmrun.cli.submitting",
+        "submit ... SCRIPT",
+        "submit SCRIPT (or -m MODULE) as a batch job",
     ),
     "status": Verb(_JOBS, "status JOB_ID", "print a submitted job's state", named=True),
     "logs": Verb(_JOBS, "logs JOB_ID [-f]", "print a worker's output", named=True),
     "cancel": Verb(_JOBS, "cancel JOB_ID", "cancel a submitted job", named=True),
     "jobs": Verb(_JOBS, "jobs", "list the jobs submitted", named=True),
     "stacks": Verb(
-        "slurmrun.cli.stacks", "stacks [JOB_ID]", "print the Python stacks of a running launch"
+        "slurmrun.stacks.verb", "stacks [JOB_ID]", "print the Python stacks of a running launch"
     ),
 }

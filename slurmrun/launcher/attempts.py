@@ -41,9 +41,10 @@ def run_launch(cfg: Options, warm: Warm, plan: Plan, payload: bytes) -> LaunchRe
     trace = Trace(cfg.on_event)
     counts = plan.workers_per_host
     trace.emit(
-        LaunchStarted,
-        hosts=tuple(plan.hostnames),
-        world_size=None if counts is None else sum(counts),
+        LaunchStarted(
+            hosts=tuple(plan.hostnames),
+            world_size=None if counts is None else sum(counts),
+        )
     )
     error: BaseException | None = None
     try:
@@ -51,7 +52,7 @@ def run_launch(cfg: Options, warm: Warm, plan: Plan, payload: bytes) -> LaunchRe
     except BaseException as e:
         error = e
         if isinstance(e, AgentFailedError):
-            trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
+            trace.emit(AgentFailed(host=e.hostname or "", message=str(e)))
         raise
     finally:
         timings = trace.finish(error)
@@ -106,7 +107,7 @@ def _attempts(
                         note_hosts_down(plan, e)
                     raise
                 if isinstance(e, AgentFailedError):
-                    trace.emit(AgentFailed, host=e.hostname or "", message=str(e))
+                    trace.emit(AgentFailed(host=e.hostname or "", message=str(e)))
                 refused: HostsDownError | None = None
                 try:
                     restart = restart_plan(cfg, plan, e)
@@ -123,11 +124,12 @@ def _attempts(
                     hosts = labels[: len(plan.hostnames)]
                     where = f" on {', '.join(hosts)} (lost: {', '.join(lost)})"
                 trace.emit(
-                    Restarting,
-                    attempt=attempt + 1,
-                    error=type(e).__name__,
-                    hosts=tuple(plan.hostnames),
-                    lost=tuple(lost),
+                    Restarting(
+                        attempt=attempt + 1,
+                        error=type(e).__name__,
+                        hosts=tuple(plan.hostnames),
+                        lost=tuple(lost),
+                    )
                 )
                 log.warning(
                     "slurmrun: attempt %d of %d failed (%s: %s); restarting the workers%s",

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from slurmrun import protocol
 from slurmrun.events import Trace
@@ -108,6 +108,14 @@ def interrupts_held() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+def _parsed(header: dict[str, Any]) -> protocol.Message | None:
+    """The message in `header`; None for one this launcher does not know (it is closing)."""
+    try:
+        return protocol.parse(header)
+    except protocol.ProtocolError:
+        return None
+
+
 @dataclass
 class _Closing:
     """The pool's loop while it closes: connections end, late ones are turned away."""
@@ -124,7 +132,7 @@ class _Closing:
                 agent.closed = True
         elif agent is None:
             event.conn.close()  # authenticated, but too late to take part
-        elif event.frame.header.get("t") == protocol.TERMINATING:
+        elif isinstance(_parsed(event.frame.header), protocol.Terminating):
             self.pool.endings.note(agent, self.pool.trace)
 
     def on_tick(self, now: float) -> None:

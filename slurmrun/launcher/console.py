@@ -9,7 +9,7 @@ says so). Ctrl-C ends the run as ever: the main thread gets it, not the reader.
 
 On a terminal the prompt is GNU readline's (`slurmrun.launcher.line_editor`): line editing,
 the session's history (every breakpoint of the process), and Tab, which asks the rank's pdb
-for completions (`CompletionWanted`, DEBUG_COMPLETE; a rank that does not answer within
+for completions (`CompletionWanted`, `DebugComplete`; a rank that does not answer within
 `COMPLETION_WAIT` offers none). A notice that comes while a prompt is up (another rank
 stopped too) is written above the prompt, which is shown again with what was typed.
 
@@ -270,7 +270,7 @@ class Sessions:
     """The run's debugger sessions (see the module's docstring).
 
     Args:
-        send: sends a DEBUG_INPUT (or DEBUG_COMPLETE) to the agent of the key's node rank.
+        send: sends a `DebugInput` (or `DebugComplete`) to the agent of the key's node rank.
         reader: reads the user's lines (None: no terminal; every prompt gets end of input).
         out: where prompts and the debugger's output are written.
     """

@@ -29,7 +29,7 @@ else:  # the oldest Python supported (pyproject.toml)
     from typing_extensions import Unpack
 
 if TYPE_CHECKING:
-    from slurmrun.stacks import StackReport
+    from slurmrun.stacks.report import StackReport
 
 __all__ = ["Launcher", "launch"]
 

@@ -166,7 +166,7 @@ class StepEndings:
         self._ranks.add(agent.node_rank)
         self.hosts.add(agent.hostname)
         if trace is not None:
-            trace.emit(StepEnding, host=agent.hostname, node_rank=agent.node_rank)
+            trace.emit(StepEnding(host=agent.hostname, node_rank=agent.node_rank))
 
     def ending(self, agent: Watched) -> bool:
         """Whether SLURM is ending `agent`'s step."""

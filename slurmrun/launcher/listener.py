@@ -248,7 +248,7 @@ class Listener:
 
     def _queue(self, conn: Connection, frame: Frame) -> None:
         """Queues a frame for the pool or the run; a heartbeat only counted as heard (above)."""
-        if frame.kind == protocol.HEARTBEAT:
+        if frame.kind == protocol.Heartbeat.kind:  # never parsed: they only say "alive"
             return
         self.events.put(Received(conn, frame))
 

@@ -360,7 +360,7 @@ class Router:
 
     def _parse(self, agent: PoolAgent | None, event: Received) -> protocol.Message | None:
         header = event.frame.header
-        if agent is None and header.get("t") == protocol.HELLO:
+        if agent is None and header.get("t") == protocol.Hello.kind:
             other = mismatch(header)  # before parsing: another version's hello may not parse
             if other is not None:
                 event.conn.close()
@@ -393,7 +393,7 @@ class Router:
             )
         elif self.pool.state is PoolState.OPENING:
             conn.close()
-            raise AgentFailedError(f"an agent sent {message.KIND!r} before hello")
+            raise AgentFailedError(f"an agent sent {message.kind!r} before hello")
         else:
             conn.close()  # a streamed result of another run, or an agent too late to count
             self.pool.dropped += 1
@@ -432,9 +432,8 @@ def _admit(pool: AgentPool, conn: Connection, hello: protocol.Hello) -> PoolAgen
     pool.agents[rank] = agent
     pool.listener.add_agent(conn)
     if pool.trace is not None:
-        pool.trace.emit(
-            AgentConnected, host=agent.hostname, node_rank=rank, seconds=pool.trace.seconds()
-        )
+        seconds = pool.trace.seconds()
+        pool.trace.emit(AgentConnected(host=agent.hostname, node_rank=rank, seconds=seconds))
     return agent
 
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 import logging
 import signal
 import time
-from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
@@ -25,6 +24,7 @@ from slurmrun.launcher.output_stage import OutputStage
 from slurmrun.launcher.pool import IDLE_WAIT, AgentPool
 from slurmrun.launcher.pump import Local, all_of, pump
 from slurmrun.launcher.records import RunOutput, flush_handlers
+from slurmrun.launcher.run_setup import Call, Output, Watching
 from slurmrun.launcher.share import PoolAgent, Share
 from slurmrun.launcher.verdicts import Verdicts
 from slurmrun.launcher.watch import RunWatch
@@ -47,23 +47,9 @@ class Run:
     """One run of the call `payload` on every agent of `pool`. Use once."""
 
     pool: AgentPool
-    workers_per_host: Sequence[int] | None  # None: each agent's own count
-    backend: str | None
-    timeout: float
-    grace: float
-    payload: bytes
-    start_header: dict[str, Any]  # sys_path, cwd, env (see protocol.Start)
-    local_master: bool = False
-    handlers: list[logging.Handler] | None = None  # None: the defaults (see logs.py)
-    log_dir: str | None = None  # where the default handlers write one file per worker
-    # The agents see `log_dir` and write their workers' files themselves (srun and local
-    # agents); with the default handlers they then send only the records shown live.
-    agents_write_logs: bool = False
-    log_level: int = logging.INFO
-    show_ranks: Literal["all"] | Collection[int] = (0,)  # the default handlers' live ranks
-    trace: Trace | None = None  # the launch's events and milestones
-    stall_timeout: float | None = None  # see `slurmrun.launcher.watch`
-    keep_workers: bool = False  # see `Launcher.keep_workers` and `slurmrun.node.kept`
+    call: Call  # what it runs, and how its workers meet
+    output: Output  # where its output goes
+    watching: Watching  # its events and stall timeout
     id: int = 0  # given by the pool (`AgentPool.begin`)
 
     def __post_init__(self) -> None:
@@ -72,8 +58,8 @@ class Run:
         # Counted, not recounted per event: 4096 agents x 8 workers would make that quadratic.
         self._results_left = 0
         self._done_left = 0
-        self._handlers: list[logging.Handler] = list(self.handlers or [])
-        self._own_handlers = self.handlers is None
+        self._handlers: list[logging.Handler] = list(self.output.handlers or [])
+        self._own_handlers = self.output.handlers is None
         self._output = RunOutput()  # each worker's unfinished lines
         self._stage = OutputStage(self._output, self.pool.credits)  # shows them, off the loop
         # A host named twice has a label per node (records, prefixes, file names).
@@ -81,8 +67,10 @@ class Run:
         self.ending = False  # END was sent: only output still counts, nothing is judged
         self._succeeded = False  # every result is in: kept workers serve the next run
         self._after_sigterm = False  # the launcher got SIGTERM during the run (`protocol.End`)
-        self.verdicts = Verdicts(self.pool, self._shares, self.trace, self.labels)
-        self.watch = RunWatch(self.pool, self._shares, self.labels, self.trace, self)
+        self.verdicts = Verdicts(self.pool, self._shares, self.watching.trace, self.labels)
+        self.watch = RunWatch(
+            self.pool, self._shares, self.labels, self.watching, self.output.log_dir
+        )
 
     # ------------------------------------------------------------------ main
     def run(self) -> LaunchResult[Any]:
@@ -134,14 +122,14 @@ class Run:
         busy = [s.agent for s in self._shares.values() if s.agent.run == self.id]
         end = protocol.End(
             run=self.id,
-            keep=self.keep_workers and self._succeeded,
+            keep=self.call.keep_workers and self._succeeded,
             after_sigterm=self._after_sigterm,
         ).header()
         for agent in busy:
             if agent.closed or self.pool.broken:
                 return  # the launcher closes the pool, which stops every worker
             self.pool.send(agent, end)
-        deadline = time.monotonic() + self.pool.endings.stop_wait(self.grace) + IDLE_WAIT
+        deadline = time.monotonic() + self.pool.endings.stop_wait(self.call.grace) + IDLE_WAIT
         idle = all_of(busy, lambda agent: agent.run != self.id)
         ended = lambda: idle() or bool(self.pool.broken)  # noqa: E731
         if not pump(self.pool.events, self.pool.router, ended, deadline):
@@ -150,61 +138,46 @@ class Run:
 
     # ------------------------------------------------------------------ hand-out
     def _hand_out(self) -> None:
-        pool = self.pool
+        pool, call, out = self.pool, self.call, self.output
         order = [pool.agents[i] for i in range(len(pool.hostnames))]
         counts = (
-            list(self.workers_per_host)
-            if self.workers_per_host is not None
+            list(call.workers_per_host)
+            if call.workers_per_host is not None
             else [a.hello.auto_workers for a in order]
         )
         # The default handlers show `show_ranks`; each worker's file is written by its agent where
         # the agents see the log directory, else here (then every line must come here).
         own = self._own_handlers
-        agent_files = own and self.agents_write_logs and self.log_dir is not None
-        if own and self.log_dir is not None:  # where the verdicts find each worker's file
-            self.verdicts.files(self.log_dir, written_here=not agent_files)
+        agent_files = own and out.agents_write_logs and out.log_dir is not None
+        if own and out.log_dir is not None:  # where the verdicts find each worker's file
+            self.verdicts.files(out.log_dir, written_here=not agent_files)
         forward_all = (
-            not own or (self.log_dir is not None and not agent_files) or self.show_ranks == "all"
+            not own or (out.log_dir is not None and not agent_files) or out.show_ranks == "all"
         )
-        title = str(self.start_header.get("title", ""))
         if own:
-            files_here = None if agent_files else self.log_dir
+            files_here = None if agent_files else out.log_dir
             self._handlers = default_handlers(
-                pool.hostnames, files_here, self.log_level, self.show_ranks
+                pool.hostnames, files_here, out.log_level, out.show_ranks
             )
-            begin_files(self._handlers, self.labels, counts, run_header(self.id, title))
-        master_addr = "127.0.0.1" if self.local_master else order[0].hello.addr
+            begin_files(
+                self._handlers, self.labels, counts, run_header(self.id, call.surroundings.title)
+            )
         # What every agent's START shares is built once; each gets its own share on top.
-        shared = protocol.Start(
-            run=self.id,
-            workers=0,
-            rank_offset=0,
-            world_size=sum(counts),
-            node_rank=0,
-            master_addr=master_addr,
-            master_port=order[0].master_port,
-            backend=self.backend,
-            timeout=self.timeout,
-            grace=self.grace,
-            log_level=self.log_level,
-            sys_path=list(self.start_header["sys_path"]),
-            own_path=bool(self.start_header.get("own_path", False)),
-            cwd=str(self.start_header["cwd"]),
-            env=dict(self.start_header["env"]),
-            unset=list(self.start_header.get("unset", [])),
-            log_dir=self.log_dir if agent_files else None,
-            tasks_per_node=compress_counts(counts),
-            keep=self.keep_workers,
+        shared = _run_part(
+            self.id,
+            call,
+            counts,
+            order[0],
+            log_level=out.log_level,
+            log_dir=out.log_dir if agent_files else None,
             output_window=pool.credits.window,
-            title=title,
-        ).header()
+        )
         offset = 0
         for agent, count in zip(order, counts, strict=True):
             self._shares[agent.node_rank] = Share(agent, count, offset)
             self._results_left += count
             self._done_left += 1
-            start = protocol.start_header(
-                shared,
+            share = protocol.AgentShare(
                 workers=count,
                 rank_offset=offset,
                 node_rank=agent.node_rank,
@@ -212,14 +185,14 @@ class Run:
                 log_name=self.labels[agent.node_rank],
             )
             agent.run = self.id  # busy until its IDLE for this run
-            pool.send(agent, start, self.payload)
+            pool.send(agent, protocol.start_header(shared, share), call.payload)
             offset += count
 
     def _shown_ranks(self, offset: int, count: int) -> list[int]:
         """The local ranks shown live of an agent whose first worker is global rank `offset`."""
-        if self.show_ranks == "all":
+        if self.output.show_ranks == "all":
             return list(range(count))
-        return sorted(r - offset for r in self.show_ranks if offset <= r < offset + count)
+        return sorted(r - offset for r in self.output.show_ranks if offset <= r < offset + count)
 
     # ------------------------------------------------------------------ the run's messages
     def on_message(
@@ -249,7 +222,7 @@ class Run:
             self._done_left -= not share.done
             share.done = True
         elif isinstance(message, protocol.Started):
-            _on_started(self.id, self.trace, self._shares, share, message)
+            _on_started(self.id, self.watching.trace, self._shares, share, message)
             self.watch.heard(now)  # a first word: a quiet spell counts from here
         elif isinstance(message, protocol.Error | protocol.Died):
             self.watch.sessions.rank_ended((agent.node_rank, message.local_rank))
@@ -290,9 +263,9 @@ class Run:
         self._results_left -= local_rank not in share.results
         share.results[local_rank] = frame
         self._last_result = now
-        if self.trace is not None:
-            self.trace.mark("first_result")
-            self.trace.mark("last_result", last=True)
+        if self.watching.trace is not None:
+            self.watching.trace.mark("first_result")
+            self.watching.trace.mark("last_result", last=True)
 
     def on_streamed(self, conn: Connection, result: protocol.Result, frame: Frame) -> None:
         """A large result that arrived over a connection of its own (see worker._send_result)."""
@@ -326,6 +299,40 @@ class Run:
 
     def _collect(self) -> LaunchResult[Any]:
         return _values([self._shares[i] for i in range(len(self.pool.hostnames))])
+
+
+def _run_part(
+    run: int,
+    call: Call,
+    counts: list[int],
+    first: PoolAgent,
+    *,
+    log_level: int,
+    log_dir: str | None,
+    output_window: int,
+) -> protocol.RunStart:
+    """What every agent's START of run `run` shares; `first` hosts rank 0."""
+    surroundings = call.surroundings
+    return protocol.RunStart(
+        sys_path=surroundings.sys_path,
+        cwd=surroundings.cwd,
+        env=surroundings.env,
+        unset=surroundings.unset,
+        own_path=surroundings.own_path,
+        title=surroundings.title,
+        run=run,
+        world_size=sum(counts),
+        master_addr="127.0.0.1" if call.local_master else first.hello.addr,
+        master_port=first.master_port,
+        backend=call.backend,
+        timeout=call.timeout,
+        grace=call.grace,
+        log_level=log_level,
+        log_dir=log_dir,
+        tasks_per_node=compress_counts(counts),
+        keep=call.keep_workers,
+        output_window=output_window,
+    )
 
 
 def _values(order: list[Share]) -> LaunchResult[Any]:
@@ -370,11 +377,12 @@ def _on_started(
     if trace is None:
         return
     trace.emit(
-        WorkersStarted,
-        host=share.hostname,
-        node_rank=share.agent.node_rank,
-        pids=tuple(started.pids),
-        seconds=trace.seconds(),
+        WorkersStarted(
+            host=share.hostname,
+            node_rank=share.agent.node_rank,
+            pids=tuple(started.pids),
+            seconds=trace.seconds(),
+        )
     )
     if all(s.started for s in shares.values()):
         trace.mark("workers_started")

@@ -103,14 +103,15 @@ class Verdicts:
             else:
                 code, sig, error, text = None, None, type(exc).__name__, message.traceback
             self.trace.emit(
-                WorkerFailed,
-                host=share.hostname,
-                local_rank=local_rank,
-                rank=where.rank,
-                exitcode=code,
-                signal=sig,
-                error=error,
-                last_lines="\n".join(text.splitlines()[-20:]),
+                WorkerFailed(
+                    host=share.hostname,
+                    local_rank=local_rank,
+                    rank=where.rank,
+                    exitcode=code,
+                    signal=sig,
+                    error=error,
+                    last_lines="\n".join(text.splitlines()[-20:]),
+                )
             )
         return exc
 

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from slurmrun.authentication import new_secret
-from slurmrun.control import ControlServer
 from slurmrun.environment import user_env
 from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.events import Trace
@@ -29,16 +28,19 @@ from slurmrun.launcher.agents.containers import launcher_path
 from slurmrun.launcher.plan import Plan
 from slurmrun.launcher.pool import AgentPool, PoolBroken
 from slurmrun.launcher.run import Run
+from slurmrun.launcher.run_setup import Call, Output, Watching
 from slurmrun.launcher.watch import StacksWanted
 from slurmrun.log_dirs import LogDir, resolve_log_dir
 from slurmrun.logs import log_level
 from slurmrun.result import LaunchResult
+from slurmrun.stacks.control import ControlServer
+from slurmrun.start_parts import Surroundings
 from slurmrun.variables import RESTART_VAR
 from slurmrun.worker_env import flight_recorder_vars, restart_vars
 
 if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
-    from slurmrun.stacks import StackReport
+    from slurmrun.stacks.report import StackReport
 
 __all__ = ["Warm", "run_attempt", "sigterm_as_exit"]
 
@@ -140,7 +142,7 @@ class Warm:
             return None
 
     def start_control(self) -> None:
-        """Lets ``slurmrun stacks`` reach this launcher (`slurmrun.control`), once."""
+        """Lets ``slurmrun stacks`` reach this launcher (`slurmrun.stacks.control`), once."""
         if self.control is None:
             what = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
             self.control = ControlServer(
@@ -289,33 +291,29 @@ def _run(  # noqa: PLR0917 - private, called once
         recorder_dir = os.path.join(kept or os.getcwd(), "flight_recorder")
         os.makedirs(recorder_dir, exist_ok=True)  # torch writes its dumps there, not makes it
         changed |= flight_recorder_vars(recorder_dir)
-    run = Run(
-        pool=pool,
+    surroundings = Surroundings(
+        sys_path=launcher_path(plan.command.contained),
+        own_path=plan.command.contained,
+        cwd=os.getcwd(),
+        env={**changed, RESTART_VAR: str(attempt), **restart_vars(attempt, cfg.max_restarts)},
+        unset=unset,
+        title=plan.title,
+    )
+    call = Call(
+        payload=payload,
+        surroundings=surroundings,
         workers_per_host=plan.workers_per_host,
         backend=cfg.backend,
         timeout=float(cfg.timeout),
-        grace=3.0,
-        payload=payload,
-        start_header={
-            "sys_path": launcher_path(plan.command.contained),
-            "own_path": plan.command.contained,
-            "cwd": os.getcwd(),
-            "env": {
-                **changed,
-                RESTART_VAR: str(attempt),
-                **restart_vars(attempt, cfg.max_restarts),
-            },
-            "unset": unset,
-            "title": plan.title,
-        },
         local_master=plan.agents.local_master,
+        keep_workers=cfg.keep_workers,
+    )
+    output = Output(
         handlers=cfg.log_handlers,
         log_dir=kept,
         agents_write_logs=plan.agents.writes_logs,
         log_level=log_level(),
         show_ranks=cfg.show_ranks,
-        trace=trace,
-        stall_timeout=cfg.stall_timeout,
-        keep_workers=cfg.keep_workers,
     )
+    run = Run(pool, call, output, Watching(trace, cfg.stall_timeout))
     return run.run()

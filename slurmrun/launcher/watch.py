@@ -2,7 +2,7 @@
 
 A `RunWatch` belongs to one `slurmrun.launcher.run.Run` and sees its messages and ticks:
 
-- stacks on demand (`slurmrun.launcher.stackdumps`): one request at a time; others that come
+- stacks on demand (`slurmrun.launcher.stacks_gather`): one request at a time; others that come
   meanwhile share its report;
 - a stall (``Launcher(stall_timeout=...)``): when no rank wrote output, returned or failed for
   that long, every rank's stacks are dumped once (printed, written to the log directory, a
@@ -22,11 +22,11 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from slurmrun import protocol
 from slurmrun.errors import add_note
-from slurmrun.events import Stalled, Trace
+from slurmrun.events import Stalled
 from slurmrun.launcher.console import (
     CompletionWanted,
     LineTyped,
@@ -36,11 +36,12 @@ from slurmrun.launcher.console import (
 )
 from slurmrun.launcher.pool import AgentPool
 from slurmrun.launcher.pump import Local, pump
+from slurmrun.launcher.run_setup import Watching
 from slurmrun.launcher.share import Share
 
 if TYPE_CHECKING:
-    from slurmrun.launcher.stackdumps import Gather
-    from slurmrun.stacks import StackReport
+    from slurmrun.launcher.stacks_gather import Gather
+    from slurmrun.stacks.report import StackReport
 
 __all__ = ["RunWatch", "StacksWanted"]
 
@@ -78,13 +79,6 @@ class StacksWanted(Local):
             self.answer.set_result(None)
 
 
-class WatchOptions(Protocol):
-    """What `RunWatch` reads of its run's options."""
-
-    stall_timeout: float | None
-    log_dir: str | None
-
-
 class RunWatch:
     """Stacks, stalls and debugger sessions of one run (see the module's docstring).
 
@@ -92,9 +86,9 @@ class RunWatch:
         pool: the run's agents.
         shares: the run's shares by node rank.
         labels: each node's label, by node rank.
-        trace: the launch's events.
-        options: the run's ``stall_timeout`` (seconds without a word from any rank that make
-            a stall; None: off) and ``log_dir`` (where reports are written; None: nowhere).
+        watching: the launch's events, and the run's ``stall_timeout`` (seconds without a
+            word from any rank that make a stall; None: off).
+        log_dir: where reports are written; None: nowhere.
     """
 
     def __init__(
@@ -102,15 +96,15 @@ class RunWatch:
         pool: AgentPool,
         shares: Mapping[int, Share],
         labels: list[str],
-        trace: Trace | None,
-        options: WatchOptions,
+        watching: Watching,
+        log_dir: str | None,
     ) -> None:
         self.pool = pool
         self.shares = shares
         self.labels = labels
-        self.stall_timeout = options.stall_timeout
-        self.log_dir = options.log_dir
-        self.trace = trace
+        self.stall_timeout = watching.stall_timeout
+        self.log_dir = log_dir
+        self.trace = watching.trace
         self.run = 0
         self.gather: Gather | None = None
         self.last_word = math.inf  # when a rank last started, wrote, returned or failed
@@ -139,7 +133,7 @@ class RunWatch:
             self.gather.done.append(done)
             return
         # (imported when first used: a launch that never looks pays nothing for it)
-        from slurmrun.launcher.stackdumps import Gather  # noqa: PLC0415
+        from slurmrun.launcher.stacks_gather import Gather  # noqa: PLC0415
 
         now = time.monotonic()
         gather = Gather(self.run, self.shares, self.labels, why, now, now + timeout, done=[done])
@@ -213,10 +207,11 @@ class RunWatch:
         )
         if self.trace is not None:
             self.trace.emit(
-                Stalled,
-                seconds=seconds,
-                summary=report.summary(),
-                stacks_file=str(path or ""),
+                Stalled(
+                    seconds=seconds,
+                    summary=report.summary(),
+                    stacks_file=str(path or ""),
+                )
             )
 
     def before_stop(self, error: BaseException) -> None:

@@ -2,7 +2,7 @@
 
 A worker's inbox thread (``slurmrun-inbox``) reads its control connection while the function
 runs: STOP (or the connection closing: the agent is gone) ends the worker at once, ASK_STACKS
-is answered with every thread's stack (`slurmrun.stacks.capture`), DEBUG_INPUT goes to the
+is answered with every thread's stack (`slurmrun.stacks.report.capture`), DEBUG_INPUT goes to the
 debugger (`slurmrun.node.debugger`), and FUNC (the next run, for a kept worker) waits in a
 queue for the main thread (`next_call`).
 
@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING
 
 from slurmrun import protocol
 from slurmrun.node import debugger
-from slurmrun.node.stack_signal import stacks_signal
+from slurmrun.stacks import stacks_signal
 
 if TYPE_CHECKING:
     from slurmrun.transport import Connection, Frame
 
 __all__ = ["INBOX_THREAD", "arm_stacks_signal", "next_call", "watch_agent"]
 
-INBOX_THREAD = "slurmrun-inbox"  # `slurmrun.stacks.capture` leaves "slurmrun-" threads out
+INBOX_THREAD = "slurmrun-inbox"  # `slurmrun.stacks.report.capture` leaves "slurmrun-" threads out
 
 
 def arm_stacks_signal(side: socket.socket) -> None:
@@ -70,33 +70,34 @@ def _read(conn: Connection) -> None:
     try:
         while True:
             frame = conn.recv()
-            if frame is None or frame.kind == protocol.STOP:
+            if frame is None:
                 break
-            if frame.kind == protocol.FUNC:
-                _calls.put_nowait(frame)  # a second one would be the agent's bug: Full ends us
-                continue
-            message = protocol.parse(frame.header)
-            if isinstance(message, protocol.AskStacks):
-                _answer(conn, message)
-            elif isinstance(message, protocol.DebugInput):
-                line = None if message.eof else bytes(frame.body).decode(errors="replace")
-                debugger.give_input(line, message.run)
-            elif isinstance(message, protocol.DebugComplete):
-                debugger.give_completion(message)
+            match protocol.parse(frame.header):
+                case protocol.Stop():
+                    break
+                case protocol.Func():
+                    _calls.put_nowait(frame)  # a second one would be the agent's bug: Full ends us
+                case protocol.AskStacks() as ask:
+                    _answer(conn, ask)
+                case protocol.DebugInput() as given:
+                    line = None if given.eof else bytes(frame.body).decode(errors="replace")
+                    debugger.give_input(line, given.run)
+                case protocol.DebugComplete() as asked:
+                    debugger.give_completion(asked)
     except (OSError, EOFError, protocol.ProtocolError, queue.Full):
         pass
     os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
-    from slurmrun import stacks  # noqa: PLC0415 - when first asked: a run that never is pays nothing
+    from slurmrun.stacks import report  # noqa: PLC0415 - when first asked: a run that never is pays nothing
 
     try:
-        body = stacks.capture(skip={threading.get_ident()})
+        body = report.capture(skip={threading.get_ident()})
     except Exception as e:  # a dump must never end the worker: say why there is none
         answer = protocol.Stacks(request=ask.request, source="none", note=f"capture failed: {e}")
         body = b""
     else:
-        answer = protocol.Stacks(request=ask.request, source=stacks.StackSource.PYTHON.value)
+        answer = protocol.Stacks(request=ask.request, source=report.StackSource.PYTHON.value)
     with contextlib.suppress(OSError):  # the agent is gone: STOP or the close ends us
         conn.send(answer.header(), body)

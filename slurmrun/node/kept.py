@@ -94,14 +94,14 @@ def lost_after(run: int) -> str:
 
 def servable(worker: WorkerLink) -> bool:
     """Whether a worker can take the next run: alive, and its result said it stays."""
-    return worker.outcome == protocol.RESULT and worker.stays and worker.process.is_alive()
+    return worker.outcome is protocol.Result and worker.stays and worker.process.is_alive()
 
 
 def adopt(worker: WorkerLink, start: protocol.Start, wake: Callable[[], None]) -> None:
     """Makes a kept worker one of the run `start` (its frames then carry that run's id)."""
     worker.run = start.run
     worker.delivered = worker.judged = worker.stays = False
-    worker.outcome = ""
+    worker.outcome = None
     worker.last_lines.clear()
     forward = start.forward_ranks
     worker.forward = forward is None or worker.local_rank in forward

@@ -43,6 +43,10 @@ from slurmrun.waiting import wait_readable
 
 __all__ = ["Relay", "WorkerLink"]
 
+# A worker's frames are forwarded unparsed (the agent never unpickles, and reads only what it
+# must of a header), so they are told apart by kind: these end a worker's run.
+_FINAL = (protocol.Result.kind, protocol.Error.kind)
+
 # A drain gives up after this long without progress (unless the launcher's window holds the
 # output back: then the launcher is alive and the wait is its terminal's).
 OUTPUT_DRAIN_LIMIT = 1.0
@@ -74,7 +78,8 @@ class WorkerLink:
     forward: bool = True  # whether its output and logging records go to the launcher
     run: int = 0  # the run it belongs to: every frame it sends is marked with it
     stacks_answered: int = 0  # the last ASK_STACKS request it answered itself
-    outcome: str = ""  # the kind of its last final frame of this run (RESULT or ERROR)
+    # The kind of its last final frame of this run (`protocol.Result` or `protocol.Error`)
+    outcome: type[protocol.Message] | None = None
     stays: bool = False  # its result said it waits for the next run (a kept worker)
     wake: Callable[[], None] | None = None  # called once its final frame was forwarded
 
@@ -113,24 +118,25 @@ class Relay:
                 head = worker.conn.recv_head()
                 if head is None:
                     break
-                if head.kind == protocol.STREAM:
+                if head.kind == protocol.StreamRequest.kind:
                     self._grant_stream(worker)
                     continue
                 protocol.stamp(head.header, run=worker.run, local_rank=worker.local_rank)
-                if head.kind == protocol.LOG:
+                if head.kind == protocol.Log.kind:
                     self._logged(worker, worker.conn.recv_payload(head))
                     continue
-                final = head.kind in (protocol.RESULT, protocol.ERROR)
+                final = head.kind in _FINAL
                 if final:
                     self.drain_output(worker)  # what it printed first reaches the launcher first
-                if head.kind == protocol.ERROR:
+                if head.kind == protocol.Error.kind:
                     self._relay_error(worker, head)
                 else:
-                    if head.kind == protocol.STACKS:  # (the agent dumps those that do not answer)
+                    # (the agent dumps the stacks of those that do not answer)
+                    if head.kind == protocol.Stacks.kind:
                         worker.stacks_answered = int(head.header.get("request", 0))
                     self.launcher.take(head, worker.conn)
                 if final:
-                    worker.outcome = head.kind
+                    worker.outcome = protocol.KINDS[head.kind]
                     worker.stays = bool(head.header.get("stays"))
                     worker.delivered = True
                     if worker.wake is not None:

@@ -42,7 +42,7 @@ from typing import Any
 from slurmrun.node.parent_death import die_with_parent
 from slurmrun.node.preloads import Preloads
 from slurmrun.node.proctitle import SPAWNER_COMM, node_name, set_title
-from slurmrun.node.stack_signal import stacks_signal
+from slurmrun.stacks import stacks_signal
 from slurmrun.torch_import import import_module
 from slurmrun.versions import missing_dependency
 from slurmrun.waiting import wait_readable

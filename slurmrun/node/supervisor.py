@@ -27,7 +27,7 @@ from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
 from slurmrun.node.spawner import Spawner, SpawnError, WorkerProcess
 from slurmrun.node.store_port import StorePort
-from slurmrun.node.worker import WorkerSpec
+from slurmrun.node.worker import WorkerSpec, place_of
 from slurmrun.transport import Connection
 from slurmrun.waiting import wait_readable
 
@@ -137,27 +137,7 @@ class RunWorkers:
         start = self.start
         store_listener = _store_listener(start, self.store_port)
         for local_rank in range(start.workers):
-            spec = WorkerSpec(
-                hostname=self.hostname,
-                local_rank=local_rank,
-                rank=start.rank_offset + local_rank,
-                world_size=start.world_size,
-                local_world_size=start.workers,
-                node_rank=start.node_rank,
-                master_addr=start.master_addr,
-                master_port=start.master_port,
-                backend=start.backend,
-                timeout=start.timeout,
-                sys_path=tuple(start.sys_path),
-                cwd=start.cwd,
-                env=tuple(sorted(start.env.items())),
-                unset=tuple(start.unset),
-                log_level=start.log_level,
-                run=start.run,
-                tasks_per_node=start.tasks_per_node,
-                keep=start.keep,
-                own_path=start.own_path,
-            )
+            spec = WorkerSpec(self.hostname, start, place_of(start, local_rank))
             listener = store_listener if local_rank == 0 else None
             self.workers.append(self._fork(spec, listener))
 
@@ -179,15 +159,17 @@ class RunWorkers:
                 theirs.close()
             if store_listener is not None:
                 store_listener.close()  # the worker holds it now (or the spawn failed)
-        worker = WorkerLink(spec.local_rank, process, Connection(pairs[0][0]), pairs[3][0])
+        worker = WorkerLink(spec.place.local_rank, process, Connection(pairs[0][0]), pairs[3][0])
         worker.run = self.start.run
         worker.outputs = [mine for mine, _ in pairs[1:3]]
         if self.start.log_dir is not None:
             name = self.start.log_name or self.hostname
-            worker.log = WorkerLog(self.start.log_dir, name, spec.local_rank, self.start.log_level)
+            worker.log = WorkerLog(
+                self.start.log_dir, name, worker.local_rank, self.start.log_level
+            )
             worker.log.begin(self._header)  # its file exists from now on, printed or not
         forward = self.start.forward_ranks
-        worker.forward = forward is None or spec.local_rank in forward
+        worker.forward = forward is None or worker.local_rank in forward
         worker.wake = self._wake_up
         self.relay.start(worker)
         return worker
@@ -256,11 +238,11 @@ class RunWorkers:
         return True
 
     def stacks(self, ask: protocol.AskStacks) -> None:
-        """Answers the launcher's ASK_STACKS for every worker (`slurmrun.node.dumps`; waits)."""
+        """Answers the launcher's ASK_STACKS for every worker (`node.stacks_answer`; waits)."""
         if not self.spawned.wait(timeout=ask.answer_wait):
             no_stacks(self.launcher, ask, "its workers are starting")
             return
-        from slurmrun.node.dumps import answer_stacks  # noqa: PLC0415 - only when asked
+        from slurmrun.node.stacks_answer import answer_stacks  # noqa: PLC0415 - only when asked
 
         answer_stacks(self.workers, self.launcher, ask)
 

@@ -39,27 +39,34 @@ STREAM_WAIT = 90.0
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """Everything a worker needs to know before it receives `func`."""
+    """Everything a worker needs to know before it receives `func`.
+
+    Attributes:
+        hostname: its node's name, as the launcher knows it.
+        start: the START its agent got for the run (`slurmrun.start_parts`).
+        place: where the worker stands in the run.
+    """
 
     hostname: str
-    local_rank: int
-    rank: int
-    world_size: int
-    local_world_size: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    backend: str | None
-    timeout: float
-    sys_path: tuple[str, ...]
-    cwd: str
-    env: tuple[tuple[str, str], ...]
-    log_level: int
-    unset: tuple[str, ...] = ()  # removed from its environment (a warm run's unset variables)
-    run: int = 0  # the run's id (a streamed result carries it: the agent marks the rest)
-    tasks_per_node: str = ""  # every node's worker count, compressed ("2(x2),1"); "": uniform
-    keep: bool = False  # serve the next run's FUNC after this run's result (a kept worker)
-    own_path: bool = False  # keep this interpreter's sys.path after sys_path (a container)
+    start: protocol.Start
+    place: worker_env.RankPlace
+
+
+def place_of(start: protocol.Start, local_rank: int) -> worker_env.RankPlace:
+    """Where the worker of `local_rank` stands in the run that `start` begins."""
+    counts = start.tasks_per_node
+    if not counts:  # every node runs `workers`
+        counts = worker_env.compress_counts([start.workers] * -(-start.world_size // start.workers))
+    return worker_env.RankPlace(
+        rank=start.rank_offset + local_rank,
+        local_rank=local_rank,
+        world_size=start.world_size,
+        local_world_size=start.workers,
+        node_rank=start.node_rank,
+        master_addr=start.master_addr,
+        master_port=start.master_port,
+        tasks_per_node=counts,
+    )
 
 
 def _redirect_output(stdout: socket.socket, stderr: socket.socket) -> None:
@@ -132,23 +139,11 @@ def _capture_logging(conn: Connection, level: int) -> None:
 
 def _set_environment(spec: WorkerSpec) -> None:
     """The worker's environment: the run's variables, then its world's (`slurmrun.worker_env`)."""
-    for name in spec.unset:
+    for name in spec.start.unset:
         os.environ.pop(name, None)
-    os.environ.update(spec.env)
-    uniform = [spec.local_world_size] * -(-spec.world_size // spec.local_world_size)
-    place = worker_env.RankPlace(
-        rank=spec.rank,
-        local_rank=spec.local_rank,
-        world_size=spec.world_size,
-        local_world_size=spec.local_world_size,
-        node_rank=spec.node_rank,
-        master_addr=spec.master_addr,
-        master_port=spec.master_port,
-        tasks_per_node=spec.tasks_per_node or worker_env.compress_counts(uniform),
-        pid=os.getpid(),
-    )
+    os.environ.update(spec.start.env)
     values, removed = worker_env.worker_changes(
-        os.environ, place, os.environ.get(variables.JOB_ENV_VAR)
+        os.environ, spec.place, os.environ.get(variables.JOB_ENV_VAR), pid=os.getpid()
     )
     for name in removed:
         os.environ.pop(name, None)
@@ -162,10 +157,10 @@ def _set_environment(spec: WorkerSpec) -> None:
 
 def _enter_launchers_place(spec: WorkerSpec) -> None:
     """The launcher's ``sys.path`` and working directory (kept where the latter is missing)."""
-    own = [p for p in sys.path if p not in spec.sys_path] if spec.own_path else []
-    sys.path[:] = [*spec.sys_path, *own]
+    own = [p for p in sys.path if p not in spec.start.sys_path] if spec.start.own_path else []
+    sys.path[:] = [*spec.start.sys_path, *own]
     with contextlib.suppress(OSError):
-        os.chdir(spec.cwd)
+        os.chdir(spec.start.cwd)
 
 
 def _match_thread_count(value: str | None) -> None:
@@ -280,9 +275,9 @@ def _send_result(
             with socket.socket(fileno=fds[0]) as sock:
                 own = protocol.Result(
                     streamed=True,
-                    node_rank=spec.node_rank,
-                    local_rank=spec.local_rank,
-                    run=spec.run,
+                    node_rank=spec.place.node_rank,
+                    local_rank=spec.place.local_rank,
+                    run=spec.start.run,
                 )
                 Connection(sock).send(own.header(), body, buffers)
             conn.send(protocol.Result(streamed=True, stays=stays).header())
@@ -299,53 +294,58 @@ def _safe_str(obj: object) -> str:
 
 def _check_gpu_of_own(spec: WorkerSpec, gpus: int) -> None:
     """NCCL needs a GPU per worker of a host (two ranks on one GPU is an NCCL error)."""
-    if spec.local_rank < gpus:
+    if spec.place.local_rank < gpus:
         return
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     shown = f"{gpus} GPU(s)" + ("" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})")
     raise RuntimeError(
         f"backend 'nccl' needs one GPU per worker, but host {spec.hostname} runs "
-        f"{spec.local_world_size} worker(s) and this worker (local rank {spec.local_rank}) "
+        f"{spec.place.local_world_size} worker(s) and this worker "
+        f"(local rank {spec.place.local_rank}) "
         f"sees {shown}. Use workers_per_host='auto' (one worker per GPU), at most {gpus} "
         "worker(s) on this host, or backend='gloo' for CPU workers."
     )
 
 
 def _init_process_group(spec: WorkerSpec, store_listener: socket.socket | None = None) -> bool:
-    if spec.backend is None:
+    if spec.start.backend is None:
         if store_listener is not None:
             store_listener.close()
         return False
     import torch  # noqa: PLC0415 - preloaded by the spawner, so this costs nothing
     import torch.distributed as dist  # noqa: PLC0415
 
-    backend = spec.backend
+    backend = spec.start.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         _check_gpu_of_own(spec, torch.cuda.device_count())
-        torch.cuda.set_device(spec.local_rank)
-    timeout = timedelta(seconds=spec.timeout)
+        torch.cuda.set_device(spec.place.local_rank)
+    timeout = timedelta(seconds=spec.start.timeout)
     # The store env:// would make, made here so that rank 0 can serve it on the socket its
     # agent held listening: the other ranks' early connects wait in its backlog instead of
     # being refused and retried after a backoff. Every rank makes its store the same way
     # (env:// would add a prefix of its own to the keys).
     listen_fd = store_listener.detach() if store_listener is not None else None  # the store's
     store = dist.TCPStore(  # type: ignore[attr-defined]  # public; torch's stubs miss it
-        spec.master_addr,
-        spec.master_port,
-        spec.world_size,
-        is_master=spec.rank == 0,
+        spec.place.master_addr,
+        spec.place.master_port,
+        spec.place.world_size,
+        is_master=spec.place.rank == 0,
         timeout=timeout,
-        master_listen_fd=listen_fd if spec.rank == 0 else None,
+        master_listen_fd=listen_fd if spec.place.rank == 0 else None,
     )
     dist.init_process_group(
-        backend=backend, store=store, rank=spec.rank, world_size=spec.world_size, timeout=timeout
+        backend=backend,
+        store=store,
+        rank=spec.place.rank,
+        world_size=spec.place.world_size,
+        timeout=timeout,
     )
     # Joining is not a barrier: without one, a fast rank whose function needs no collective
     # can finish and tear down its connections while a slow rank is still connecting to it.
     if backend == "nccl":
-        dist.barrier(device_ids=[spec.local_rank])
+        dist.barrier(device_ids=[spec.place.local_rank])
     else:
         dist.barrier()
     return True
@@ -399,7 +399,10 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
     """
     known = set(sys.modules)  # the spawner's, as this is its fork
     # First, before any thread starts: threads inherit the comm (top's name) of their creator.
-    set_title(worker_title(spec.rank, spec.hostname, spec.local_rank), worker_comm(spec.rank))
+    set_title(
+        worker_title(spec.place.rank, spec.hostname, spec.place.local_rank),
+        worker_comm(spec.place.rank),
+    )
     _redirect_output(stdout, stderr)
     _default_user_signals()
     faulthandler.enable(all_threads=False)  # a segfault prints its stack into the worker's log
@@ -407,12 +410,12 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
     _set_environment(spec)
     _enter_launchers_place(spec)
     conn = Connection(sock)
-    _capture_logging(conn, spec.log_level)
-    debugger.attach(conn, f"{spec.hostname} rank {spec.rank}")
+    _capture_logging(conn, spec.start.log_level)
+    debugger.attach(conn, f"{spec.hostname} rank {spec.place.rank}")
     code = 0
     try:
         frame = conn.recv()
-        while frame is not None and frame.kind != protocol.FUNC:  # (nothing else comes first)
+        while frame is not None and not isinstance(protocol.parse(frame.header), protocol.Func):
             frame = conn.recv()
         if frame is None:
             os._exit(71)
@@ -456,7 +459,7 @@ def _serve(  # noqa: PLR0917 - private, called once
         try:
             func, args, kwargs = loads(frame.body, frame.buffers)
             what = what_runs(func, args, kwargs)
-            set_title(worker_title(spec.rank, spec.hostname, spec.local_rank, what))
+            set_title(worker_title(spec.place.rank, spec.hostname, spec.place.local_rank, what))
             if not initialised:
                 initialised = _init_process_group(spec, store_listener)
             try:
@@ -469,7 +472,7 @@ def _serve(  # noqa: PLR0917 - private, called once
             body, buffers = dumps(result)
         except Exception as exc:
             error = TypeError(
-                f"the return value of rank {spec.rank} ({type(result).__qualname__}) could "
+                f"the return value of rank {spec.place.rank} ({type(result).__qualname__}) could "
                 f"not be pickled to send back to the launcher: {_safe_str(exc)}. Return "
                 "plain data, tensors or numpy arrays (convert other objects first)."
             )
@@ -477,7 +480,7 @@ def _serve(  # noqa: PLR0917 - private, called once
             return 1 if _send_error(conn, error) else 70
         # Said with the result, so that the agent never hands the next run to a worker that
         # is on its way out (one whose function ended its process group).
-        stays = spec.keep and (not initialised or _group_alive())
+        stays = spec.start.keep and (not initialised or _group_alive())
         _flush_stdio()
         _send_result(conn, streams, spec, body, buffers, stays=stays)
         del body, buffers, result, func, args, kwargs
@@ -486,7 +489,8 @@ def _serve(  # noqa: PLR0917 - private, called once
                 _end_process_group()
             return 0
         frame = inbox.next_call()
-        spec = replace(spec, run=protocol.Func.from_header(frame.header).run)
+        run = protocol.Func.from_header(frame.header).run  # a kept worker's next run
+        spec = replace(spec, start=replace(spec.start, run=run))
 
 
 def _group_alive() -> bool:

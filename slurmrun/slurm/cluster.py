@@ -19,7 +19,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Sequence
 
-from slurmrun.slurm.records import config_fields, first_record
+from slurmrun.slurm.fields import config_fields, first_record
 from slurmrun.slurm.scontrol import scontrol
 
 __all__ = [

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from slurmrun.slurm.records import config_fields, first_record
+from slurmrun.slurm.fields import config_fields, first_record
 from slurmrun.slurm.scontrol import scontrol, scontrol_show_job
 
 __all__ = ["PREEMPTED_RECENTLY", "JobEnd", "Preemption", "job_end", "preemption"]

@@ -1,7 +1,7 @@
 """Running ``scontrol`` and reading what it prints: a job's tasks and GPUs, node states.
 
 Every run of scontrol is bounded by a time limit and answers None when scontrol is missing or
-fails. What it prints is read by fields (`slurmrun.slurm.records`), never by words: a job's
+fails. What it prints is read by fields (`slurmrun.slurm.fields`), never by words: a job's
 command and submit line may hold any word (``NumTasks=3``, ``GRES=gpu:8``).
 """
 
@@ -12,8 +12,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from slurmrun.slurm.fields import NODE_FREE_TEXT, first_record, parse_records
 from slurmrun.slurm.notation import expand_hostlist, scontrol_gres_gpus
-from slurmrun.slurm.records import NODE_FREE_TEXT, first_record, parse_records
 
 __all__ = [
     "SCONTROL_SOURCE",

@@ -15,7 +15,7 @@ from gpu_helpers import need_gpus
 from test_failure_gpu import cycles_for
 
 import slurmrun
-from slurmrun.stacks import StackSource
+from slurmrun.stacks.report import StackSource
 
 pytestmark = pytest.mark.gpu
 

@@ -22,7 +22,7 @@ LAUNCHER = textwrap.dedent(
     """
     import os, pathlib, socket, time
     import slurmrun
-    from slurmrun.control import ControlServer
+    from slurmrun.stacks.control import ControlServer
 
     job = os.environ["SLURM_JOB_ID"]
 

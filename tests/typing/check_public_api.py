@@ -78,3 +78,7 @@ def debug_here(launcher: slurmrun.Launcher) -> None:
     report = launcher.stacks(timeout=5.0)
     if report is not None:
         assert_type(report.summary(), str)
+
+
+# Events are built whole: a forgotten field is an error (the ignore would be unused otherwise).
+stalled = slurmrun.events.Stalled(seconds=1.0, summary="")  # type: ignore[call-arg]

@@ -1,6 +1,6 @@
 """``slurmrun stacks [JOB_ID] [--pid PID | --all] [--timeout SECONDS]``: every rank's stacks.
 
-Asks a running launcher of this user through its control socket (`slurmrun.control`) and
+Asks a running launcher of this user through its control socket (`slurmrun.stacks.control`) and
 prints its answer. Without JOB_ID it asks the launchers running on this host that were
 started from this working directory or this terminal (and says how many others run; ``--all``
 asks them too); with JOB_ID, that job's launcher: here if it runs here, else on the job's
@@ -23,8 +23,8 @@ import socket
 import subprocess
 import sys
 
-from slurmrun.control import MAX_WAIT, ControlError, LauncherEntry, ask, launchers
-from slurmrun.control_dir import working_dir
+from slurmrun.stacks.control import MAX_WAIT, ControlError, LauncherEntry, ask, launchers
+from slurmrun.stacks.control_dir import working_dir
 
 __all__ = ["DEFAULT_TIMEOUT", "main"]
 
@@ -180,7 +180,7 @@ def _ask_all(entries: list[LauncherEntry], timeout: float) -> int:
 
 def _ask_on_batch_host(args: argparse.Namespace) -> int:
     """Runs ``slurmrun stacks JOB_ID --here`` on the job's batch host; returns its status."""
-    from slurmrun.slurm.records import first_record  # noqa: PLC0415
+    from slurmrun.slurm.fields import first_record  # noqa: PLC0415
     from slurmrun.slurm.scontrol import scontrol  # noqa: PLC0415
 
     job = args.job_id

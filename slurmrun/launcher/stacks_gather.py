@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from slurmrun import protocol
 from slurmrun.launcher.share import Share
-from slurmrun.stacks import (
+from slurmrun.stacks.report import (
     RankStacks,
     StackReport,
     StackSource,

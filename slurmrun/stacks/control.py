@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from slurmrun.control_dir import (
+from slurmrun.stacks.control_dir import (
     ControlError,
     LauncherEntry,
     answers,

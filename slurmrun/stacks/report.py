@@ -46,7 +46,8 @@ _MAX_TEXT = 300  # characters kept of a filename, function name, source line or 
 _MAX_COUNT = 10**9  # bound on the counts of frames and threads left out that parse_capture accepts
 _MAX_HOSTS_SHOWN = 8
 # As frames name our files: absolute, or relative when imported through a relative sys.path entry
-_OURS = (os.path.dirname(os.path.abspath(__file__)) + os.sep, os.path.dirname(__file__) + os.sep)
+_PACKAGE = os.path.dirname(os.path.dirname(__file__))  # slurmrun/, above slurmrun/stacks/
+_OURS = (os.path.abspath(_PACKAGE) + os.sep, _PACKAGE + os.sep)
 _STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
 _NOT_STDLIB = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 # A thread in slurmrun's pdb: these files hold its frames from the user's stop inwards.

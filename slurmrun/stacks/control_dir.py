@@ -1,4 +1,4 @@
-"""Where running launchers register for their control channel (`slurmrun.control`).
+"""Where running launchers register for their control channel (`slurmrun.stacks.control`).
 
 `runtime_dir` is a directory of this user's that only they can enter; a launcher's server
 writes a `LauncherEntry` there (``<host>-<pid>.json``) beside its socket, and `launchers`

@@ -1,6 +1,6 @@
 """The agent's answer to ASK_STACKS: every worker's stacks, from the worker or from faulthandler.
 
-Each live worker is asked (its inbox thread answers with `slurmrun.stacks.capture`, and the
+Each live worker is asked (its inbox thread answers with `slurmrun.stacks.report.capture`, and the
 relay forwards the answer); one that has not answered within the request's ``answer_wait``
 (C code holding the GIL, a thread that cannot be scheduled) gets the stacks signal, and its
 faulthandler writes every thread's stack into its side socket, read here. A worker that
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 from slurmrun import protocol
 from slurmrun.node.relay import WorkerLink
-from slurmrun.node.stack_signal import stacks_signal
-from slurmrun.stacks import MAX_CAPTURE_BYTES, StackSource
+from slurmrun.stacks import stacks_signal
+from slurmrun.stacks.report import MAX_CAPTURE_BYTES, StackSource
 from slurmrun.transport import Connection
 from slurmrun.waiting import wait_readable
 
