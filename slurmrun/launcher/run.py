@@ -103,11 +103,7 @@ class Run:
                 self._stage.close()
             finally:
                 self.pool.finish(self)
-                if self._own_handlers:
-                    for handler in self._handlers:
-                        handler.close()
-                else:  # the run's streams ended: a progress line's final state shows now
-                    flush_handlers(self._handlers)
+                _release(self._handlers, own=self._own_handlers)
 
     def _end(self) -> None:
         """Tells every agent to stop the run's workers, and waits until each is idle.
@@ -120,11 +116,8 @@ class Run:
         if self.pool.dead:  # silent agents answer nothing: waiting for them would only delay
             self.pool.breaks(f"agents declared dead: node ranks {sorted(self.pool.dead)}")
         busy = [s.agent for s in self._shares.values() if s.agent.run == self.id]
-        end = protocol.End(
-            run=self.id,
-            keep=self.call.keep_workers and self._succeeded,
-            after_sigterm=self._after_sigterm,
-        ).header()
+        keep = self.call.keep_workers and self._succeeded
+        end = protocol.End(run=self.id, keep=keep, after_sigterm=self._after_sigterm).header()
         for agent in busy:
             if agent.closed or self.pool.broken:
                 return  # the launcher closes the pool, which stops every worker
@@ -386,3 +379,12 @@ def _on_started(
     )
     if all(s.started for s in shares.values()):
         trace.mark("workers_started")
+
+
+def _release(handlers: list[logging.Handler], own: bool) -> None:
+    """Closes the run's own handlers; flushes a caller's (a progress line's final state shows)."""
+    if own:
+        for handler in handlers:
+            handler.close()
+    else:
+        flush_handlers(handlers)
