@@ -59,8 +59,10 @@ def run_steps(run_in_allocation, salloc_args, steps):
 
 def test_cluster_facts(slurm_cluster, run_cmd):
     assert list(slurm_cluster.nodes) == NODES
-    assert slurm_cluster.launcher_addr == "10.199.0.1"
-    assert slurm_cluster.node_addrs == ("10.199.0.11", "10.199.0.12", "10.199.0.13")
+    # 10.199.0 for the host's SLURM, 10.199.K for a Debian release's (tests/cluster/)
+    subnet = slurm_cluster.launcher_addr.rsplit(".", 1)[0]
+    assert subnet.startswith("10.199.") and slurm_cluster.launcher_addr == f"{subnet}.1"
+    assert slurm_cluster.node_addrs == (f"{subnet}.11", f"{subnet}.12", f"{subnet}.13")
     assert (slurm_cluster.cpus_per_node, slurm_cluster.gpus_per_node) == (4, 2)
     sinfo = run_cmd(["sinfo", "-h", "-N", "-o", "%N %c %G"]).stdout.splitlines()
     assert sorted(set(sinfo)) == [f"{n} 4 gpu:2" for n in NODES]
@@ -228,7 +230,7 @@ def test_launcher_address_reachable_from_node(slurm_cluster, run_cmd):
     finally:
         server.close()
         loopback.close()
-    assert got == {"peer": "10.199.0.12", "data": "node2"}
+    assert got == {"peer": slurm_cluster.addr("node2"), "data": "node2"}
     assert cp.stdout.strip() == "loopback unreachable"  # 127.0.0.1 on a node is the node's own
 
 
