@@ -266,7 +266,8 @@ install_pkgs() {
 }
 
 # ---------------------------------------------------------------- munge
-munge_ok() { S sh -c 'timeout 5 munge -n 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1'; }
+# (unmunge exits 2 while munged is starting: wait_until's "never" code, so it is made 1)
+munge_ok() { S sh -c 'timeout 5 munge -n 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1' || return 1; }
 
 start_munge_rootfs() {  # the rootfs's own munged, own key, socket in the rootfs's /run/munge
   if [ ! -s "$ROOTFS/etc/munge/munge.key" ]; then

@@ -65,6 +65,24 @@ SLURM_DIR = Path(__file__).resolve().parent
 JOB_NAME = "slurmrun-test"  # name of the jobs run_in_allocation and sbatch submit
 CLUSTER_GROUP = "slurm-cluster"  # the xdist group of every test here
 CONTAINER_TESTS = "test_containers_slurm.py"  # they need the image tests/run.sh builds
+# The files of the SLURM version leg (`-m slurm_version_leg`): what `tests/run.sh` also runs on
+# sid's SLURM in every run. They read SLURM's output (scontrol, squeue, sacct, the job's
+# variables) or build its commands (salloc/sbatch/srun lines, submitit's sbatch), in a few
+# minutes; `tests/run.sh --slurm-versions all` runs every file.
+VERSION_LEG_FILES = frozenset(
+    {
+        "test_cluster.py",
+        "test_info_slurm.py",
+        "test_driver_in_step.py",
+        "test_launch_slurm.py",
+        "test_jobs_slurm.py",
+        "test_jobs_cli_slurm.py",
+        "test_job_end_slurm.py",
+        "test_submit_slurm.py",
+        "test_stacks_cli_slurm.py",
+        "test_worker_env_slurm.py",
+    }
+)
 NOT_UP_HELP = (
     "The SLURM test cluster is not up. Run the test suite with `bash tests/run.sh` (as root; "
     "it starts and stops the cluster), or bring it up yourself with "
@@ -84,6 +102,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # test goes to one worker, one after the other: they share the cluster's nodes,
             # partitions and timers; the other workers run the tests that need no cluster.
             item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+            if item.path.name in VERSION_LEG_FILES:
+                item.add_marker(pytest.mark.slurm_version_leg)
     # The container tests last: tests/run.sh builds their image in the background meanwhile.
     items.sort(key=lambda item: item.path.name == CONTAINER_TESTS)
 

@@ -13,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[2]
 NODES = ["node1", "node2", "node3"]
 JOB = "--job-name=slurmrun-test"
 
@@ -66,6 +68,20 @@ def test_cluster_facts(slurm_cluster, run_cmd):
     assert (slurm_cluster.cpus_per_node, slurm_cluster.gpus_per_node) == (4, 2)
     sinfo = run_cmd(["sinfo", "-h", "-N", "-o", "%N %c %G"]).stdout.splitlines()
     assert sorted(set(sinfo)) == [f"{n} 4 gpu:2" for n in NODES]
+
+
+def test_docs_list_this_slurm_version(slurm_cluster, run_cmd):
+    """docs/slurm.md's table of the versions tested names this cluster's release and SLURM."""
+    version = run_cmd(["sinfo", "--version"]).stdout.split()[-1]  # "slurm-wlm 26.05.5"
+    assert slurm_cluster.slurm_version == version
+    major_minor = ".".join(version.split(".")[:2])
+    table = (REPO / "docs" / "slurm.md").read_text().split("### SLURM versions tested")[1]
+    rows = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| ")]
+    tested = {(release.split()[0], slurm.strip()) for release, slurm in rows}
+    if slurm_cluster.release == "host":
+        assert major_minor in {slurm for _, slurm in tested}, (version, tested)
+    else:
+        assert (slurm_cluster.release, major_minor) in tested, (version, tested)
 
 
 @pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
