@@ -157,6 +157,9 @@ start_holder() {  # the private mount namespace of every process of a release's 
   ENTER sh -c '
     set -e
     R=$1 S=$2; shift 2
+    # the rootfs a mount point of its own: a chrooted `unshare -m --propagation private`
+    # (as tests do) changes the propagation of its "/", which must be a mount
+    mount --bind "$R" "$R"
     mount -t proc proc "$R/proc"
     mount --rbind /dev "$R/dev"
     mount --rbind /sys "$R/sys"
