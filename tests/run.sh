@@ -212,16 +212,17 @@ image_report() {
 # $WORK/leg-RELEASE.log; skipped (rc 0, said why) when RELEASE's SLURM is the host's.
 LEG_RCS=()
 leg_body() {  # RELEASE pytest-args...
-  local r=$1 rc=0 v host_v
+  local r=$1 rc=0 rootfs v host_v
   shift
-  if ! SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" status >/dev/null 2>&1; then
-    SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" up "$NODES" || { echo "the $r cluster did not come up"; return 1; }
-  fi
-  v=$(SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" env | sed -n 's/^export SLURM_CLUSTER_SLURM_VERSION=//p')
+  rootfs=$(bash tests/cluster/slurm-rootfs.sh "$r") || { echo "no $r rootfs"; return 1; }
+  v=$(awk '{print $2}' "$rootfs/.slurm-version")
   host_v=$(slurmd -V 2>/dev/null | awk '{print $2}')
   if [ "$v" = "$host_v" ]; then
     echo "SLURM $v of $r is the host's: its tests ran in the main run"
   else
+    if ! SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" status >/dev/null 2>&1; then
+      SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" up "$NODES" || { echo "the $r cluster did not come up"; return 1; }
+    fi
     echo "== SLURM $v ($r): pytest $*"
     SLURM_CLUSTER_RELEASE=$r SLURMRUN_TEST_CLUSTER=1 bash "$CLUSTER" exec python3 -m pytest \
       -p no:benchmark -p no:cacheprovider --basetemp="$WORK/pytest-$r" --durations=10 "$@" || rc=$?

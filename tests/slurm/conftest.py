@@ -67,8 +67,8 @@ CLUSTER_GROUP = "slurm-cluster"  # the xdist group of every test here
 CONTAINER_TESTS = "test_containers_slurm.py"  # they need the image tests/run.sh builds
 # The files of the SLURM version leg (`-m slurm_version_leg`): what `tests/run.sh` also runs on
 # sid's SLURM in every run. They read SLURM's output (scontrol, squeue, sacct, the job's
-# variables) or build its commands (salloc/sbatch/srun lines, submitit's sbatch), in a few
-# minutes; `tests/run.sh --slurm-versions all` runs every file.
+# variables, PreemptType, array elements) or build its commands (salloc/sbatch/srun lines,
+# submitit's sbatch): about 4 minutes; `tests/run.sh --slurm-versions all` runs every file.
 VERSION_LEG_FILES = frozenset(
     {
         "test_cluster.py",
@@ -81,6 +81,9 @@ VERSION_LEG_FILES = frozenset(
         "test_submit_slurm.py",
         "test_stacks_cli_slurm.py",
         "test_worker_env_slurm.py",
+        "test_cli_slurm.py",
+        "test_preemption_slurm.py",
+        "test_requeue_slurm.py",
     }
 )
 NOT_UP_HELP = (
