@@ -227,7 +227,8 @@ leg_body() {  # RELEASE pytest-args...
     SLURM_CLUSTER_RELEASE=$r SLURMRUN_TEST_CLUSTER=1 bash "$CLUSTER" exec python3 -m pytest \
       -p no:benchmark -p no:cacheprovider --basetemp="$WORK/pytest-$r" --durations=10 "$@" || rc=$?
   fi
-  SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" down || true
+  # `down` fails when it left a process, namespace or bridge of the cluster behind
+  SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" down || rc=1
   return "$rc"
 }
 run_leg() {  # RELEASE pytest-args...

@@ -186,6 +186,14 @@ stop_holder() {  # kill every process in the holder's mount namespace, then the 
     wait_until 10 sh -c "! [ -d /proc/$h ]" || log "WARN: holder $h still there"
   fi
   rm -f "$STATE/holder.pid"
+  # and whatever runs chrooted in the rootfs from a mount namespace of its own (a test's
+  # `unshare -m` in a job)
+  [ -n "$ROOTFS" ] || return 0
+  for d in /proc/[0-9]*; do
+    [ "$(readlink "$d/root" 2>/dev/null)" = "$ROOTFS" ] || continue
+    log "killing leftover ${d#/proc/} ($(tr '\0' ' ' <"$d/cmdline" 2>/dev/null | cut -c1-80))"
+    kill -KILL "${d#/proc/}" 2>/dev/null || true
+  done
 }
 
 # ---------------------------------------------------------------- helpers
@@ -695,7 +703,17 @@ cmd_down() {
   mkdir -p "$STATE"
   exec 9>"$STATE/lock"
   flock -w 120 9 || die "another slurm-cluster.sh is running"
+  local rootfs=$ROOTFS
   down_locked
+  if [ -n "$rootfs" ]; then  # a release's cluster: nothing of it may be left
+    local left="" d
+    for d in /proc/[0-9]*; do
+      [ "$(readlink "$d/root" 2>/dev/null)" = "$rootfs" ] && left="$left process ${d#/proc/}"
+    done
+    left="$left$(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${NS_PREFIX}node" | sed 's/^/ netns /' | tr '\n' ' ' || true)"
+    ip link show "$BRIDGE" >/dev/null 2>&1 && left="$left bridge $BRIDGE"
+    [ -z "$left" ] || die "down left behind:$left"
+  fi
   log "down"
 }
 

@@ -48,11 +48,27 @@ start=$SECONDS
 WORK=$(mktemp -d -t slurmrun-rootfs.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 say "building $ROOTFS (once; cached while its inputs stay the same) from $mirror"
-rm -rf "$ROOTFS" "$CACHE/slurm-$RELEASE"-*  # older keys: their inputs changed
+# older keys (their inputs changed), unless a cluster still runs on one (slurm-cluster.sh
+# records its rootfs in its state folder)
+for old in "$CACHE/slurm-$RELEASE"-*; do
+  [ -e "$old" ] || continue
+  if cat /var/lib/slurm-cluster-*/rootfs 2>/dev/null | grep -qxF "$old"; then
+    say "keeping $old: a cluster runs on it"
+  else
+    rm -rf "$old"
+  fi
+done
 
-# debootstrap from its own .deb, unpacked here (the newest the host's apt knows)
+# debootstrap from its own .deb, unpacked here (the newest the host's apt knows; on a fresh
+# machine after an `apt-get update`, under the test scripts' one apt lock: tests/run.sh runs
+# the host cluster's apt-get beside this)
+exec 8>/run/lock/slurmrun-tests-apt.lock
+flock -w 900 8 || die "another test script's apt-get holds /run/lock/slurmrun-tests-apt.lock"
 (cd "$WORK" && apt-get download -q debootstrap >"$WORK/download.log" 2>&1) \
-  || { tail -5 "$WORK/download.log" >&2; die "apt-get download debootstrap failed (apt-get update first?)"; }
+  || { apt-get -o DPkg::Lock::Timeout=300 update -qq >>"$WORK/download.log" 2>&1 \
+       && (cd "$WORK" && apt-get download -q debootstrap >>"$WORK/download.log" 2>&1); } \
+  || { tail -5 "$WORK/download.log" >&2; die "apt-get download debootstrap failed"; }
+exec 8>&-
 dpkg -x "$WORK"/debootstrap_*.deb "$WORK/dbs"
 DEBOOTSTRAP_DIR=$WORK/dbs/usr/share/debootstrap timeout 1200 "$WORK/dbs/usr/sbin/debootstrap" \
   --variant=minbase "$RELEASE" "$ROOTFS.part" "$mirror" >"$WORK/debootstrap.log" 2>&1 \
