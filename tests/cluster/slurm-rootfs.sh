@@ -12,7 +12,7 @@
 #
 # Cached by its inputs' hash (this script, RELEASE, the package list) under
 # $SLURMRUN_IMAGE_CACHE (default /var/cache/slurmrun-tests, beside the container image):
-# a second call takes well under a second. About 3-4 minutes cold per release.
+# a second call takes well under a second. 1 to 2 minutes cold per release (300 MB).
 # The archive is the one the host's apt reads (its first Debian URI), or
 # $SLURMRUN_DEBIAN_MIRROR.
 set -euo pipefail
