@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's one test command (README and .ci/run call exactly this):
 #
-#   bash tests/run.sh [--quick] [pytest args...]     default: the whole tests/ directory
+#   bash tests/run.sh [--quick] [--slurm-versions LIST] [pytest args...]
+#                                                    default: the whole tests/ directory
 #
 # 1. installs the Python dependencies (torch==2.13.0 from pip's configured sources: the CPU
 #    build where a local wheel folder holds it, PyPI's CUDA build elsewhere unless a CPU build
@@ -20,6 +21,18 @@
 #    happens, prints each phase's time and the 25 slowest tests, and exits non-zero if pytest
 #    or a leg failed, saying which.
 #
+# 5. the SLURM version legs: the SLURM tests again on a Debian release's SLURM (a rootfs
+#    cluster, tests/cluster/slurm-rootfs.sh, cached; SLURM_CLUSTER_RELEASE in
+#    tests/cluster/slurm-cluster.sh), pytest run inside that rootfs on the host's Python.
+#    By default one leg, sid (SLURM 26.05): the tests marked `slurm_version_leg` (those that read
+#    SLURM's output or build its commands, see tests/slurm/conftest.py), beside step 4.
+#    --slurm-versions all: the whole tests/slurm/ (but the container tests: no ch-run in the
+#    rootfs) on bookworm (22.05), trixie (24.11) and sid (26.05), one after another after
+#    step 4, each release whose SLURM differs from the host's (the host's is step 4's);
+#    --slurm-versions LIST: those of LIST (comma-separated: host,bookworm,trixie,sid), the
+#    whole tests/slurm/ too; `host` alone: no leg. A leg's output, time and verdict are printed
+#    at the end; a failed leg fails the command.
+#
 # --quick: a developer's loop of a few minutes: no fresh-venv legs, no docs build, every test
 # that needs no cluster and, of the cluster's, only those marked `quick` (one per feature).
 #
@@ -35,12 +48,35 @@ CLUSTER=tests/cluster/slurm-cluster.sh
 NODES=3
 WORKERS=${SLURMRUN_TEST_WORKERS:-2}
 QUICK=0
-if [ "${1:-}" = --quick ]; then
-  QUICK=1
-  shift
-fi
-
+VERSIONS=default
 say() { echo "tests/run.sh: $*" >&2; }
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) QUICK=1; shift ;;
+    --slurm-versions)
+      [ $# -ge 2 ] || { say "ERROR: --slurm-versions needs a value: all, or a list of host,bookworm,trixie,sid"; exit 2; }
+      VERSIONS=$2; shift 2 ;;
+    --slurm-versions=*) VERSIONS=${1#*=}; shift ;;
+    *) break ;;
+  esac
+done
+# The releases whose SLURM the legs run on (whether each differs from the host's is seen later)
+LEG_RELEASES=()
+LEG_ALL=1  # the whole tests/slurm/ (an explicit list), or only the marked tests (default)
+case $VERSIONS in
+  default) LEG_RELEASES=(sid); LEG_ALL=0 ;;
+  all) LEG_RELEASES=(bookworm trixie sid) ;;
+  *)
+    IFS=, read -r -a wanted <<<"$VERSIONS"
+    for r in "${wanted[@]}"; do
+      case $r in
+        host) ;;
+        bookworm | trixie | sid) LEG_RELEASES+=("$r") ;;
+        *) say "ERROR: --slurm-versions: unknown '$r' (all, or a list of host,bookworm,trixie,sid)"; exit 2 ;;
+      esac
+    done ;;
+esac
+[ "$QUICK" = 0 ] || [ "$VERSIONS" != default ] || LEG_RELEASES=()  # --quick: no leg unless asked
 
 if [ "${SLURMRUN_SKIP_SLURM:-0}" != 1 ] && [ "$(id -u)" != 0 ]; then
   say "ERROR: the SLURM test cluster needs root (network namespaces, slurmd, munge)."
@@ -65,6 +101,7 @@ WORK="$(mktemp -d -t slurmrun-run.XXXXXX)"
 # its own, its output in $WORK/NAME.log; `wait_for NAME` waits for it, sets BG_RC and BG_SECS
 # (its exit status and wall time) and records its phase.
 declare -A BG_PIDS=()
+LEGS_UP=()  # the releases' clusters brought up (taken down at the end whatever happens)
 in_background() {
   local name=$1
   shift
@@ -89,6 +126,10 @@ cleanup() {
   if [ "${CLUSTER_STARTED:-0}" = 1 ]; then
     bash "$CLUSTER" down || say "WARNING: 'slurm-cluster.sh down' failed"
   fi
+  local r
+  for r in "${LEGS_UP[@]}"; do
+    SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" down || say "WARNING: the $r cluster's 'down' failed"
+  done
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -107,6 +148,14 @@ if [ "${SLURMRUN_SKIP_SLURM:-0}" != 1 ]; then
   say "starting the $NODES-node SLURM test cluster in the background"
   CLUSTER_STARTED=1
   in_background cluster bash "$CLUSTER" up "$NODES"
+fi
+
+# The default version leg's cluster (sid), its rootfs built or taken from its cache, beside
+# the host's cluster; its pytest starts beside the main one, once the dependencies are in.
+if [ "${SLURMRUN_SKIP_SLURM:-0}" != 1 ] && [ "$LEG_ALL" = 0 ] && [ ${#LEG_RELEASES[@]} -gt 0 ]; then
+  say "starting the ${LEG_RELEASES[0]} SLURM cluster (a Debian rootfs) in the background"
+  LEGS_UP+=("${LEG_RELEASES[0]}")
+  in_background leg_up env SLURM_CLUSTER_RELEASE="${LEG_RELEASES[0]}" bash "$CLUSTER" up "$NODES"
 fi
 
 # The container image of tests/slurm/test_containers_slurm.py, built (or taken from its cache,
@@ -158,15 +207,60 @@ image_report() {
   fi
 }
 
+# A version leg: RELEASE's cluster (up already, or brought up here), pytest inside its rootfs
+# on the host's Python with `pytest args...`, the cluster taken down after. Output in
+# $WORK/leg-RELEASE.log; skipped (rc 0, said why) when RELEASE's SLURM is the host's.
+LEG_RCS=()
+leg_body() {  # RELEASE pytest-args...
+  local r=$1 rc=0 rootfs v host_v
+  shift
+  rootfs=$(bash tests/cluster/slurm-rootfs.sh "$r") || { echo "no $r rootfs"; return 1; }
+  v=$(awk '{print $2}' "$rootfs/.slurm-version")
+  host_v=$(slurmd -V 2>/dev/null | awk '{print $2}')
+  if [ "$v" = "$host_v" ]; then
+    echo "SLURM $v of $r is the host's: its tests ran in the main run"
+  else
+    if ! SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" status >/dev/null 2>&1; then
+      SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" up "$NODES" || { echo "the $r cluster did not come up"; return 1; }
+    fi
+    echo "== SLURM $v ($r): pytest $*"
+    SLURM_CLUSTER_RELEASE=$r SLURMRUN_TEST_CLUSTER=1 bash "$CLUSTER" exec python3 -m pytest \
+      -p no:benchmark -p no:cacheprovider --basetemp="$WORK/pytest-$r" --durations=10 "$@" || rc=$?
+  fi
+  # `down` fails when it left a process, namespace or bridge of the cluster behind
+  SLURM_CLUSTER_RELEASE=$r bash "$CLUSTER" down || rc=1
+  return "$rc"
+}
+run_leg() {  # RELEASE pytest-args...
+  local r=$1 rc=0 t=$SECONDS
+  leg_body "$@" >"$WORK/leg-$r.log" 2>&1 || rc=$?
+  echo "$rc $((SECONDS - t))" >"$WORK/leg-$r.rc"
+  return "$rc"
+}
+leg_report() {  # RELEASE
+  local r=$1 rc secs
+  read -r rc secs <"$WORK/leg-$r.rc" || { rc=1; secs=0; }
+  phase_done "SLURM version leg: $r" "$secs"
+  cat "$WORK/leg-$r.log" >&2 || true
+  if [ "$rc" = 0 ]; then say "SLURM version leg $r passed in $secs s"
+  else say "ERROR: SLURM version leg $r FAILED (exit $rc) after $secs s (see above)"; LEG_RCS+=("$r"); fi
+}
+
 # The verdict of both parts, pytest's and the legs', named; pytest's summary line is repeated
 # last, so that it closes the output whatever was printed after it.
 finish() {
   local pytest_rc="$1"
   image_report
   legs_report
+  if [ "${DEFAULT_LEG:-0}" = 1 ]; then
+    [ -z "${BG_PIDS[leg]:-}" ] || wait "${BG_PIDS[leg]}" 2>/dev/null || true
+    unset "BG_PIDS[leg]"
+    leg_report "${LEG_RELEASES[0]}"
+  fi
   print_phases
   [ "$pytest_rc" = 0 ] || say "FAILED: pytest exited with $pytest_rc"
   [ "$legs_rc" = 0 ] || say "FAILED: fresh-venv legs"
+  [ ${#LEG_RCS[@]} = 0 ] || { say "FAILED: SLURM version legs: ${LEG_RCS[*]}"; [ "$legs_rc" != 0 ] || legs_rc=1; }
   if [ -s "$WORK/summary" ]; then cat "$WORK/summary"; fi
   if [ "$pytest_rc" != 0 ]; then exit "$pytest_rc"; fi
   exit "$legs_rc"
@@ -211,11 +305,34 @@ if [ "$BG_RC" != 0 ]; then
 fi
 
 export SLURMRUN_TEST_CLUSTER=1
+# The default version leg beside the main pytest (its cluster started with the host's)
+if [ -n "${BG_PIDS[leg_up]:-}" ]; then
+  DEFAULT_LEG=1
+  wait_for leg_up "${LEG_RELEASES[0]} cluster up (rootfs, daemons)"
+  cat "$WORK/leg_up.log" >&2
+  if [ "$BG_RC" != 0 ]; then
+    say "ERROR: the ${LEG_RELEASES[0]} cluster did not come up"
+    echo "1 0" >"$WORK/leg-${LEG_RELEASES[0]}.rc"; : >"$WORK/leg-${LEG_RELEASES[0]}.log"
+  else
+    say "SLURM version leg ${LEG_RELEASES[0]} started beside the main pytest; output at the end"
+    run_leg "${LEG_RELEASES[0]}" -q -m slurm_version_leg tests/slurm &
+    BG_PIDS[leg]=$!
+  fi
+fi
 rc=0
 if [ "$QUICK" = 1 ]; then
   run_pytest -m "not slurm or quick" "$@" || rc=$?
 else
   run_pytest "$@" || rc=$?
+fi
+# --slurm-versions: each release's whole tests/slurm/, one after another
+if [ "$LEG_ALL" = 1 ]; then
+  for r in "${LEG_RELEASES[@]}"; do
+    say "SLURM version leg $r (tests/slurm/)"
+    LEGS_UP+=("$r")
+    run_leg "$r" -q tests/slurm --deselect tests/slurm/test_containers_slurm.py || true
+    leg_report "$r"
+  done
 fi
 
 if [ "$rc" != 0 ]; then

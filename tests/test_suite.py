@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.conftest import CLUSTER_GROUP
+from tests.slurm.conftest import CLUSTER_GROUP, VERSION_LEG_FILES
 
 SLURM_TESTS = sorted((Path(__file__).parent / "slurm").glob("test_*.py"))
 
@@ -43,3 +43,8 @@ def test_cluster_tests_are_one_xdist_group(request: pytest.FixtureRequest) -> No
     groups = {m.args[0] for item in slurm for m in item.iter_markers("xdist_group")}
     assert groups == {CLUSTER_GROUP}
     assert all(item.get_closest_marker("xdist_group") for item in slurm)
+
+
+def test_the_slurm_version_leg_names_existing_cluster_test_files() -> None:
+    """`tests/run.sh` runs these files on sid's SLURM too: a renamed file must not drop out."""
+    assert not VERSION_LEG_FILES - {path.name for path in SLURM_TESTS}

@@ -6,6 +6,14 @@ node1..node3, each a slurmd in its own network + UTS namespace on a bridge. All 
 this machine's filesystem and PID namespace, so tmp_path and sys.executable work on them.
 ``bash tests/run.sh`` brings the cluster up and exports SLURMRUN_TEST_CLUSTER=1.
 
+The same tests run on another SLURM version: with SLURM_CLUSTER_RELEASE=bookworm|trixie|sid
+the cluster's daemons and commands are a Debian release's (22.05, 24.11, 26.05), in a rootfs
+(tests/cluster/slurm-rootfs.sh), and pytest itself runs there, on its login side, through
+``slurm-cluster.sh exec`` (the host's Python, /tmp and this checkout are bound in at their own
+paths): every ``salloc``/``srun``/``scontrol`` a test or slurmrun runs is then that release's.
+Its subnet (10.199.K), netns prefix (slurmK-) and ports differ from the host cluster's; tests
+read them from ``slurm_cluster`` (job-side code: ``$SLURMRUN_TEST_NETNS_PREFIX``).
+
 Every test in this directory gets the ``slurm`` marker and, through the autouse fixture
 ``_slurm_clean_state``, the ``slurm_cluster`` fixture; after each test no job may be left
 in squeue and no process may be left on the nodes (both are cleaned up, and the test fails).
@@ -57,10 +65,32 @@ SLURM_DIR = Path(__file__).resolve().parent
 JOB_NAME = "slurmrun-test"  # name of the jobs run_in_allocation and sbatch submit
 CLUSTER_GROUP = "slurm-cluster"  # the xdist group of every test here
 CONTAINER_TESTS = "test_containers_slurm.py"  # they need the image tests/run.sh builds
+# The files of the SLURM version leg (`-m slurm_version_leg`): what `tests/run.sh` also runs on
+# sid's SLURM in every run. They read SLURM's output (scontrol, squeue, sacct, the job's
+# variables, PreemptType, array elements) or build its commands (salloc/sbatch/srun lines,
+# submitit's sbatch): about 4 minutes; `tests/run.sh --slurm-versions all` runs every file.
+VERSION_LEG_FILES = frozenset(
+    {
+        "test_cluster.py",
+        "test_info_slurm.py",
+        "test_driver_in_step.py",
+        "test_launch_slurm.py",
+        "test_jobs_slurm.py",
+        "test_jobs_cli_slurm.py",
+        "test_job_end_slurm.py",
+        "test_submit_slurm.py",
+        "test_stacks_cli_slurm.py",
+        "test_worker_env_slurm.py",
+        "test_cli_slurm.py",
+        "test_preemption_slurm.py",
+        "test_requeue_slurm.py",
+    }
+)
 NOT_UP_HELP = (
     "The SLURM test cluster is not up. Run the test suite with `bash tests/run.sh` (as root; "
     "it starts and stops the cluster), or bring it up yourself with "
-    "`sudo bash tests/cluster/slurm-cluster.sh up 3`. "
+    "`sudo bash tests/cluster/slurm-cluster.sh up 3` (a Debian release's SLURM: "
+    "SLURM_CLUSTER_RELEASE=sid, and pytest run through `slurm-cluster.sh exec`). "
     "To run without the SLURM tests set SLURMRUN_SKIP_SLURM=1."
 )
 
@@ -75,6 +105,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # test goes to one worker, one after the other: they share the cluster's nodes,
             # partitions and timers; the other workers run the tests that need no cluster.
             item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+            if item.path.name in VERSION_LEG_FILES:
+                item.add_marker(pytest.mark.slurm_version_leg)
     # The container tests last: tests/run.sh builds their image in the background meanwhile.
     items.sort(key=lambda item: item.path.name == CONTAINER_TESTS)
 
@@ -94,6 +126,8 @@ class SlurmCluster:
     state_dir: Path
     logs_dir: Path
     netns_prefix: str  # node i lives in network namespace f"{netns_prefix}node{i}"
+    release: str  # "host" (the host's packages) or the Debian release of a rootfs: "sid"...
+    slurm_version: str  # "22.05.8", "26.05.5"...
 
     @property
     def num_nodes(self) -> int:
@@ -145,6 +179,8 @@ def _read_cluster() -> SlurmCluster | str:
         state_dir=state,
         logs_dir=Path(facts["SLURM_CLUSTER_LOGS"]),
         netns_prefix=facts.get("SLURM_CLUSTER_NETNS_PREFIX", "slurmc-"),
+        release=facts.get("SLURM_CLUSTER_RELEASE", "host"),
+        slurm_version=facts.get("SLURM_CLUSTER_SLURM_VERSION", ""),
     )
 
 
@@ -166,6 +202,8 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
             pytest.skip("SLURMRUN_SKIP_SLURM=1 and the SLURM test cluster is not up")
         pytest.fail(f"{NOT_UP_HELP}\n\n{CLUSTER_SH.name} says:\n{cluster}", pytrace=False)
     _session["dir"] = str(tmp_path_factory.getbasetemp().resolve())
+    # for code that runs in the jobs (a node's namespace by name), inherited through salloc
+    os.environ["SLURMRUN_TEST_NETNS_PREFIX"] = cluster.netns_prefix
     return cluster
 
 

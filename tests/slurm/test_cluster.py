@@ -13,9 +13,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[2]
 NODES = ["node1", "node2", "node3"]
 JOB = "--job-name=slurmrun-test"
 
@@ -50,6 +52,13 @@ print(json.dumps({{"scontrol": show}}))
 """
 
 
+def since(cluster, version: str) -> bool:
+    """Whether the cluster's SLURM is `version` ("24.11") or newer: the facts here differ."""
+    return tuple(map(int, cluster.slurm_version.split(".")[:2])) >= tuple(
+        map(int, version.split("."))
+    )
+
+
 def run_steps(run_in_allocation, salloc_args, steps):
     """(salloc shell env, [step results], scontrol show job -d text)."""
     cp = run_in_allocation(salloc_args, STEP_ENV_SCRIPT.format(steps=steps))
@@ -59,11 +68,27 @@ def run_steps(run_in_allocation, salloc_args, steps):
 
 def test_cluster_facts(slurm_cluster, run_cmd):
     assert list(slurm_cluster.nodes) == NODES
-    assert slurm_cluster.launcher_addr == "10.199.0.1"
-    assert slurm_cluster.node_addrs == ("10.199.0.11", "10.199.0.12", "10.199.0.13")
+    # 10.199.0 for the host's SLURM, 10.199.K for a Debian release's (tests/cluster/)
+    subnet = slurm_cluster.launcher_addr.rsplit(".", 1)[0]
+    assert subnet.startswith("10.199.") and slurm_cluster.launcher_addr == f"{subnet}.1"
+    assert slurm_cluster.node_addrs == (f"{subnet}.11", f"{subnet}.12", f"{subnet}.13")
     assert (slurm_cluster.cpus_per_node, slurm_cluster.gpus_per_node) == (4, 2)
     sinfo = run_cmd(["sinfo", "-h", "-N", "-o", "%N %c %G"]).stdout.splitlines()
     assert sorted(set(sinfo)) == [f"{n} 4 gpu:2" for n in NODES]
+
+
+def test_docs_list_this_slurm_version(slurm_cluster, run_cmd):
+    """docs/slurm.md's table of the versions tested names this cluster's release and SLURM."""
+    version = run_cmd(["sinfo", "--version"]).stdout.split()[-1]  # "slurm-wlm 26.05.5"
+    assert slurm_cluster.slurm_version == version
+    major_minor = ".".join(version.split(".")[:2])
+    table = (REPO / "docs" / "slurm.md").read_text().split("### SLURM versions tested")[1]
+    rows = [line.split("|")[1:3] for line in table.splitlines() if line.startswith("| ")]
+    tested = {(release.split()[0], slurm.strip()) for release, slurm in rows}
+    if slurm_cluster.release == "host":
+        assert major_minor in {slurm for _, slurm in tested}, (version, tested)
+    else:
+        assert (slurm_cluster.release, major_minor) in tested, (version, tested)
 
 
 @pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
@@ -91,12 +116,16 @@ def test_srun_from_python_in_salloc(run_in_allocation):
 
 
 @pytest.mark.parametrize("salloc_tasks", [["--ntasks-per-node=2"], ["-n5"], ["-n4", "-c2"]])
-def test_one_task_per_node_needs_explicit_ntasks(run_in_allocation, salloc_tasks):
-    """srun inherits SLURM_NTASKS from salloc: -N3 --ntasks-per-node=1 alone is not enough."""
+def test_one_task_per_node_needs_explicit_ntasks(run_in_allocation, salloc_tasks, slurm_cluster):
+    """22.05's srun inherits SLURM_NTASKS from salloc: -N3 --ntasks-per-node=1 alone is not
+    enough (24.11 and 26.05 start one task per node); -n3 as well gives one on every version."""
     _, [inherited, explicit], _ = run_steps(
         run_in_allocation, ["-N3", *salloc_tasks], [["-N3", "--ntasks-per-node=1"], AGENT_STEP]
     )
-    assert len(inherited["tasks"]) > 3  # the allocation's task count, not one per node
+    if since(slurm_cluster, "24.11"):
+        assert [t["host"] for t in inherited["tasks"]] == NODES
+    else:
+        assert len(inherited["tasks"]) > 3  # the allocation's task count, not one per node
     assert [t["host"] for t in explicit["tasks"]] == NODES
 
 
@@ -111,9 +140,31 @@ GPU_CASES = {
 }
 
 
+# What 24.11 and 26.05 answer instead (the same steps, other errors)
+NO_GRES_24 = "ERROR Invalid generic resource (gres) specification"
+EXCLUSIVE_26 = "ERROR --gpus-per-node and --gres=gpu are mutually exclusive"
+GPU_CASES_SINCE = {
+    "24.11": {
+        ("--gpus-per-node=1", "--gres=gpu:2"): NO_GRES_24,
+        ("", "--gres=gpu:2"): NO_GRES_24,
+    },
+    # srun reads the job's SLURM_GPUS_PER_NODE as its own --gpus-per-node (slurmrun's agents'
+    # srun drops it from its environment: tests/test_srun.py)
+    "26.05": {
+        ("--gpus-per-node=2", "--gres=gpu:2"): EXCLUSIVE_26,
+        ("--gpus-per-node=1", "--gres=gpu:2"): EXCLUSIVE_26,
+    },
+}
+
+
 @pytest.mark.parametrize("salloc_gpus", list(GPU_CASES))
-def test_which_steps_see_the_jobs_gpus(run_in_allocation, salloc_gpus):
-    cases = GPU_CASES[salloc_gpus]
+def test_which_steps_see_the_jobs_gpus(run_in_allocation, salloc_gpus, slurm_cluster):
+    cases = dict(GPU_CASES[salloc_gpus])
+    for version, changed in GPU_CASES_SINCE.items():
+        if since(slurm_cluster, version):
+            cases.update(
+                {extra: want for (job, extra), want in changed.items() if job == salloc_gpus}
+            )
     steps = [AGENT_STEP + ([extra] if extra else []) for extra in cases]
     shell, results, scontrol = run_steps(
         run_in_allocation, ["-N3", *([salloc_gpus] if salloc_gpus else [])], steps
@@ -185,13 +236,16 @@ print("exclusive", concurrent([]))
 """
 
 
-def test_step_timing_and_overlap(run_in_allocation):
+def test_step_timing_and_overlap(run_in_allocation, slurm_cluster):
     cp = run_in_allocation(["-N3"], STEP_TIMING_SCRIPT)
     took = {k: float(v) for k, v in (line.split() for line in cp.stdout.splitlines())}
     assert took["plain"] < 2.0  # srun -N3 true: ~0.04 s here
     assert took["overlap"] < 1.0  # --overlap steps run side by side
     assert took["exclusive"] > 0.5  # without --overlap the second step waits for CPUs
-    assert "step creation temporarily disabled" in cp.stderr
+    if since(slurm_cluster, "24.11"):  # it says so only once the step starts
+        assert re.search(r"srun: Step created for StepId=\d+\.\d+", cp.stderr), cp.stderr
+    else:
+        assert "step creation temporarily disabled" in cp.stderr
 
 
 def test_launcher_address_reachable_from_node(slurm_cluster, run_cmd):
@@ -228,7 +282,7 @@ def test_launcher_address_reachable_from_node(slurm_cluster, run_cmd):
     finally:
         server.close()
         loopback.close()
-    assert got == {"peer": "10.199.0.12", "data": "node2"}
+    assert got == {"peer": slurm_cluster.addr("node2"), "data": "node2"}
     assert cp.stdout.strip() == "loopback unreachable"  # 127.0.0.1 on a node is the node's own
 
 

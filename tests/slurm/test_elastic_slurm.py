@@ -48,7 +48,7 @@ def lose_a_node_then_report():
                 f.write(repr(time.time()))
             for _ in range(100):
                 pids = subprocess.run(
-                    ["ip", "netns", "pids", f"slurmc-{LOST}"],
+                    ["ip", "netns", "pids", f"{os.environ['SLURMRUN_TEST_NETNS_PREFIX']}{LOST}"],
                     capture_output=True, text=True, check=False,
                 ).stdout.split()
                 if not pids:

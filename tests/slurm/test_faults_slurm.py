@@ -166,11 +166,12 @@ def lose_a_node():
     """Rank 0 (node1) kills LOST_NODE's slurmd and every other process of its namespace."""
     synchronise()
     if rank() == 0:
-        ns = os.stat(f"/run/netns/slurmc-{LOST_NODE}").st_ino
+        prefix = os.environ["SLURMRUN_TEST_NETNS_PREFIX"]  # set by conftest's slurm_cluster
+        ns = os.stat(f"/run/netns/{prefix}{LOST_NODE}").st_ino
         mark_fault()
         for _ in range(100):
             pids = subprocess.run(
-                ["ip", "netns", "pids", f"slurmc-{LOST_NODE}"],
+                ["ip", "netns", "pids", f"{prefix}{LOST_NODE}"],
                 capture_output=True, text=True, check=False,
             ).stdout.split()
             if not pids:

@@ -31,7 +31,7 @@ def test_an_agent_that_gives_up_connecting_fails_the_launch_naming_its_host(
     # connect is refused. The launch's own connect timeout (600 s) is far beyond the test's.
     env = {
         "PYTHONPATH": str(REPO),
-        "SLURMRUN_LAUNCHER_ADDR": "10.199.0.13",
+        "SLURMRUN_LAUNCHER_ADDR": slurm_cluster.addr("node3"),
         "SLURMRUN_CONNECT_RETRY": "2",
     }
     cp = run_in_allocation(["-N2"], SCRIPT, timeout=300, env=env)
@@ -39,7 +39,7 @@ def test_an_agent_that_gives_up_connecting_fails_the_launch_naming_its_host(
     error = cp.stdout[cp.stdout.index("ERROR") :]
     assert "did not connect within" not in error
     assert re.match(r"ERROR the agent on node[12] failed", error), error
-    assert "cannot reach the launcher at 10.199.0.13" in error, error
+    assert f"cannot reach the launcher at {slurm_cluster.addr('node3')}" in error, error
     # The agent's own exit code is srun's word on its task; srun's own code is the step's
     # (143 when srun ends the other tasks with SIGTERM), not the agent's.
     assert re.search(r"srun: node[12]: Exited with exit code 1\b", error), error
