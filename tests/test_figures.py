@@ -45,6 +45,7 @@ TIME_UNITS = {"s", "ms", "us", "s per GiB"}
 # Phrases whose numbers are settings, not measurements: phrase -> why.
 NOT_FIGURES: dict[str, str] = {
     "sampled every 0.1 s": "the benchmark harness's sampling interval",
+    "1.5 s offers nothing": "how long the debugger's Tab waits for the rank's answer",
 }
 
 

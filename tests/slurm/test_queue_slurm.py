@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from slurmrun.slurm.queue import query_states
 from tests.slurm.slurm_helpers import wait_for
 
 
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_a_pending_arrays_elements_are_pending_not_unknown(run_cmd):
     # Held, the elements stay pending: squeue folds them into one line ("53_[0-2]|PENDING")
     # unless asked with --array.
