@@ -7,10 +7,8 @@ script to see a flag reach its workers with the script's own arguments intact.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,23 +16,14 @@ import pytest
 import slurmrun
 from slurmrun.cli.command import parse_launcher
 from slurmrun.cli.values import option_specs
+from tests.test_cli import _slurmrun as run_slurmrun
 
 REPO = Path(__file__).resolve().parents[1]
 USAGE = "usage: slurmrun [OPTIONS] SCRIPT [ARGS...]"
 
 
 def _slurmrun(args: list[str], cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    env |= {"PYTHONPATH": str(REPO), "SLURMRUN_LOG_DIR": str(cwd / "logs"), "COLUMNS": "80"}
-    return subprocess.run(
-        [sys.executable, "-m", "slurmrun", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_slurmrun(args, cwd, timeout=timeout, env={"COLUMNS": "80"})
 
 
 @pytest.fixture
