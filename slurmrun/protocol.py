@@ -49,6 +49,8 @@ from slurmrun.messages import TEXT_LIMIT, Message, ProtocolError, clip
 
 __all__ = [
     "ASK_STACKS",
+    "ATTACH",
+    "ATTACHED",
     "CLOSE",
     "CREDIT",
     "DEBUGGER",
@@ -63,10 +65,12 @@ __all__ = [
     "HEARTBEAT",
     "HELLO",
     "IDLE",
+    "JOIN",
     "KINDS",
     "LOG",
     "LOG_FRAME_COST",
     "OUTPUT_WINDOW",
+    "REFUSED",
     "RESULT",
     "STACKS",
     "START",
@@ -76,6 +80,8 @@ __all__ = [
     "TERMINATING",
     "TEXT_LIMIT",
     "AskStacks",
+    "Attach",
+    "Attached",
     "Close",
     "Credit",
     "DebugComplete",
@@ -91,9 +97,11 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "Idle",
+    "Join",
     "Log",
     "Message",
     "ProtocolError",
+    "Refused",
     "Result",
     "Stacks",
     "Start",
@@ -567,3 +575,52 @@ class DebugCompletions(Message):
 
 
 KINDS.update({cls.KIND: cls for cls in (DebugComplete, DebugCompletions)})
+
+
+# ------------------------------------------------------------ a reservation's keeper
+# A launcher outside a reserved job reaches the keeper that holds its agents
+# (`slurmrun.batch.keeper`): first an ATTACH connection (the session), then one JOIN
+# connection per agent, whose frames the keeper then carries to and from that agent.
+ATTACH = "attach"  # `Attach`, launcher -> keeper: take the reservation's agents
+ATTACHED = "attached"  # `Attached`, keeper -> launcher: they are yours (the session's id)
+REFUSED = "refused"  # `Refused`, keeper -> launcher: not now (another launcher holds them)
+JOIN = "join"  # `Join`, launcher -> keeper: this connection is agent `node_rank`'s
+
+
+@dataclass(frozen=True)
+class Attach(Message):
+    """A launcher asks the keeper for the reservation's agents (its first frame)."""
+
+    KIND: ClassVar[str] = ATTACH
+    pid: int
+    host: str
+
+
+@dataclass(frozen=True)
+class Attached(Message):
+    """The keeper gives the agents to the launcher that asked, for session `session`."""
+
+    KIND: ClassVar[str] = ATTACHED
+    session: int
+    hostnames: list[str]
+
+
+@dataclass(frozen=True)
+class Refused(Message):
+    """The keeper cannot give the agents now (`why`: another launcher holds them)."""
+
+    KIND: ClassVar[str] = REFUSED
+    why: str
+    busy: bool = False  # another launcher holds them: worth another try later
+
+
+@dataclass(frozen=True)
+class Join(Message):
+    """This connection carries agent `node_rank`'s frames for session `session`."""
+
+    KIND: ClassVar[str] = JOIN
+    session: int
+    node_rank: int
+
+
+KINDS.update({cls.KIND: cls for cls in (Attach, Attached, Refused, Join)})

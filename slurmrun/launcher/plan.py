@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from slurmrun import providers
 from slurmrun.errors import OptionsValueError
-from slurmrun.launcher.agents import KINDS, AgentKind, AgentStart, Local, Srun, Ssh
+from slurmrun.launcher.agents import KINDS, AgentKind, AgentStart, Local, Reserved, Srun, Ssh
 from slurmrun.launcher.agents.common import control_env
 from slurmrun.launcher.agents.containers import PLAIN, AgentCommand, agent_command_of
 from slurmrun.launcher.agents.kind import StartOrder
@@ -93,6 +93,11 @@ def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
             twice, ``hosts`` or ``min_hosts`` out of range or without a restart, or an srun
             option that slurmrun sets itself (`slurmrun.launcher.agents.containers`).
     """
+    if cfg.job is not None:  # a reservation's agents: its nodes, as it started them
+        reserved = Reserved.of_job(str(cfg.job))
+        hosts = list(reserved.record.hostnames)
+        counts = _counts(cfg.workers_per_host, hosts)
+        return Plan(hostnames=hosts, workers_per_host=counts, alloc=None, agents=reserved)
     plan = _hosts_plan(cfg, check_driver_step)
     _check_elastic(cfg, len(plan.hostnames), spares=len(plan.spares))
     return replace(plan, command=agent_command_of(cfg))

@@ -78,6 +78,7 @@ _AGENT_OPTIONS = (
     "agent_prefix",
     "agent_python",
     "learn_preloads",
+    "job",
 )
 
 

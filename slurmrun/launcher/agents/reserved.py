@@ -1,0 +1,218 @@
+"""Agents a reservation keeps (`slurmrun.reserve`), reached from outside its job.
+
+The agents run already: the reservation's keeper (`slurmrun.batch.keeper`) started them and
+is their launcher. A launcher with ``job=JOB_ID`` reads the reservation's record
+(`slurmrun.reservations`: the keeper's address and a secret only this user can read),
+attaches to the keeper (``ATTACH``; refused while another launcher holds the agents), and
+then, for each agent, joins a connection of the keeper (``JOIN``) to a connection of its own
+to its pool's listener, which listens on loopback only and is proven the launch's own secret
+as ever: the pool sees each agent connect and say hello, as agents of any kind do, and the
+keeper carries frames between them. The launch's secret never leaves this machine.
+
+Closing the pool closes every agent's connection (the keeper keeps the agents); this process
+going away, or its network, ends the session at the keeper, which ends its run on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from slurmrun import protocol
+from slurmrun.authentication import client_handshake
+from slurmrun.errors import AgentFailedError
+from slurmrun.launcher.address import Address, loopback
+from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
+from slurmrun.reservations import ReservationError, ReservationRecord
+from slurmrun.transport import Connection
+from slurmrun.variables import LAUNCHER_ADDR_VAR, PORT_VAR, SECRET_VAR
+
+if TYPE_CHECKING:
+    from slurmrun.launcher.options import Options
+    from slurmrun.providers import Hosts
+
+__all__ = ["ReservationBusy", "Reserved", "ReservedAgents"]
+
+CONNECT_TIMEOUT = 10.0  # the keeper's node answers within this, or is not reachable
+BUSY_RETRY = 0.5  # between two tries while another launcher's session ends
+_CHUNK = 1 << 20
+
+
+class ReservationBusy(ReservationError):
+    """Another launcher holds the reservation's agents (or its run is still ending)."""
+
+
+@dataclass(frozen=True)
+class Reserved(AgentKind):
+    """The agents of reservation `record.job_id` (`slurmrun.launcher.agents.kind.AgentKind`)."""
+
+    name: ClassVar[str] = "reserved"
+    shown: ClassVar[str] = "the agents a reservation keeps, through its keeper"
+    env_on_stdin: ClassVar[bool] = False
+    local_master: ClassVar[bool] = False
+    writes_logs: ClassVar[bool] = True  # srun agents, started by the keeper
+
+    record: ReservationRecord
+
+    @classmethod
+    def provided(cls, cfg: Options, found: Hosts) -> Reserved:
+        """See `AgentKind`: a reservation is asked for with ``job=``, not found by a provider.
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError("a reservation's agents are asked for with job=JOB_ID")
+
+    @classmethod
+    def of_job(cls, job_id: str) -> Reserved:
+        """The kind for reservation `job_id`, from its record.
+
+        Raises:
+            ReservationError: there is no record of it (not this user's, not running yet,
+                or ended), or it is not this user's alone.
+        """
+        record = ReservationRecord.read(job_id)
+        if record is None:
+            raise ReservationError(
+                f"no reservation {job_id} of yours is running (its record "
+                f"~/.config/slurmrun/reservations/{job_id}.json is not there): reserve with "
+                "slurmrun.reserve() or `slurmrun reserve`, and wait until it runs "
+                "(Reservation.wait)"
+            )
+        return cls(record)
+
+    def address(self, hostnames: Sequence[str]) -> Address:
+        """See `AgentKind`: loopback; only this process's own bridges connect."""
+        return Address(loopback().bind, loopback().advertise, "loopback: the keeper's bridges")
+
+    def start(self, order: StartOrder) -> AgentStart:
+        """See `AgentKind`: the agents run already; this joins them to the pool."""
+        env = dict(order.control)
+        starter = ReservedAgents(self.record)
+        where = f"{self.record.host}:{self.record.port}"
+        names = tuple(sorted(k for k in env if k != SECRET_VAR))
+        return AgentStart(starter, env, (("attach", f"job {self.record.job_id}", where),), names)
+
+    def dry_workers(self, hostnames: Sequence[str], env: dict[str, str]) -> DryWorkers:
+        """See `AgentKind`: each agent decided when the reservation started."""
+        return DryWorkers(0, [0] * len(hostnames), "each agent decides on its node (0: unknown)")
+
+
+def _connect(record: ReservationRecord) -> Connection:
+    sock = socket.create_connection((record.host, record.port), timeout=CONNECT_TIMEOUT)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client_handshake(sock, bytes.fromhex(record.secret), CONNECT_TIMEOUT)
+    except BaseException:
+        sock.close()
+        raise
+    return Connection(sock)
+
+
+def attach(record: ReservationRecord, deadline: float) -> tuple[Connection, int]:
+    """The session's control connection and id, trying again while another session ends.
+
+    Raises:
+        ReservationBusy: another launcher held the agents until `deadline`.
+        AgentFailedError: the keeper cannot be reached, or answers something else.
+    """
+    while True:
+        try:
+            conn = _connect(record)
+            conn.send(protocol.Attach(pid=os.getpid(), host=socket.gethostname()).header())
+            conn.sock.settimeout(CONNECT_TIMEOUT)
+            frame = conn.recv()
+        except (OSError, EOFError) as e:
+            raise AgentFailedError(
+                f"cannot reach the keeper of reservation {record.job_id} at {record.host}:"
+                f"{record.port}: {e} (has it ended? `slurmrun jobs`, or its log "
+                f"{record.folder}/{record.job_id}.log)"
+            ) from e
+        message = None if frame is None else protocol.parse(frame.header)
+        if isinstance(message, protocol.Attached):
+            conn.sock.settimeout(None)
+            return conn, message.session
+        conn.close()
+        if isinstance(message, protocol.Refused) and message.busy:
+            if time.monotonic() < deadline:
+                time.sleep(BUSY_RETRY)
+                continue
+            raise ReservationBusy(f"reservation {record.job_id}: {message.why}")
+        raise AgentFailedError(f"the keeper of reservation {record.job_id} refused: {message}")
+
+
+@dataclass
+class ReservedAgents:
+    """The bridges between the keeper's connections and the pool's listener, one per agent."""
+
+    record: ReservationRecord
+    busy_wait: float = 30.0  # how long another launcher's session may take to end
+    control: Connection | None = None
+    bridges: list[socket.socket] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self, env: Mapping[str, str]) -> None:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`."""
+        self.control, session = attach(self.record, time.monotonic() + self.busy_wait)
+        pool = (env[LAUNCHER_ADDR_VAR], int(env[PORT_VAR]))
+        secret = bytes.fromhex(env[SECRET_VAR])
+        for rank in range(len(self.record.hostnames)):
+            keeper = _connect(self.record)
+            self.bridges.append(keeper.sock)
+            keeper.send(protocol.Join(session=session, node_rank=rank).header())
+            ours = socket.create_connection(pool, timeout=CONNECT_TIMEOUT)
+            self.bridges.append(ours)
+            ours.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client_handshake(ours, secret, CONNECT_TIMEOUT)
+            keeper.sock.settimeout(None)
+            ours.settimeout(None)
+            for src, dst in ((keeper.sock, ours), (ours, keeper.sock)):
+                thread = threading.Thread(target=_pipe, args=(src, dst), daemon=True)
+                thread.start()
+                self.threads.append(thread)
+
+    def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`."""
+
+    def exit_codes(self) -> dict[int | None, int]:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`: the keeper's, none here."""
+        return {}
+
+    def log_file(self, node_rank: int | None) -> str | None:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`: the reservation's job log."""
+        return f"{self.record.folder}/{self.record.job_id}.log"
+
+    def stop(self, grace: float) -> None:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`: ends the session."""
+        deadline = time.monotonic() + grace
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for sock in self.bridges:
+            _shut(sock)
+        if self.control is not None:
+            self.control.close()
+        for thread in self.threads:
+            thread.join(1.0)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copies `src` to `dst` until either ends; then ends both (the other pipe stops too)."""
+    buffer = memoryview(bytearray(_CHUNK))
+    with contextlib.suppress(OSError):
+        while (n := src.recv_into(buffer)) > 0:
+            dst.sendall(buffer[:n])
+    for sock in (src, dst):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
