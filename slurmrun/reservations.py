@@ -83,14 +83,16 @@ class ReservationRecord:
             ReservationError: the record, or its directory, is not this user's alone.
         """
         path = record_path(job_id)
-        if path.parent.exists():
-            _check(path.parent, directory=True)
         try:
+            _check(path.parent, directory=True)
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
-        except PermissionError as e:
-            raise ReservationError(f"cannot read {path}: {e.strerror}") from e
+        except OSError as e:
+            raise ReservationError(
+                f"cannot read the record of reservation {job_id} ({path}): {e.strerror}; only "
+                "the user who reserved it can use it"
+            ) from e
         with os.fdopen(fd) as f:
             _check_stat(path, os.fstat(f.fileno()), directory=False)
             try:

@@ -39,6 +39,13 @@ VERBS = {
     "logs": Verb(_JOBS, "logs JOB_ID [-f]", "print a worker's output", named=True),
     "cancel": Verb(_JOBS, "cancel JOB_ID", "cancel a submitted job", named=True),
     "jobs": Verb(_JOBS, "jobs", "list the jobs submitted", named=True),
+    "reserve": Verb(
+        "slurmrun.cli.reserve",
+        "reserve --nodes N --time-min M",
+        "reserve nodes whose agents launchers outside the job use (--job JOB_ID)",
+        named=True,
+    ),
+    "release": Verb("slurmrun.cli.reserve", "release JOB_ID", "end a reservation", named=True),
     "stacks": Verb(
         "slurmrun.cli.stacks", "stacks [JOB_ID]", "print the Python stacks of a running launch"
     ),

@@ -1,0 +1,232 @@
+"""slurmrun.reserve: a job that keeps agents for launchers outside it, from the login side.
+
+The launchers here run where pytest runs (the root namespace, no SLURM_* variables): the
+test process itself, and processes of their own after it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import slurmrun
+from slurmrun.authentication import client_handshake
+from slurmrun.reservations import ReservationError, ReservationRecord
+from slurmrun.slurm.queue import FINAL_STATES
+
+JOB_NAME = "slurmrun-test"  # the conftest's: its clean-state check knows it
+NOBODY = 65534
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A config directory of the test's own: reservation records go there (the job's too).
+
+    The test runs in tmp_path: the jobs it submits, and their processes on the nodes, are
+    this session's for conftest (their SLURM_SUBMIT_DIR), which checks that none are left.
+    """
+    path = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(path))
+    monkeypatch.chdir(tmp_path)
+    return path
+
+
+def _reserve(tmp_path: Path, **kwargs: object) -> slurmrun.Reservation:
+    params = {"job_name": JOB_NAME}
+    return slurmrun.reserve(folder=tmp_path / "jobs", slurm_parameters=params, **kwargs)  # type: ignore[arg-type]
+
+
+def where(scale: int) -> tuple[str, int]:
+    print("rank", os.environ["RANK"], "on", os.environ["SLURMD_NODENAME"])
+    return os.environ["SLURMD_NODENAME"], int(os.environ["RANK"]) * scale
+
+
+def fails() -> None:
+    if os.environ["RANK"] == "1":
+        raise KeyError("rank 1 fails")  # the raising line
+
+
+def pid() -> int:
+    return os.getpid()
+
+
+_SECOND_LAUNCHER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import slurmrun
+from test_reserve_slurm import where
+started = time.monotonic()
+print(slurmrun.launch(where, (5,), job={job!r}, timeout=60).values())
+print("seconds", time.monotonic() - started)
+"""
+
+
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
+@pytest.mark.usefixtures("slurm_cluster", "config")
+def test_launchers_outside_the_job_run_on_its_agents_until_it_is_released(
+    tmp_path, run_cmd, node_processes, capfd
+):
+    reservation = _reserve(tmp_path, nodes=2, time_min=5, idle_timeout=120)
+    with reservation:
+        reservation.wait(60)
+        assert reservation.state == "RUNNING"
+        result = slurmrun.launch(where, (3,), job=reservation.job_id, timeout=60, show_ranks="all")
+        assert result.values() == [("node1", 0), ("node2", 3)]
+        assert "rank 1 on node2" in capfd.readouterr().out
+        with pytest.raises(KeyError, match="rank 1 fails") as info:
+            slurmrun.launch(fails, job=reservation.job_id, timeout=60)
+        assert 'raise KeyError("rank 1 fails")  # the raising line' in str(info.value.__cause__)
+        with slurmrun.Launcher(job=reservation.job_id, timeout=60, keep_workers=True) as warm:
+            first = warm.run(pid).values()
+            assert warm.run(pid).values() == first  # the same workers: a warm run
+        script = _SECOND_LAUNCHER.format(tests=str(Path(__file__).parent), job=reservation.job_id)
+        out = run_cmd([sys.executable, "-c", script], timeout=90).stdout
+        assert "[('node1', 0), ('node2', 5)]" in out, out
+        started = time.monotonic()
+    assert reservation.state in FINAL_STATES
+    assert time.monotonic() - started < 10
+    assert node_processes() == {}
+    with pytest.raises(ReservationError, match=f"no reservation {reservation.job_id} of yours"):
+        slurmrun.launch(where, (1,), job=reservation.job_id)
+
+
+def test_a_reservation_without_launchers_ends_itself_after_its_idle_timeout(
+    slurm_cluster, tmp_path, config, node_processes
+):
+    reservation = _reserve(tmp_path, nodes=2, time_min=5, idle_timeout=3)
+    with reservation:
+        reservation.wait(60)
+        ready = time.monotonic()
+        while reservation.state not in FINAL_STATES and time.monotonic() - ready < 3 + 15:
+            time.sleep(0.5)
+        assert reservation.state in FINAL_STATES, "still running after idle_timeout + 15 s"
+    assert "no launcher attached for 3 s (idle_timeout)" in reservation.log.read_text()
+    assert node_processes() == {}
+
+
+def test_the_command_reserves_printing_the_bare_job_id_and_releases(
+    slurm_cluster, tmp_path, config, run_cmd, node_processes
+):
+    reserve = [sys.executable, "-m", "slurmrun", "reserve", "--nodes", "2", "--time-min", "10"]
+    more = ["--folder", str(tmp_path / "jobs"), "--job-name", JOB_NAME, "--wait", "60"]
+    job_id = run_cmd([*reserve, *more], timeout=90).stdout.strip()
+    try:
+        assert job_id.isdigit(), job_id
+        assert slurmrun.launch(where, (1,), job=job_id, timeout=60).values()[1] == ("node2", 1)
+    finally:
+        released = run_cmd([sys.executable, "-m", "slurmrun", "release", job_id], timeout=60)
+    assert released.stdout.strip() == f"{job_id} CANCELLED"
+    assert node_processes() == {}
+
+
+def _as_nobody(attempt: Callable[[], str]) -> str:
+    """What `attempt` says when it runs as uid 65534 (a fork of this process: its imports
+    are done, so no interpreter of nobody's is needed), within 10 s."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(write, attempt().encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        with os.fdopen(read) as out:
+            return out.read()
+    finally:
+        os.waitpid(child, 0)
+
+
+def _refused(what: Callable[[], object]) -> Callable[[], str]:
+    def attempt() -> str:
+        started = time.monotonic()
+        try:
+            what()
+        except Exception as e:
+            return f"{type(e).__name__} after {time.monotonic() - started:.1f} s: {e}"
+        return "not refused"
+
+    return attempt
+
+
+@pytest.mark.usefixtures("slurm_cluster")
+def test_another_user_is_refused_within_seconds_and_runs_nothing(
+    tmp_path, config, monkeypatch, node_processes
+):
+    reservation = _reserve(tmp_path, nodes=1, time_min=5, idle_timeout=120)
+    with reservation:
+        reservation.wait(60)
+        record = ReservationRecord.read(reservation.job_id)
+        assert record is not None
+        job = reservation.job_id
+        said = _as_nobody(_refused(lambda: slurmrun.launch(print, job=job, timeout=30)))
+        assert said.startswith("ReservationError after 0."), said
+        assert "only the user who reserved it can use it" in said
+        monkeypatch.delenv("XDG_CONFIG_HOME")  # their own config (HOME is ours, unreadable)
+        said = _as_nobody(_refused(lambda: slurmrun.launch(print, job=job, timeout=30)))
+        assert said.startswith("ReservationError after 0."), said
+
+        # Knowing where the keeper listens is not enough: the secret is what it asks.
+        def guess() -> None:
+            with socket.create_connection((record.host, record.port), timeout=5) as sock:
+                client_handshake(sock, os.urandom(32), 5)
+
+        said = _as_nobody(_refused(guess))
+        assert said.startswith(("AuthenticationError", "HandshakeBrokeOff")), said
+        assert "attached (session" not in reservation.log.read_text()
+    assert node_processes() == {}
+
+
+_SLEEPER = """
+import os, sys, time
+import slurmrun
+def sleep():
+    print("sleeping", flush=True)
+    time.sleep(300)
+slurmrun.launch(sleep, job={job!r}, timeout=60)
+"""
+
+
+def test_a_sigkilled_launcher_costs_its_run_on_every_node_and_frees_the_reservation(
+    slurm_cluster, tmp_path, config, node_processes
+):
+    reservation = _reserve(tmp_path, nodes=2, time_min=5, idle_timeout=120)
+    with reservation:
+        reservation.wait(60)
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", _SLEEPER.format(job=reservation.job_id)],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert launcher.stdout is not None
+            assert "sleeping" in launcher.stdout.readline()
+            workers = lambda: [  # noqa: E731
+                p for ps in node_processes(wait=0).values() for p in ps if " rank " in p.cmdline
+            ]
+            deadline = time.monotonic() + 10
+            while len(workers()) < 2 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert len(workers()) == 2
+        finally:
+            launcher.send_signal(signal.SIGKILL)
+            launcher.wait(10)
+        killed = time.monotonic()
+        while workers() and time.monotonic() - killed < 15 + 5:
+            time.sleep(0.2)
+        assert not workers(), "workers still running heartbeat_timeout + 5 s after the kill"
+        result = slurmrun.launch(where, (2,), job=reservation.job_id, timeout=60)
+        assert result.values() == [("node1", 0), ("node2", 2)]
+    assert node_processes() == {}
