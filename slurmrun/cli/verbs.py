@@ -41,8 +41,8 @@ VERBS = {
     "jobs": Verb(_JOBS, "jobs", "list the jobs submitted", named=True),
     "reserve": Verb(
         "slurmrun.cli.reserve",
-        "reserve --nodes N --time-min M",
-        "reserve nodes whose agents launchers outside the job use (--job JOB_ID)",
+        "reserve --nodes N",
+        "keep agents for runs from here (--job)",
         named=True,
     ),
     "release": Verb("slurmrun.cli.reserve", "release JOB_ID", "end a reservation", named=True),
