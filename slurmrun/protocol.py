@@ -51,6 +51,7 @@ __all__ = [
     "ASK_STACKS",
     "ATTACH",
     "ATTACHED",
+    "BRIDGE",
     "CLOSE",
     "CREDIT",
     "DEBUGGER",
@@ -82,6 +83,7 @@ __all__ = [
     "AskStacks",
     "Attach",
     "Attached",
+    "Bridge",
     "Close",
     "Credit",
     "DebugComplete",
@@ -585,6 +587,7 @@ ATTACH = "attach"  # `Attach`, launcher -> keeper: take the reservation's agents
 ATTACHED = "attached"  # `Attached`, keeper -> launcher: they are yours (the session's id)
 REFUSED = "refused"  # `Refused`, keeper -> launcher: not now (another launcher holds them)
 JOIN = "join"  # `Join`, launcher -> keeper: this connection is agent `node_rank`'s
+BRIDGE = "bridge"  # `Bridge`, keeper -> launcher: a stream (a large result) waits for a JOIN
 
 
 @dataclass(frozen=True)
@@ -621,6 +624,15 @@ class Join(Message):
     KIND: ClassVar[str] = JOIN
     session: int
     node_rank: int
+    stream: int = 0  # the channel of a `Bridge` this connection takes; 0: the agent's frames
 
 
-KINDS.update({cls.KIND: cls for cls in (Attach, Attached, Refused, Join)})
+@dataclass(frozen=True)
+class Bridge(Message):
+    """A worker's stream (a large result) reached the keeper: JOIN it as `channel`."""
+
+    KIND: ClassVar[str] = BRIDGE
+    channel: int
+
+
+KINDS.update({cls.KIND: cls for cls in (Attach, Attached, Refused, Join, Bridge)})

@@ -76,6 +76,8 @@ def test_every_kind_round_trips_through_its_header() -> None:
         protocol.Attached(session=2, hostnames=["node1", "node2"]),
         protocol.Refused(why="a launcher holds them", busy=True),
         protocol.Join(session=2, node_rank=1),
+        protocol.Join(session=2, node_rank=-1, stream=4),
+        protocol.Bridge(channel=4),
     ]
     assert {type(m) for m in messages} | {protocol.Start, protocol.Hello} == set(
         protocol.KINDS.values()

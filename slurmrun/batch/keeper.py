@@ -35,7 +35,7 @@ from slurmrun.launcher.options import Options
 from slurmrun.launcher.plan import make_plan
 from slurmrun.log_dirs import LOG_DIR_VAR, resolve_log_dir
 from slurmrun.reservations import ReservationRecord
-from slurmrun.transport import Connection
+from slurmrun.transport import Connection, FrameHead
 from slurmrun.variables import HEARTBEAT_VAR
 
 __all__ = ["Keeper", "main"]
@@ -58,6 +58,16 @@ def _timeouts(sock: socket.socket, seconds: float) -> None:
 
 
 @dataclass
+class Stream:
+    """A worker's stream (a large result) that waits for the launcher's JOIN."""
+
+    conn: Connection
+    head: FrameHead  # its one frame's header, the run id the launcher's
+    session: Session
+    joined: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
 class Keeper:
     """The agents of a reservation, and the launcher attached to them (one at a time)."""
 
@@ -73,6 +83,8 @@ class Keeper:
     ended: str = ""  # why the reservation ends
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)
+    streams: dict[int, Stream] = field(default_factory=dict)  # by channel, until joined
+    channels: int = 0
 
     def end(self, why: str) -> None:
         """The reservation ends (the first reason is kept)."""
@@ -188,6 +200,9 @@ class Keeper:
         say(f"launcher pid {session.pid} on {session.host} detached (session {session.id})")
 
     def _join(self, conn: Connection, join: protocol.Join) -> None:
+        if join.stream:
+            self._join_stream(conn, join)
+            return
         with self.lock:
             session = self.session
         ok = session is not None and session.id == join.session
@@ -202,6 +217,60 @@ class Keeper:
             conn.close()
             return
         link.read_launcher(session, conn, self.note_run)
+
+    def take_streams(self, server: socket.socket, secret: bytes) -> None:
+        """Takes the workers' own connections (large results) on the agents' `server`."""
+        server.settimeout(TICK)
+        while not self.done.is_set():
+            try:
+                sock, _ = server.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._stream, args=(sock, secret), daemon=True).start()
+
+    def _stream(self, sock: socket.socket, secret: bytes) -> None:
+        """One stream: proven, its frame's header read, then handed to the launcher's JOIN."""
+        try:
+            server_handshake(sock, secret, HANDSHAKE_TIMEOUT)
+            _timeouts(sock, self.silence)
+            conn = Connection(sock)
+            head = conn.recv_head()
+        except (AuthenticationError, OSError, EOFError):
+            sock.close()
+            return
+        if head is None:
+            conn.close()
+            return
+        run = head.header.get("run", 0)
+        with self.lock:
+            session = self.session
+            stream = None
+            if session is not None and run > session.offset:
+                head.header["run"] = run - session.offset
+                self.channels += 1
+                channel = self.channels
+                stream = self.streams[channel] = Stream(conn, head, session)
+        if stream is None:
+            conn.close()  # no launcher's: the worker's send fails, its run is no one's
+            return
+        with contextlib.suppress(OSError):
+            stream.session.control.send(protocol.Bridge(channel=channel).header())
+        if not stream.joined.wait(HANDSHAKE_TIMEOUT):
+            with self.lock:
+                self.streams.pop(channel, None)
+            conn.close()
+
+    def _join_stream(self, conn: Connection, join: protocol.Join) -> None:
+        with self.lock:
+            stream = self.streams.pop(join.stream, None)
+        if stream is None or stream.session.id != join.session:
+            conn.close()
+            return
+        stream.joined.set()
+        with contextlib.suppress(OSError, EOFError):
+            stream.conn.forward(stream.head, conn)
+        stream.conn.close()
+        conn.close()
 
     def close(self, starter: AgentStarter, grace: float = 5.0) -> None:
         """Tells every agent to exit, and stops their step."""
@@ -291,11 +360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         links = _accept_agents(server, secret, plan.hostnames, args.connect_timeout)
     except (TimeoutError, OSError) as e:
+        server.close()
         say(f"the agents did not start: {e}")
         start.starter.stop(0.0)
         return 1
-    finally:
-        server.close()
     host = _attach_address(plan.hostnames[0])
     attach = socket.create_server((host, 0))
     silence = agent_silence(cfg)
@@ -321,6 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keeper.end("SLURM ended the job (SIGTERM)")
 
     threading.Thread(target=on_sigterm, daemon=True).start()
+    threading.Thread(target=keeper.take_streams, args=(server, secret), daemon=True).start()
     record.write()
     say(
         f"agents ready on {', '.join(plan.hostnames)}; launchers attach at {host}:"
@@ -330,6 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         keeper.serve(attach)
     finally:
         attach.close()
+        server.close()
         ReservationRecord.remove(job_id)
         say(f"ending: {keeper.ended or 'interrupted'}")
         keeper.close(start.starter)

@@ -98,6 +98,29 @@ def test_launchers_outside_the_job_run_on_its_agents_until_it_is_released(
         slurmrun.launch(where, (1,), job=reservation.job_id)
 
 
+def large(n: int) -> bytes:
+    return b"x" * n
+
+
+@pytest.mark.usefixtures("slurm_cluster", "config")
+def test_large_results_come_on_connections_of_their_own_through_the_keeper(
+    tmp_path, node_processes
+):
+    # A result of 4 MiB or more comes on a worker's own connection, which the keeper bridges to
+    # the launcher; were it refused, the agent would try for 2 s before relaying it itself.
+    reservation = _reserve(tmp_path, nodes=2, time_min=5, idle_timeout=120)
+    with reservation:
+        reservation.wait(60)
+        with slurmrun.Launcher(job=reservation.job_id, timeout=60) as launcher:
+            launcher.run(large, (10,))
+            started = time.monotonic()
+            values = launcher.run(large, (8 << 20,)).values()
+            seconds = time.monotonic() - started
+    assert values == [b"x" * (8 << 20)] * 2
+    assert seconds < 1.5
+    assert node_processes() == {}
+
+
 def test_a_reservation_without_launchers_ends_itself_after_its_idle_timeout(
     slurm_cluster, tmp_path, config, node_processes
 ):

@@ -163,19 +163,39 @@ class ReservedAgents:
         pool = (env[LAUNCHER_ADDR_VAR], int(env[PORT_VAR]))
         secret = bytes.fromhex(env[SECRET_VAR])
         for rank in range(len(self.record.hostnames)):
-            keeper = _connect(self.record)
-            self.bridges.append(keeper.sock)
-            keeper.send(protocol.Join(session=session, node_rank=rank).header())
-            ours = socket.create_connection(pool, timeout=CONNECT_TIMEOUT)
-            self.bridges.append(ours)
-            ours.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            client_handshake(ours, secret, CONNECT_TIMEOUT)
-            keeper.sock.settimeout(None)
-            ours.settimeout(None)
-            for src, dst in ((keeper.sock, ours), (ours, keeper.sock)):
-                thread = threading.Thread(target=_pipe, args=(src, dst), daemon=True)
-                thread.start()
-                self.threads.append(thread)
+            self._bridge(protocol.Join(session=session, node_rank=rank), pool, secret)
+        streams = threading.Thread(
+            target=self._streams, args=(self.control, session, pool, secret), daemon=True
+        )
+        streams.start()
+        self.threads.append(streams)
+
+    def _bridge(self, join: protocol.Join, pool: tuple[str, int], secret: bytes) -> None:
+        """Joins a connection of the keeper's (`join` says which) to one of the pool's."""
+        keeper = _connect(self.record)
+        self.bridges.append(keeper.sock)
+        keeper.send(join.header())
+        ours = socket.create_connection(pool, timeout=CONNECT_TIMEOUT)
+        self.bridges.append(ours)
+        ours.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client_handshake(ours, secret, CONNECT_TIMEOUT)
+        keeper.sock.settimeout(None)
+        ours.settimeout(None)
+        for src, dst in ((keeper.sock, ours), (ours, keeper.sock)):
+            thread = threading.Thread(target=_pipe, args=(src, dst), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _streams(
+        self, control: Connection, session: int, pool: tuple[str, int], secret: bytes
+    ) -> None:
+        """Bridges each stream the keeper announces (a worker's large result) to the pool."""
+        with contextlib.suppress(OSError, EOFError):
+            while (frame := control.recv()) is not None:
+                message = protocol.parse(frame.header)
+                if isinstance(message, protocol.Bridge):
+                    join = protocol.Join(session=session, node_rank=-1, stream=message.channel)
+                    self._bridge(join, pool, secret)
 
     def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
         """See `slurmrun.launcher.agents.starters.AgentStarter`."""
@@ -193,10 +213,10 @@ class ReservedAgents:
         deadline = time.monotonic() + grace
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        for sock in self.bridges:
-            _shut(sock)
         if self.control is not None:
             self.control.close()
+        for sock in list(self.bridges):
+            _shut(sock)
         for thread in self.threads:
             thread.join(1.0)
 
