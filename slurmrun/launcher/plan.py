@@ -83,8 +83,11 @@ class Plan:
         return self.agents.start(StartOrder(cfg, self.hostnames, log_dir, self.command, control))
 
 
-def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
+def make_plan(cfg: Options, *, check_driver_step: bool = True, wait: bool = True) -> Plan:
     """The plan for `cfg`'s options and the allocation this process is in.
+
+    With ``job=``, a reservation that is starting is waited for (``timeout``) unless not
+    `wait` (a dry run).
 
     Raises:
         RuntimeError: ``"slurm"`` asked for outside a job, or a step of several tasks runs
@@ -94,7 +97,7 @@ def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
             option that slurmrun sets itself (`slurmrun.launcher.agents.containers`).
     """
     if cfg.job is not None:  # a reservation's agents: its nodes, as it started them
-        reserved = Reserved.of_job(str(cfg.job))
+        reserved = Reserved.of_job(str(cfg.job), float(cfg.timeout) if wait else 0.0)
         hosts = list(reserved.record.hostnames)
         counts = _counts(cfg.workers_per_host, hosts)
         return Plan(hostnames=hosts, workers_per_host=counts, alloc=None, agents=reserved)

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,6 +119,54 @@ def test_large_results_come_on_connections_of_their_own_through_the_keeper(
             seconds = time.monotonic() - started
     assert values == [b"x" * (8 << 20)] * 2
     assert seconds < 1.5
+    assert node_processes() == {}
+
+
+@pytest.mark.usefixtures("slurm_cluster", "config")
+def test_a_launch_waits_for_a_pending_reservation_saying_why(tmp_path, capfd, node_processes):
+    params = {"job_name": JOB_NAME, "hold": True}  # pending until released below
+    reservation = slurmrun.reserve(
+        nodes=2, time_min=5, idle_timeout=120, folder=tmp_path / "jobs", slurm_parameters=params
+    )
+    with reservation:
+        held = lambda: subprocess.run(["scontrol", "release", reservation.job_id], check=True)  # noqa: E731
+        timer = threading.Timer(2.0, held)
+        timer.start()
+        try:
+            result = slurmrun.launch(where, (1,), job=reservation.job_id, timeout=60)
+        finally:
+            timer.cancel()
+        assert result.values() == [("node1", 0), ("node2", 1)]
+    err = capfd.readouterr().err
+    assert f"waiting for reservation {reservation.job_id}: PENDING (JobHeldUser" in err, err
+    assert node_processes() == {}
+
+
+_BUSY = """
+import slurmrun, time
+started = time.monotonic()
+try:
+    slurmrun.launch(print, job={job!r}, timeout=3)
+except Exception as e:
+    print(type(e).__name__, e)
+print("seconds", time.monotonic() - started)
+"""
+
+
+@pytest.mark.usefixtures("slurm_cluster", "config")
+def test_one_launcher_at_a_time_the_next_waits_up_to_its_timeout(tmp_path, run_cmd, node_processes):
+    reservation = _reserve(tmp_path, nodes=2, time_min=5, idle_timeout=120)
+    with reservation:
+        reservation.wait(60)
+        with slurmrun.Launcher(job=reservation.job_id, timeout=60) as first:
+            first.run(pid)
+            out = run_cmd([sys.executable, "-c", _BUSY.format(job=reservation.job_id)]).stdout
+            first.run(pid)  # still its own
+        assert out.startswith(
+            f"ReservationBusy reservation {reservation.job_id}: a launcher (pid {os.getpid()} on "
+        ), out
+        assert 3 <= float(out.split("seconds")[1]) < 8, out
+        assert len(slurmrun.launch(pid, job=reservation.job_id, timeout=60).values()) == 2
     assert node_processes() == {}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -29,7 +30,8 @@ from slurmrun.authentication import client_handshake
 from slurmrun.errors import AgentFailedError
 from slurmrun.launcher.address import Address, loopback
 from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
-from slurmrun.reservations import ReservationError, ReservationRecord
+from slurmrun.reservations import ReservationError, ReservationRecord, record_path
+from slurmrun.slurm.pending import job_wait
 from slurmrun.transport import Connection
 from slurmrun.variables import LAUNCHER_ADDR_VAR, PORT_VAR, SECRET_VAR
 
@@ -42,6 +44,9 @@ __all__ = ["ReservationBusy", "Reserved", "ReservedAgents"]
 CONNECT_TIMEOUT = 10.0  # the keeper's node answers within this, or is not reachable
 BUSY_RETRY = 0.5  # between two tries while another launcher's session ends
 _CHUNK = 1 << 20
+WAIT_POLL = 0.5  # seconds between two looks at a reservation that is starting
+# A job in these states may still write its record: its launcher waits for it.
+STARTING = frozenset({"PENDING", "CONFIGURING", "RUNNING", "REQUEUED"})
 
 
 class ReservationBusy(ReservationError):
@@ -70,21 +75,37 @@ class Reserved(AgentKind):
         raise ValueError("a reservation's agents are asked for with job=JOB_ID")
 
     @classmethod
-    def of_job(cls, job_id: str) -> Reserved:
-        """The kind for reservation `job_id`, from its record.
+    def of_job(cls, job_id: str, wait: float = 0.0) -> Reserved:
+        """The kind for reservation `job_id`, from its record; waits for it while it starts.
+
+        While the job is pending (or starting its agents) this waits up to `wait` seconds,
+        saying why on stderr when that changes (SLURM's reason, its expected start).
 
         Raises:
-            ReservationError: there is no record of it (not this user's, not running yet,
-                or ended), or it is not this user's alone.
+            ReservationError: there is no record of it and it is not starting (not this
+                user's, or ended), or it is not this user's alone.
+            TimeoutError: it did not start within `wait` seconds.
         """
-        record = ReservationRecord.read(job_id)
-        if record is None:
-            raise ReservationError(
-                f"no reservation {job_id} of yours is running (its record "
-                f"~/.config/slurmrun/reservations/{job_id}.json is not there): reserve with "
-                "slurmrun.reserve() or `slurmrun reserve`, and wait until it runs "
-                "(Reservation.wait)"
-            )
+        deadline = time.monotonic() + wait
+        said = ""
+        while (record := ReservationRecord.read(job_id)) is None:
+            job = job_wait(job_id)
+            if job is None or job.state not in STARTING or job.uid not in {-1, os.getuid()}:
+                raise ReservationError(
+                    f"no reservation {job_id} of yours is running (its record "
+                    f"{record_path(job_id)} is not there, and SLURM says "
+                    f"{job.state if job else 'nothing of it'}): reserve with slurmrun.reserve() "
+                    "or `slurmrun reserve`"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"reservation {job_id} is not ready after timeout={wait:g} s: {job}"
+                )
+            line = f"slurmrun: waiting for reservation {job_id}: {job}"
+            if line != said:
+                print(line, file=sys.stderr, flush=True)
+                said = line
+            time.sleep(WAIT_POLL)
         return cls(record)
 
     def address(self, hostnames: Sequence[str]) -> Address:
@@ -94,7 +115,7 @@ class Reserved(AgentKind):
     def start(self, order: StartOrder) -> AgentStart:
         """See `AgentKind`: the agents run already; this joins them to the pool."""
         env = dict(order.control)
-        starter = ReservedAgents(self.record)
+        starter = ReservedAgents(self.record, busy_wait=float(order.cfg.timeout))
         where = f"{self.record.host}:{self.record.port}"
         names = tuple(sorted(k for k in env if k != SECRET_VAR))
         return AgentStart(starter, env, (("attach", f"job {self.record.job_id}", where),), names)
@@ -122,6 +143,7 @@ def attach(record: ReservationRecord, deadline: float) -> tuple[Connection, int]
         ReservationBusy: another launcher held the agents until `deadline`.
         AgentFailedError: the keeper cannot be reached, or answers something else.
     """
+    said = False
     while True:
         try:
             conn = _connect(record)
@@ -141,6 +163,9 @@ def attach(record: ReservationRecord, deadline: float) -> tuple[Connection, int]
         conn.close()
         if isinstance(message, protocol.Refused) and message.busy:
             if time.monotonic() < deadline:
+                if not said:
+                    print(f"slurmrun: waiting: {message.why}", file=sys.stderr, flush=True)
+                    said = True
                 time.sleep(BUSY_RETRY)
                 continue
             raise ReservationBusy(f"reservation {record.job_id}: {message.why}")
@@ -152,7 +177,7 @@ class ReservedAgents:
     """The bridges between the keeper's connections and the pool's listener, one per agent."""
 
     record: ReservationRecord
-    busy_wait: float = 30.0  # how long another launcher's session may take to end
+    busy_wait: float = 30.0  # how long another launcher may hold the agents (`timeout`)
     control: Connection | None = None
     bridges: list[socket.socket] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
