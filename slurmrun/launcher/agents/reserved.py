@@ -234,12 +234,16 @@ class ReservedAgents:
         return f"{self.record.folder}/{self.record.job_id}.log"
 
     def stop(self, grace: float) -> None:
-        """See `slurmrun.launcher.agents.starters.AgentStarter`: ends the session."""
+        """See `slurmrun.launcher.agents.starters.AgentStarter`: ends the session.
+
+        The control connection closes first: the keeper then ends a run still in progress
+        on every node and closes its side of every bridge, which ends their threads.
+        """
+        if self.control is not None:
+            self.control.close()
         deadline = time.monotonic() + grace
         for thread in self.threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        if self.control is not None:
-            self.control.close()
         for sock in list(self.bridges):
             _shut(sock)
         for thread in self.threads:
