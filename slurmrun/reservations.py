@@ -44,6 +44,7 @@ class ReservationRecord:
         hostnames: the reservation's nodes, one agent each, in node-rank order.
         folder: the job's folder (the keeper's log, the agents' logs).
         pid: the keeper's process id on its node.
+        node: the keeper's node (where a relay reaches its port from).
     """
 
     job_id: str
@@ -53,6 +54,7 @@ class ReservationRecord:
     hostnames: list[str]
     folder: str
     pid: int
+    node: str = ""
 
     @staticmethod
     def new_secret() -> str:

@@ -375,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hostnames=list(plan.hostnames),
         folder=str(Path(args.folder).resolve()),
         pid=os.getpid(),
+        node=os.environ.get("SLURMD_NODENAME", plan.hostnames[0]),
     )
     keeper = Keeper(
         links,

@@ -171,6 +171,27 @@ def test_one_launcher_at_a_time_the_next_waits_up_to_its_timeout(tmp_path, run_c
     assert node_processes() == {}
 
 
+@pytest.mark.usefixtures("slurm_cluster", "config")
+def test_through_srun_overlap_where_the_keepers_port_is_not_used(
+    tmp_path, monkeypatch, capfd, node_processes
+):
+    # What a launcher does where nodes and login node cannot reach each other's ports: its
+    # connections to the keeper go through the stdin and stdout of srun --jobid --overlap.
+    monkeypatch.setenv("SLURMRUN_RESERVE_VIA", "srun")
+    reservation = _reserve(tmp_path, nodes=2, time_min=5, idle_timeout=120)
+    with reservation:
+        reservation.wait(60)
+        result = slurmrun.launch(where, (3,), job=reservation.job_id, timeout=60)
+        assert result.values() == [("node1", 0), ("node2", 3)]
+        with pytest.raises(KeyError, match="rank 1 fails"):
+            slurmrun.launch(fails, job=reservation.job_id, timeout=60)
+        with slurmrun.Launcher(job=reservation.job_id, timeout=60) as launcher:
+            assert launcher.run(large, (5 << 20,)).values() == [b"x" * (5 << 20)] * 2
+            assert len(launcher.run(pid).values()) == 2
+    assert "does not answer" not in capfd.readouterr().err  # asked for, not fallen back to
+    assert node_processes() == {}  # the relays' steps too
+
+
 def test_a_reservation_without_launchers_ends_itself_after_its_idle_timeout(
     slurm_cluster, tmp_path, config, node_processes
 ):

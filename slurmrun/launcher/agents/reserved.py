@@ -21,15 +21,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from slurmrun import protocol
 from slurmrun.authentication import client_handshake
-from slurmrun.errors import AgentFailedError
+from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.launcher.address import Address, loopback
 from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
+from slurmrun.launcher.agents.reserved_relay import SrunRelay
 from slurmrun.reservations import ReservationError, ReservationRecord, record_path
 from slurmrun.slurm.pending import job_wait
 from slurmrun.transport import Connection
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 __all__ = ["ReservationBusy", "Reserved", "ReservedAgents"]
 
 CONNECT_TIMEOUT = 10.0  # the keeper's node answers within this, or is not reachable
+PROBE_TIMEOUT = 3.0  # the keeper's port answers within this, or srun is the way
+VIA_VAR = "SLURMRUN_RESERVE_VIA"  # direct, srun, or auto: how to reach the keeper
 BUSY_RETRY = 0.5  # between two tries while another launcher's session ends
 _CHUNK = 1 << 20
 WAIT_POLL = 0.5  # seconds between two looks at a reservation that is starting
@@ -115,7 +118,7 @@ class Reserved(AgentKind):
     def start(self, order: StartOrder) -> AgentStart:
         """See `AgentKind`: the agents run already; this joins them to the pool."""
         env = dict(order.control)
-        starter = ReservedAgents(self.record, busy_wait=float(order.cfg.timeout))
+        starter = ReservedAgents(self.record, order.log_dir.path, float(order.cfg.timeout))
         where = f"{self.record.host}:{self.record.port}"
         names = tuple(sorted(k for k in env if k != SECRET_VAR))
         return AgentStart(starter, env, (("attach", f"job {self.record.job_id}", where),), names)
@@ -125,10 +128,58 @@ class Reserved(AgentKind):
         return DryWorkers(0, [0] * len(hostnames), "each agent decides on its node (0: unknown)")
 
 
-def _connect(record: ReservationRecord) -> Connection:
-    sock = socket.create_connection((record.host, record.port), timeout=CONNECT_TIMEOUT)
-    try:
+Dial = Callable[[], socket.socket]  # a new connection toward the keeper's port
+
+
+def direct(record: ReservationRecord, timeout: float = CONNECT_TIMEOUT) -> Dial:
+    """Connections straight to the keeper's port."""
+
+    def dial() -> socket.socket:
+        sock = socket.create_connection((record.host, record.port), timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    return dial
+
+
+def route(record: ReservationRecord, log_dir: str) -> tuple[Dial, SrunRelay | None]:
+    """How this process reaches the keeper: straight to its port, else through srun.
+
+    ``SLURMRUN_RESERVE_VIA`` (`VIA_VAR`) decides: ``direct``, ``srun``, or by default the
+    port if it answers within `PROBE_TIMEOUT`, else srun.
+
+    Raises:
+        OptionsValueError: the variable holds something else.
+        AgentFailedError: ``direct`` was asked for and the port does not answer.
+    """
+    via = os.environ.get(VIA_VAR, "auto") or "auto"
+    if via not in {"auto", "direct", "srun"}:
+        raise OptionsValueError(f"{VIA_VAR}={via!r}: set direct, srun or auto (the default)")
+    if via != "srun":
+        try:
+            direct(record, PROBE_TIMEOUT if via == "auto" else CONNECT_TIMEOUT)().close()
+        except OSError as e:
+            if via == "direct":
+                raise AgentFailedError(
+                    f"cannot reach the keeper of reservation {record.job_id} at "
+                    f"{record.host}:{record.port}: {e} ({VIA_VAR}=direct)"
+                ) from e
+            print(
+                f"slurmrun: the keeper of reservation {record.job_id} at {record.host}:"
+                f"{record.port} does not answer from here ({e}): going through srun "
+                f"--jobid {record.job_id} --overlap",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            return direct(record), None
+    relay = SrunRelay(record, os.path.join(log_dir, "relay.log"))
+    return relay.connect, relay
+
+
+def _connect(record: ReservationRecord, dial: Dial) -> Connection:
+    sock = dial()
+    try:
         client_handshake(sock, bytes.fromhex(record.secret), CONNECT_TIMEOUT)
     except BaseException:
         sock.close()
@@ -136,7 +187,7 @@ def _connect(record: ReservationRecord) -> Connection:
     return Connection(sock)
 
 
-def attach(record: ReservationRecord, deadline: float) -> tuple[Connection, int]:
+def attach(record: ReservationRecord, dial: Dial, deadline: float) -> tuple[Connection, int]:
     """The session's control connection and id, trying again while another session ends.
 
     Raises:
@@ -146,7 +197,7 @@ def attach(record: ReservationRecord, deadline: float) -> tuple[Connection, int]
     said = False
     while True:
         try:
-            conn = _connect(record)
+            conn = _connect(record, dial)
             conn.send(protocol.Attach(pid=os.getpid(), host=socket.gethostname()).header())
             conn.sock.settimeout(CONNECT_TIMEOUT)
             frame = conn.recv()
@@ -177,14 +228,18 @@ class ReservedAgents:
     """The bridges between the keeper's connections and the pool's listener, one per agent."""
 
     record: ReservationRecord
+    log_dir: str
     busy_wait: float = 30.0  # how long another launcher may hold the agents (`timeout`)
     control: Connection | None = None
+    dial: Dial | None = None
+    relay: SrunRelay | None = None
     bridges: list[socket.socket] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self, env: Mapping[str, str]) -> None:
         """See `slurmrun.launcher.agents.starters.AgentStarter`."""
-        self.control, session = attach(self.record, time.monotonic() + self.busy_wait)
+        self.dial, self.relay = route(self.record, self.log_dir)
+        self.control, session = attach(self.record, self.dial, time.monotonic() + self.busy_wait)
         pool = (env[LAUNCHER_ADDR_VAR], int(env[PORT_VAR]))
         secret = bytes.fromhex(env[SECRET_VAR])
         for rank in range(len(self.record.hostnames)):
@@ -197,7 +252,8 @@ class ReservedAgents:
 
     def _bridge(self, join: protocol.Join, pool: tuple[str, int], secret: bytes) -> None:
         """Joins a connection of the keeper's (`join` says which) to one of the pool's."""
-        keeper = _connect(self.record)
+        assert self.dial is not None  # noqa: S101 - start chose it
+        keeper = _connect(self.record, self.dial)
         self.bridges.append(keeper.sock)
         keeper.send(join.header())
         ours = socket.create_connection(pool, timeout=CONNECT_TIMEOUT)
@@ -248,6 +304,8 @@ class ReservedAgents:
             _shut(sock)
         for thread in self.threads:
             thread.join(1.0)
+        if self.relay is not None:
+            self.relay.close()
 
 
 def _shut(sock: socket.socket) -> None:
