@@ -214,7 +214,23 @@ def test_the_command_reserves_printing_the_bare_job_id_and_releases(
     job_id = run_cmd([*reserve, *more], timeout=90).stdout.strip()
     try:
         assert job_id.isdigit(), job_id
-        assert slurmrun.launch(where, (1,), job=job_id, timeout=60).values()[1] == ("node2", 1)
+        script = tmp_path / "train.py"
+        script.write_text(
+            "import os\nprint('rank', os.environ['RANK'], os.environ['SLURMD_NODENAME'])\n"
+        )
+        run = [
+            sys.executable,
+            "-m",
+            "slurmrun",
+            "--job",
+            job_id,
+            "--show-ranks",
+            "all",
+            str(script),
+        ]
+        for _ in range(2):  # the second, as the first, on the agents the job keeps
+            out = run_cmd(run, timeout=60).stdout
+            assert "[node1:0] rank 0 node1" in out and "[node2:0] rank 1 node2" in out, out
     finally:
         released = run_cmd([sys.executable, "-m", "slurmrun", "release", job_id], timeout=60)
     assert released.stdout.strip() == f"{job_id} CANCELLED"
