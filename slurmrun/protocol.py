@@ -597,6 +597,9 @@ class Attach(Message):
     KIND: ClassVar[str] = ATTACH
     pid: int
     host: str
+    # Seconds of its silence after which it counts as gone: its heartbeats come five times in
+    # that (0: the keeper's own heartbeat timeout).
+    silence: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from slurmrun.log_dirs import LOG_DIR_VAR, resolve_log_dir
 from slurmrun.reservations import ReservationRecord
 from slurmrun.transport import Connection, FrameHead
 from slurmrun.variables import HEARTBEAT_VAR
+from slurmrun.waiting import wait_readable
 
 __all__ = ["Keeper", "main"]
 
@@ -152,8 +153,9 @@ class Keeper:
             busy = [link.hostname for link in self.links if link.run]
             if held is None and not busy:
                 self.sessions += 1
+                silence = max(self.silence, attach.silence)
                 held = self.session = Session(
-                    self.sessions, conn, self.last_run, attach.pid, attach.host
+                    self.sessions, conn, self.last_run, attach.pid, attach.host, silence
                 )
                 session: Session | None = held
             else:
@@ -178,10 +180,21 @@ class Keeper:
         threading.Thread(target=self._watch, args=(session,), daemon=True).start()
 
     def _watch(self, session: Session) -> None:
-        """Waits for the session's control connection to end, then ends the session."""
+        """Waits for the session's control connection to end, then ends the session.
+
+        The launcher sends nothing on it after ATTACH: its liveness is judged on its agents'
+        connections, where its heartbeats come. Once none of those is left for `silence` s
+        (never joined, or all closed), the session ends too.
+        """
+        sock = session.control.sock
+        _timeouts(sock, 0.0)
         with contextlib.suppress(OSError, EOFError):
-            while session.control.recv() is not None:
-                pass
+            while True:
+                if wait_readable([sock.fileno()], session.silence):
+                    if session.control.recv() is None:
+                        break
+                elif not any(link.session is session for link in self.links):
+                    break
         self._detach(session)
 
     def _detach(self, session: Session) -> None:
@@ -210,6 +223,7 @@ class Keeper:
             conn.close()
             return
         assert session is not None  # noqa: S101 - ok says so
+        _timeouts(conn.sock, 0.0)  # its heartbeats are waited for as agents do (keeper_links)
         link = self.links[join.node_rank]
         try:
             link.attach(session, conn)

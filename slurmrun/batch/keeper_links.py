@@ -15,6 +15,7 @@ away in the middle of one leaves the agent's stream at a frame's boundary.
 from __future__ import annotations
 
 import contextlib
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -22,9 +23,30 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrun import protocol
+from slurmrun.node.launcher_silence import STOPPED_WAIT, host_answers
 from slurmrun.transport import Connection, Frame
+from slurmrun.waiting import wait_readable
 
 __all__ = ["AgentLink", "Session"]
+
+
+def _launcher_speaks(sock: socket.socket, silence: float) -> bool:
+    """Waits for the launcher's next frame; True once one comes (or its connection ends).
+
+    As an agent does (`slurmrun.node.launcher_silence`): after `silence` s without a
+    heartbeat the launcher is gone only if its host does not acknowledge what the keeper
+    sends either (a launcher stopped with Ctrl-Z is waited for, up to `STOPPED_WAIT`).
+
+    Raises:
+        BlockingIOError: the launcher is gone.
+    """
+    if wait_readable([sock.fileno()], silence):
+        return True
+    since = time.monotonic() - silence
+    while host_answers(sock, silence / 2) and time.monotonic() - since < STOPPED_WAIT:
+        if wait_readable([sock.fileno()], silence):
+            return True
+    raise BlockingIOError(f"the launcher sent nothing for {silence:g} s")
 
 
 @dataclass
@@ -36,6 +58,7 @@ class Session:
     offset: int  # agent-side run id = launcher's run id + offset
     pid: int
     host: str
+    silence: float  # the launcher silent this long is gone
     ended: threading.Event = field(default_factory=threading.Event)
 
 
@@ -114,7 +137,9 @@ class AgentLink:
         """
         closed = False
         try:
-            while (frame := conn.recv()) is not None:
+            while _launcher_speaks(conn.sock, session.silence) and (
+                (frame := conn.recv()) is not None
+            ):
                 header = frame.header
                 kind = header.get("t")
                 if kind == protocol.CLOSE:

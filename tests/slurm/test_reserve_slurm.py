@@ -192,6 +192,22 @@ def test_through_srun_overlap_where_the_keepers_port_is_not_used(
     assert node_processes() == {}  # the relays' steps too
 
 
+@pytest.mark.usefixtures("slurm_cluster", "config")
+def test_a_launcher_quiet_between_runs_keeps_the_agents_past_the_heartbeat_timeout(
+    tmp_path, node_processes
+):
+    reservation = _reserve(tmp_path, nodes=2, time_min=5, idle_timeout=120, heartbeat_timeout=2)
+    with reservation:
+        reservation.wait(60)
+        with slurmrun.Launcher(job=reservation.job_id, timeout=60) as launcher:
+            launcher.run(pid)
+            time.sleep(4)  # twice the reservation's heartbeat timeout without a run
+            assert len(launcher.run(pid).values()) == 2
+        log = reservation.log.read_text()
+    assert log.count("attached (session") == 1, log
+    assert node_processes() == {}
+
+
 def test_a_reservation_without_launchers_ends_itself_after_its_idle_timeout(
     slurm_cluster, tmp_path, config, node_processes
 ):

@@ -29,6 +29,7 @@ from slurmrun import protocol
 from slurmrun.authentication import client_handshake
 from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.launcher.address import Address, loopback
+from slurmrun.launcher.agents.common import silence as launcher_silence
 from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
 from slurmrun.launcher.agents.reserved_relay import SrunRelay
 from slurmrun.reservations import ReservationError, ReservationRecord, record_path
@@ -118,7 +119,9 @@ class Reserved(AgentKind):
     def start(self, order: StartOrder) -> AgentStart:
         """See `AgentKind`: the agents run already; this joins them to the pool."""
         env = dict(order.control)
-        starter = ReservedAgents(self.record, order.log_dir.path, float(order.cfg.timeout))
+        starter = ReservedAgents(
+            self.record, order.log_dir.path, float(order.cfg.timeout), launcher_silence(order.cfg)
+        )
         where = f"{self.record.host}:{self.record.port}"
         names = tuple(sorted(k for k in env if k != SECRET_VAR))
         return AgentStart(starter, env, (("attach", f"job {self.record.job_id}", where),), names)
@@ -187,7 +190,9 @@ def _connect(record: ReservationRecord, dial: Dial) -> Connection:
     return Connection(sock)
 
 
-def attach(record: ReservationRecord, dial: Dial, deadline: float) -> tuple[Connection, int]:
+def attach(
+    record: ReservationRecord, dial: Dial, deadline: float, silence: float
+) -> tuple[Connection, int]:
     """The session's control connection and id, trying again while another session ends.
 
     Raises:
@@ -198,7 +203,8 @@ def attach(record: ReservationRecord, dial: Dial, deadline: float) -> tuple[Conn
     while True:
         try:
             conn = _connect(record, dial)
-            conn.send(protocol.Attach(pid=os.getpid(), host=socket.gethostname()).header())
+            hello = protocol.Attach(pid=os.getpid(), host=socket.gethostname(), silence=silence)
+            conn.send(hello.header())
             conn.sock.settimeout(CONNECT_TIMEOUT)
             frame = conn.recv()
         except (OSError, EOFError) as e:
@@ -230,6 +236,7 @@ class ReservedAgents:
     record: ReservationRecord
     log_dir: str
     busy_wait: float = 30.0  # how long another launcher may hold the agents (`timeout`)
+    silence: float = 0.0  # this launcher's heartbeat timeout (`common.silence`)
     control: Connection | None = None
     dial: Dial | None = None
     relay: SrunRelay | None = None
@@ -239,7 +246,8 @@ class ReservedAgents:
     def start(self, env: Mapping[str, str]) -> None:
         """See `slurmrun.launcher.agents.starters.AgentStarter`."""
         self.dial, self.relay = route(self.record, self.log_dir)
-        self.control, session = attach(self.record, self.dial, time.monotonic() + self.busy_wait)
+        deadline = time.monotonic() + self.busy_wait
+        self.control, session = attach(self.record, self.dial, deadline, self.silence)
         pool = (env[LAUNCHER_ADDR_VAR], int(env[PORT_VAR]))
         secret = bytes.fromhex(env[SECRET_VAR])
         for rank in range(len(self.record.hostnames)):
