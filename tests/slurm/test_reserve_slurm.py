@@ -208,6 +208,40 @@ def test_a_launcher_quiet_between_runs_keeps_the_agents_past_the_heartbeat_timeo
     assert node_processes() == {}
 
 
+_NAPPER = """
+import time
+import slurmrun
+def nap():
+    print("napping", flush=True)
+    time.sleep(6)
+    return "rested"
+print(slurmrun.launch(nap, job={job!r}, timeout=60, heartbeat_timeout=2).values(), flush=True)
+"""
+
+
+@pytest.mark.usefixtures("slurm_cluster", "config")
+def test_a_stopped_launcher_keeps_its_run_until_it_goes_on(tmp_path, node_processes):
+    reservation = _reserve(tmp_path, nodes=2, time_min=5, idle_timeout=120, heartbeat_timeout=2)
+    with reservation:
+        reservation.wait(60)
+        launcher = subprocess.Popen(
+            [sys.executable, "-c", _NAPPER.format(job=reservation.job_id)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert launcher.stdout is not None
+            assert "napping" in launcher.stdout.readline()
+            launcher.send_signal(signal.SIGSTOP)  # Ctrl-Z, for twice both heartbeat timeouts
+            time.sleep(4)
+            launcher.send_signal(signal.SIGCONT)
+            out, _ = launcher.communicate(timeout=30)
+        finally:
+            launcher.kill()
+        assert "['rested', 'rested']" in out, out
+    assert node_processes() == {}
+
+
 def test_a_reservation_without_launchers_ends_itself_after_its_idle_timeout(
     slurm_cluster, tmp_path, config, node_processes
 ):
