@@ -57,7 +57,8 @@ def reserve(
             (``<folder>/<job id>/logs``) go; on a filesystem the nodes share.
         **job: what the job asks SLURM for, as `slurmrun.submit` takes it: ``nodes``,
             ``gpus_per_node``, ``workers_per_node``, ``cpus_per_worker``, ``time_min``,
-            ``slurm_parameters``, ``resources``.
+            ``slurm_parameters``, ``resources`` (not ``requeue``: a reservation is not
+            requeued).
 
     Returns:
         The reservation's handle.
@@ -70,6 +71,11 @@ def reserve(
     for name, value in (("idle_timeout", idle_timeout), ("heartbeat_timeout", heartbeat_timeout)):
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    if "requeue" in job:
+        raise ValueError(
+            "a reservation is never requeued (yet): leave requeue out; if SLURM ends it, "
+            "reserve again"
+        )
     resources = job_resources("reserve", job).resolved()
     base = base_folder(folder).resolve()
     check_folder(base)

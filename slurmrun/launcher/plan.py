@@ -97,13 +97,36 @@ def make_plan(cfg: Options, *, check_driver_step: bool = True, wait: bool = True
             option that slurmrun sets itself (`slurmrun.launcher.agents.containers`).
     """
     if cfg.job is not None:  # a reservation's agents: its nodes, as it started them
-        reserved = Reserved.of_job(str(cfg.job), float(cfg.timeout) if wait else 0.0)
+        _check_reserved(cfg)
+        reserved = Reserved.of_job(cfg.job.strip(), float(cfg.timeout) if wait else 0.0)
         hosts = list(reserved.record.hostnames)
         counts = _counts(cfg.workers_per_host, hosts)
         return Plan(hostnames=hosts, workers_per_host=counts, alloc=None, agents=reserved)
     plan = _hosts_plan(cfg, check_driver_step)
     _check_elastic(cfg, len(plan.hostnames), spares=len(plan.spares))
     return replace(plan, command=agent_command_of(cfg))
+
+
+def _check_reserved(cfg: Options) -> None:
+    """Refuses what a launch on a reservation's agents cannot honour (`Launcher.job`)."""
+    if not isinstance(cfg.job, str) or not cfg.job.strip():
+        raise OptionsValueError(
+            f"job must be a SLURM job id (a str such as '1234'), got {cfg.job!r}"
+        )
+    chosen = [
+        name
+        for name, value, default in (
+            ("hostnames", cfg.hostnames, "auto"),
+            ("hosts", cfg.hosts, None),
+            ("min_hosts", cfg.min_hosts, None),
+        )
+        if value != default
+    ]
+    if chosen:
+        raise OptionsValueError(
+            f"job={cfg.job!r} runs on every node of the reservation, as it started its agents: "
+            f"leave {', '.join(chosen)} unset (reserve as many nodes as the launch needs)"
+        )
 
 
 def check_for_hosts(cfg: Options, hosts: int) -> None:
