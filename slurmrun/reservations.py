@@ -11,6 +11,7 @@ it) and runs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -45,6 +46,8 @@ class ReservationRecord:
         folder: the job's folder (the keeper's log, the agents' logs).
         pid: the keeper's process id on its node.
         node: the keeper's node (where a relay reaches its port from).
+        attached: the launcher attached now (``pid 123 on login1``); empty: none.
+        idle_since: since when none is (seconds since the epoch; 0 while one is).
     """
 
     job_id: str
@@ -55,6 +58,8 @@ class ReservationRecord:
     folder: str
     pid: int
     node: str = ""
+    attached: str = ""
+    idle_since: float = 0.0
 
     @staticmethod
     def new_secret() -> str:
@@ -102,6 +107,18 @@ class ReservationRecord:
                 return cls(**fields)
             except (ValueError, TypeError) as e:
                 raise ReservationError(f"{path} is not a reservation record: {e}") from e
+
+    @classmethod
+    def all(cls) -> list[ReservationRecord]:
+        """This user's records, by job id (those that cannot be read are left out)."""
+        folder = record_path("0").parent
+        found = []
+        for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+            with contextlib.suppress(ReservationError):
+                record = cls.read(path.stem)
+                if record is not None:
+                    found.append(record)
+        return found
 
     @staticmethod
     def remove(job_id: str) -> None:

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from slurmrun import protocol
@@ -86,6 +86,15 @@ class Keeper:
     done: threading.Event = field(default_factory=threading.Event)
     streams: dict[int, Stream] = field(default_factory=dict)  # by channel, until joined
     channels: int = 0
+    record: ReservationRecord | None = None  # rewritten when a launcher comes or goes
+
+    def _note(self, attached: str) -> None:
+        """Says in the record who is attached (`slurmrun jobs` shows it)."""
+        if self.record is not None:
+            idle = 0.0 if attached else time.time()
+            self.record = replace(self.record, attached=attached, idle_since=idle)
+            with contextlib.suppress(OSError):
+                self.record.write()
 
     def end(self, why: str) -> None:
         """The reservation ends (the first reason is kept)."""
@@ -171,6 +180,7 @@ class Keeper:
             conn.close()
             return
         say(f"launcher pid {attach.pid} on {attach.host} attached (session {session.id})")
+        self._note(f"pid {attach.pid} on {attach.host}")
         hostnames = [link.hostname for link in self.links]
         try:
             conn.send(protocol.Attached(session=session.id, hostnames=hostnames).header())
@@ -211,6 +221,8 @@ class Keeper:
                 self.session = None
                 self.idle_since = time.monotonic()
         say(f"launcher pid {session.pid} on {session.host} detached (session {session.id})")
+        if not self.done.is_set():
+            self._note("")
 
     def _join(self, conn: Connection, join: protocol.Join) -> None:
         if join.stream:
@@ -390,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         folder=str(Path(args.folder).resolve()),
         pid=os.getpid(),
         node=os.environ.get("SLURMD_NODENAME", plan.hostnames[0]),
+        idle_since=time.time(),
     )
     keeper = Keeper(
         links,
@@ -397,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         silence,
         float(start.env[HEARTBEAT_VAR]),
         args.idle_timeout,
+        record=record,
     )
 
     def on_sigterm() -> None:

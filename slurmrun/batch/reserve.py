@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from slurmrun.launcher.agents.starters import package_pythonpath
 from slurmrun.private import private_umask
 from slurmrun.reservations import ReservationRecord
 from slurmrun.slurm.cluster import check_slurm
+from slurmrun.slurm.pending import job_wait
 from slurmrun.slurm.queue import FINAL_STATES, query_states
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 
     from slurmrun.batch.job_resources import JobOptions
 
-__all__ = ["Reservation", "release", "reserve"]
+__all__ = ["Reservation", "ReservationInfo", "release", "reservations", "reserve"]
 
 POLL = 0.5  # seconds between two looks at SLURM while waiting
 GONE = "GONE"  # a job SLURM no longer knows
@@ -183,6 +185,46 @@ class Reservation:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+@dataclass(frozen=True)
+class ReservationInfo:
+    """A reservation of this user's, as `slurmrun jobs` lists it.
+
+    Attributes:
+        job_id: its job id.
+        state: SLURM's state (``GONE``: SLURM no longer knows it).
+        hostnames: its nodes.
+        time_left: SLURM's time left (``9:58``), or ``""``.
+        attached: the launcher attached (``pid 123 on login1``), or ``""``.
+        idle_for: seconds with no launcher attached (0 while one is).
+    """
+
+    job_id: str
+    state: str
+    hostnames: list[str]
+    time_left: str
+    attached: str
+    idle_for: float
+
+
+def reservations() -> list[ReservationInfo]:
+    """This user's reservations whose keepers are (or were last seen) running, by job id."""
+    found = []
+    for record in ReservationRecord.all():
+        job = job_wait(record.job_id)
+        idle = time.time() - record.idle_since if record.idle_since and not record.attached else 0
+        found.append(
+            ReservationInfo(
+                record.job_id,
+                job.state if job is not None else GONE,
+                record.hostnames,
+                job.left if job is not None else "",
+                record.attached,
+                max(0.0, idle),
+            )
+        )
+    return found
 
 
 def release(job_id: str, *, timeout: float = 60.0) -> str:

@@ -1,4 +1,4 @@
-"""What a launcher waiting for a job to run is told: its state, owner, SLURM's reason, its start.
+"""A job as a launcher waiting for it is told: its state, owner, SLURM's reason, its start.
 
 One squeue of the one job (``squeue --start`` gives the expected start of a pending job; a
 running one has none).
@@ -24,12 +24,14 @@ class JobWait:
         uid: its owner's uid (-1: not said).
         reason: why it waits (``Resources``, ``Priority``; ``None`` once it runs).
         start: its expected start (``2026-11-27T18:00:00``, ``N/A``), for a pending job.
+        left: its time left (``9:58``, ``1-02:00:00``; ``UNLIMITED``).
     """
 
     state: str
     uid: int
     reason: str
     start: str
+    left: str = ""
 
     def __str__(self) -> str:
         if self.state != "PENDING":
@@ -42,7 +44,7 @@ def job_wait(job_id: str) -> JobWait | None:
     """What squeue says of `job_id` now; None: it does not know the job (ended, or no squeue)."""
     if shutil.which("squeue") is None:
         return None
-    argv = ["squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%U|%r|%S"]
+    argv = ["squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%U|%r|%S|%L"]
     try:
         done = subprocess.run(
             argv,
@@ -56,7 +58,7 @@ def job_wait(job_id: str) -> JobWait | None:
         return None
     for line in done.stdout.splitlines():
         fields = line.strip().split("|")
-        if len(fields) == 4:
-            state, uid, reason, start = fields
-            return JobWait(state, int(uid) if uid.isdigit() else -1, reason, start)
+        if len(fields) == 5:
+            state, uid, reason, start, left = fields
+            return JobWait(state, int(uid) if uid.isdigit() else -1, reason, start, left)
     return None

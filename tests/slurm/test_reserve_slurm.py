@@ -281,6 +281,13 @@ def test_the_command_reserves_printing_the_bare_job_id_and_releases(
         for _ in range(2):  # the second, as the first, on the agents the job keeps
             out = run_cmd(run, timeout=60).stdout
             assert "[node1:0] rank 0 node1" in out and "[node2:0] rank 1 node2" in out, out
+        listed = run_cmd([sys.executable, "-m", "slurmrun", "jobs", "--folder", str(tmp_path)])
+        line = next(x for x in listed.stdout.splitlines() if x.startswith(job_id)).split()
+        assert line[1:3] == ["RUNNING", "node1,node2"] and line[-4:-2] == ["none", "for"], line
+        with slurmrun.Launcher(job=job_id, timeout=60) as launcher:
+            launcher.run(pid)
+            listed = run_cmd([sys.executable, "-m", "slurmrun", "jobs", "--folder", str(tmp_path)])
+        assert f"pid {os.getpid()} on " in listed.stdout, listed.stdout
     finally:
         released = run_cmd([sys.executable, "-m", "slurmrun", "release", job_id], timeout=60)
     assert released.stdout.strip() == f"{job_id} CANCELLED"
