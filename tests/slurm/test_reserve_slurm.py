@@ -365,8 +365,9 @@ slurmrun.launch(sleep, job={job!r}, timeout=60)
 """
 
 
+@pytest.mark.parametrize("via", ["direct", "srun"])
 def test_a_sigkilled_launcher_costs_its_run_on_every_node_and_frees_the_reservation(
-    slurm_cluster, tmp_path, config, node_processes
+    slurm_cluster, tmp_path, config, node_processes, via
 ):
     reservation = _reserve(tmp_path, nodes=2, time_min=5, idle_timeout=120)
     with reservation:
@@ -376,6 +377,7 @@ def test_a_sigkilled_launcher_costs_its_run_on_every_node_and_frees_the_reservat
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             text=True,
+            env={**os.environ, "SLURMRUN_RESERVE_VIA": via},  # srun: its relay goes too
         )
         try:
             assert launcher.stdout is not None
