@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from slurmrun.batch.handle import SubmittedLaunch, attach
     from slurmrun.batch.listing import jobs
     from slurmrun.batch.requeue import Requeue, requeue_requested
+    from slurmrun.batch.reserve import Reservation, release, reserve
     from slurmrun.batch.submit import submit
     from slurmrun.errors import (
         AgentFailedError,
@@ -58,6 +59,9 @@ _EXPORTS = {
     "submit": "slurmrun.batch",
     "submit_array": "slurmrun.batch",
     "Requeue": "slurmrun.batch",
+    "Reservation": "slurmrun.batch.reserve",
+    "release": "slurmrun.batch.reserve",
+    "reserve": "slurmrun.batch.reserve",
     "requeue_requested": "slurmrun.batch.requeue",
     "breakpoint": "slurmrun.node.debugger",
     "worker_state": "slurmrun.node.worker_state",
@@ -71,6 +75,7 @@ __all__ = [
     "OptionsTypeError",
     "OptionsValueError",
     "Requeue",
+    "Reservation",
     "SlurmAllocation",
     "SubmittedLaunch",
     "VersionMismatchError",
@@ -81,7 +86,9 @@ __all__ = [
     "file_handler",
     "jobs",
     "launch",
+    "release",
     "requeue_requested",
+    "reserve",
     "slurm_allocation",
     "stream_handler",
     "submit",

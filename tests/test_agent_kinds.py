@@ -91,5 +91,7 @@ def test_a_provider_naming_an_unknown_kind_is_refused_before_anything_starts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setitem(providers._BUILTIN, "odd", _provider("pigeons"))
-    with pytest.raises(slurmrun.OptionsValueError, match=r"'pigeons' agents.*local, srun, ssh"):
+    with pytest.raises(
+        slurmrun.OptionsValueError, match=r"'pigeons' agents.*local, reserved, srun, ssh"
+    ):
         slurmrun.Launcher().dry_run(print)

@@ -51,7 +51,7 @@ def test_help_at_80_columns_matches_golden_file() -> None:
     usage = lines[: lines.index("")]
     assert [line.split("slurmrun ")[1].split()[0] for line in usage] == [
         "[OPTIONS]", "[OPTIONS]", "--dry-run", "info", "submit", "status", "logs", "cancel", "jobs",
-        "stacks",
+        "reserve", "release", "stacks",
     ]  # fmt: skip
     options = {line.split()[0].rstrip(",") for line in lines if line.startswith("  -")}
     assert options == {"-h", "--version", "--dry-run", *launcher_options()}

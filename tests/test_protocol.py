@@ -106,6 +106,12 @@ def test_every_kind_round_trips_through_its_header() -> None:
             run=3, local_rank=1, request=2, text="sec", line="p sec", begidx=2, endidx=5
         ),
         protocol.DebugCompletions(request=2, matches=["secret_value"], local_rank=1, run=3),
+        protocol.Attach(pid=123, host="login1"),
+        protocol.Attached(session=2, hostnames=["node1", "node2"]),
+        protocol.Refused(why="a launcher holds them", busy=True),
+        protocol.Join(session=2, node_rank=1),
+        protocol.Join(session=2, node_rank=-1, stream=4),
+        protocol.Bridge(channel=4),
     ]
     assert {type(m) for m in messages} | {protocol.Start, protocol.Hello} == set(
         protocol.KINDS.values()

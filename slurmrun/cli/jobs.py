@@ -1,6 +1,7 @@
 """``slurmrun status|logs|cancel|jobs``: following the jobs of ``slurmrun submit``.
 
-They work on the jobs submitted into ``--folder`` (`slurmrun.cli.submitting`). Exit status: 0;
+They work on the jobs submitted into ``--folder`` (`slurmrun.cli.submitting`); ``jobs`` then
+lists the user's reservations (`slurmrun.reserve`). Exit status: 0;
 2 for bad options; 1 for a job that was not submitted into the folder, a folder that is
 not the user's alone (`slurmrun.batch.JobFolderError`), a job whose files fail their seal
 (`slurmrun.errors.JobFolderTamperedError`), or a failed ``scancel``; 130 when Ctrl-C ends
@@ -178,4 +179,22 @@ def _jobs(args: argparse.Namespace) -> int:
         print(
             "  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[3]]).rstrip()
         )
+    _reservations()
     return 0
+
+
+def _reservations() -> None:
+    """This user's reservations (`slurmrun.reserve`), after the jobs, if there are any."""
+    from slurmrun.batch.reserve import reservations  # noqa: PLC0415
+
+    found = reservations()
+    if not found:
+        return
+    rows = [("RESERVATION", "STATE", "NODES", "TIME LEFT", "LAUNCHER")]
+    for info in found:
+        who = info.attached or f"none for {info.idle_for:.0f} s"
+        rows.append((info.job_id, info.state, ",".join(info.hostnames), info.time_left, who))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    print()
+    for row in rows:
+        print("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[4]]))

@@ -41,6 +41,13 @@ VERBS = {
     "logs": Verb(_JOBS, "logs JOB_ID [-f]", "print a worker's output", named=True),
     "cancel": Verb(_JOBS, "cancel JOB_ID", "cancel a submitted job", named=True),
     "jobs": Verb(_JOBS, "jobs", "list the jobs submitted", named=True),
+    "reserve": Verb(
+        "slurmrun.cli.reserving",
+        "reserve --nodes N",
+        "keep agents for runs from here (--job)",
+        named=True,
+    ),
+    "release": Verb("slurmrun.cli.reserving", "release JOB_ID", "end a reservation", named=True),
     "stacks": Verb(
         "slurmrun.stacks.verb", "stacks [JOB_ID]", "print the Python stacks of a running launch"
     ),

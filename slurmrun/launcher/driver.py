@@ -137,7 +137,7 @@ class Launcher(Options):
         """
         kwargs = {} if func_kwargs is None else func_kwargs
         check_call(self, func, func_args, kwargs)
-        plan = make_plan(self)
+        plan = make_plan(self, wait=False)
         return replace(plan_dry_run(self, plan), workers_run=describe_call(func, func_args, kwargs))
 
     def __enter__(self) -> Launcher:

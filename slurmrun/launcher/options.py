@@ -155,6 +155,11 @@ class Options:
     one whose settings or environment differ, the next run has new workers (with a warning:
     their state is empty)."""
 
+    job: str | None = None
+    """A reservation's SLURM job id (`slurmrun.reserve`, ``slurmrun reserve``): the launch runs
+    on the agents that job keeps, from outside it (the login node); None: as `hostnames` says.
+    """
+
     learn_preloads: bool = True
     """Between the runs of a warm launcher, each node imports the installed packages that the
     last run's workers imported, so that the next run's workers start with them loaded
@@ -203,4 +208,5 @@ class LaunchOptions(TypedDict, total=False):
     on_event: EventHandler | None
     stall_timeout: float | None
     flight_recorder: bool
+    job: str | None
     learn_preloads: bool

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from slurmrun import providers
 from slurmrun.errors import OptionsValueError
-from slurmrun.launcher.agents import KINDS, AgentKind, AgentStart, Local, Srun, Ssh
+from slurmrun.launcher.agents import KINDS, AgentKind, AgentStart, Local, Reserved, Srun, Ssh
 from slurmrun.launcher.agents.common import control_env
 from slurmrun.launcher.agents.containers import PLAIN, AgentCommand, agent_command_of
 from slurmrun.launcher.agents.kind import StartOrder
@@ -83,8 +83,11 @@ class Plan:
         return self.agents.start(StartOrder(cfg, self.hostnames, log_dir, self.command, control))
 
 
-def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
+def make_plan(cfg: Options, *, check_driver_step: bool = True, wait: bool = True) -> Plan:
     """The plan for `cfg`'s options and the allocation this process is in.
+
+    With ``job=``, a reservation that is starting is waited for (``timeout``) unless not
+    `wait` (a dry run).
 
     Raises:
         RuntimeError: ``"slurm"`` asked for outside a job, or a step of several tasks runs
@@ -93,9 +96,37 @@ def make_plan(cfg: Options, *, check_driver_step: bool = True) -> Plan:
             twice, ``hosts`` or ``min_hosts`` out of range or without a restart, or an srun
             option that slurmrun sets itself (`slurmrun.launcher.agents.containers`).
     """
+    if cfg.job is not None:  # a reservation's agents: its nodes, as it started them
+        _check_reserved(cfg)
+        reserved = Reserved.of_job(cfg.job.strip(), float(cfg.timeout) if wait else 0.0)
+        hosts = list(reserved.record.hostnames)
+        counts = _counts(cfg.workers_per_host, hosts)
+        return Plan(hostnames=hosts, workers_per_host=counts, alloc=None, agents=reserved)
     plan = _hosts_plan(cfg, check_driver_step)
     _check_elastic(cfg, len(plan.hostnames), spares=len(plan.spares))
     return replace(plan, command=agent_command_of(cfg))
+
+
+def _check_reserved(cfg: Options) -> None:
+    """Refuses what a launch on a reservation's agents cannot honour (`Launcher.job`)."""
+    if not isinstance(cfg.job, str) or not cfg.job.strip():
+        raise OptionsValueError(
+            f"job must be a SLURM job id (a str such as '1234'), got {cfg.job!r}"
+        )
+    chosen = [
+        name
+        for name, value, default in (
+            ("hostnames", cfg.hostnames, "auto"),
+            ("hosts", cfg.hosts, None),
+            ("min_hosts", cfg.min_hosts, None),
+        )
+        if value != default
+    ]
+    if chosen:
+        raise OptionsValueError(
+            f"job={cfg.job!r} runs on every node of the reservation, as it started its agents: "
+            f"leave {', '.join(chosen)} unset (reserve as many nodes as the launch needs)"
+        )
 
 
 def check_for_hosts(cfg: Options, hosts: int) -> None:

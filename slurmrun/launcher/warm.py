@@ -80,6 +80,7 @@ _AGENT_OPTIONS = (
     "agent_prefix",
     "agent_python",
     "learn_preloads",
+    "job",
 )
 
 

@@ -53,6 +53,12 @@ assert_type(submitted.result(timeout=60), slurmrun.LaunchResult[int])
 assert_type(submitted.wait(timeout=60), str)
 assert_type(slurmrun.submit(double, (21,), dry_run=True).script, str)
 assert_type(slurmrun.attach("123", folder="slurmrun_jobs").state, str)
+with slurmrun.reserve(nodes=2, time_min=30, idle_timeout=300) as reservation:
+    assert_type(reservation, slurmrun.Reservation)
+    reservation.wait(timeout=600)
+    assert_type(slurmrun.launch(double, (21,), job=reservation.job_id), slurmrun.LaunchResult[int])
+assert_type(slurmrun.release("123"), str)
+slurmrun.reserve(nodes=2, idle_timeout="5")  # type: ignore[arg-type]  # a number of seconds
 assert_type([job.state for job in slurmrun.jobs(folder="slurmrun_jobs")], list[str])
 swept = slurmrun.submit_array(double, [(1,), (2,)], nodes=2, requeue=slurmrun.Requeue("USR1"))
 assert_type(swept, list[slurmrun.SubmittedLaunch[int]])

@@ -1,0 +1,333 @@
+"""Agents a reservation keeps (`slurmrun.reserve`), reached from outside its job.
+
+The agents run already: the reservation's keeper (`slurmrun.batch.keeper`) started them and
+is their launcher. A launcher with ``job=JOB_ID`` reads the reservation's record
+(`slurmrun.reservations`: the keeper's address and a secret only this user can read),
+attaches to the keeper (``ATTACH``; refused while another launcher holds the agents), and
+then, for each agent, joins a connection of the keeper (``JOIN``) to a connection of its own
+to its pool's listener, which listens on loopback only and is proven the launch's own secret
+as ever: the pool sees each agent connect and say hello, as agents of any kind do, and the
+keeper carries frames between them. The launch's secret never leaves this machine.
+
+Closing the pool closes every agent's connection (the keeper keeps the agents); this process
+going away, or its network, ends the session at the keeper, which ends its run on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from slurmrun import protocol
+from slurmrun.authentication import client_handshake
+from slurmrun.errors import AgentFailedError, OptionsValueError
+from slurmrun.launcher.address import Address, loopback
+from slurmrun.launcher.agents.common import silence as launcher_silence
+from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
+from slurmrun.launcher.agents.reserved_relay import SrunRelay
+from slurmrun.reservations import ReservationError, ReservationRecord, record_path
+from slurmrun.slurm.pending import job_wait
+from slurmrun.transport import Connection
+from slurmrun.variables import LAUNCHER_ADDR_VAR, PORT_VAR, SECRET_VAR
+
+if TYPE_CHECKING:
+    from slurmrun.launcher.options import Options
+    from slurmrun.providers import Hosts
+
+__all__ = ["ReservationBusy", "Reserved", "ReservedAgents"]
+
+CONNECT_TIMEOUT = 10.0  # the keeper's node answers within this, or is not reachable
+PROBE_TIMEOUT = 3.0  # the keeper's port answers within this, or srun is the way
+VIA_VAR = "SLURMRUN_RESERVE_VIA"  # direct, srun, or auto: how to reach the keeper
+BUSY_RETRY = 0.5  # between two tries while another launcher's session ends
+_CHUNK = 1 << 20
+WAIT_POLL = 0.5  # seconds between two looks at a reservation that is starting
+# A job in these states may still write its record: its launcher waits for it.
+STARTING = frozenset({"PENDING", "CONFIGURING", "RUNNING", "REQUEUED"})
+
+
+class ReservationBusy(ReservationError):
+    """Another launcher holds the reservation's agents (or its run is still ending)."""
+
+
+@dataclass(frozen=True)
+class Reserved(AgentKind):
+    """The agents of reservation `record.job_id` (`slurmrun.launcher.agents.kind.AgentKind`)."""
+
+    name: ClassVar[str] = "reserved"
+    shown: ClassVar[str] = "the agents a reservation keeps, through its keeper"
+    env_on_stdin: ClassVar[bool] = False
+    local_master: ClassVar[bool] = False
+    writes_logs: ClassVar[bool] = True  # srun agents, started by the keeper
+
+    record: ReservationRecord
+
+    @classmethod
+    def provided(cls, cfg: Options, found: Hosts) -> Reserved:
+        """See `AgentKind`: a reservation is asked for with ``job=``, not found by a provider.
+
+        Raises:
+            ValueError: always.
+        """
+        raise ValueError("a reservation's agents are asked for with job=JOB_ID")
+
+    @classmethod
+    def of_job(cls, job_id: str, wait: float = 0.0) -> Reserved:
+        """The kind for reservation `job_id`, from its record; waits for it while it starts.
+
+        While the job is pending (or starting its agents) this waits up to `wait` seconds,
+        saying why on stderr when that changes (SLURM's reason, its expected start).
+
+        Raises:
+            ReservationError: there is no record of it and it is not starting (not this
+                user's, or ended), or it is not this user's alone.
+            TimeoutError: it did not start within `wait` seconds.
+        """
+        deadline = time.monotonic() + wait
+        said = ""
+        while (record := ReservationRecord.read(job_id)) is None:
+            job = job_wait(job_id)
+            if job is None or job.state not in STARTING or job.uid not in {-1, os.getuid()}:
+                raise ReservationError(
+                    f"no reservation {job_id} of yours is running (its record "
+                    f"{record_path(job_id)} is not there, and SLURM says "
+                    f"{job.state if job else 'nothing of it'}): reserve with slurmrun.reserve() "
+                    "or `slurmrun reserve`"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"reservation {job_id} is not ready after timeout={wait:g} s: {job}"
+                )
+            line = f"slurmrun: waiting for reservation {job_id}: {job}"
+            if line != said:
+                print(line, file=sys.stderr, flush=True)
+                said = line
+            time.sleep(WAIT_POLL)
+        return cls(record)
+
+    def address(self, hostnames: Sequence[str]) -> Address:
+        """See `AgentKind`: loopback; only this process's own bridges connect."""
+        return Address(loopback().bind, loopback().advertise, "loopback: the keeper's bridges")
+
+    def start(self, order: StartOrder) -> AgentStart:
+        """See `AgentKind`: the agents run already; this joins them to the pool."""
+        env = dict(order.control)
+        starter = ReservedAgents(
+            self.record, order.log_dir.path, float(order.cfg.timeout), launcher_silence(order.cfg)
+        )
+        where = f"{self.record.host}:{self.record.port}"
+        names = tuple(sorted(k for k in env if k != SECRET_VAR))
+        return AgentStart(starter, env, (("attach", f"job {self.record.job_id}", where),), names)
+
+    def dry_workers(self, hostnames: Sequence[str], env: dict[str, str]) -> DryWorkers:
+        """See `AgentKind`: each agent decided when the reservation started."""
+        return DryWorkers(0, [0] * len(hostnames), "each agent decides on its node (0: unknown)")
+
+
+Dial = Callable[[], socket.socket]  # a new connection toward the keeper's port
+
+
+def direct(record: ReservationRecord, timeout: float = CONNECT_TIMEOUT) -> Dial:
+    """Connections straight to the keeper's port."""
+
+    def dial() -> socket.socket:
+        sock = socket.create_connection((record.host, record.port), timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    return dial
+
+
+def route(record: ReservationRecord, log_dir: str) -> tuple[Dial, SrunRelay | None]:
+    """How this process reaches the keeper: straight to its port, else through srun.
+
+    ``SLURMRUN_RESERVE_VIA`` (`VIA_VAR`) decides: ``direct``, ``srun``, or by default the
+    port if it answers within `PROBE_TIMEOUT`, else srun.
+
+    Raises:
+        OptionsValueError: the variable holds something else.
+        AgentFailedError: ``direct`` was asked for and the port does not answer.
+    """
+    via = os.environ.get(VIA_VAR, "auto") or "auto"
+    if via not in {"auto", "direct", "srun"}:
+        raise OptionsValueError(f"{VIA_VAR}={via!r}: set direct, srun or auto (the default)")
+    if via != "srun":
+        try:
+            direct(record, PROBE_TIMEOUT if via == "auto" else CONNECT_TIMEOUT)().close()
+        except OSError as e:
+            if via == "direct":
+                raise AgentFailedError(
+                    f"cannot reach the keeper of reservation {record.job_id} at "
+                    f"{record.host}:{record.port}: {e} ({VIA_VAR}=direct)"
+                ) from e
+            print(
+                f"slurmrun: the keeper of reservation {record.job_id} at {record.host}:"
+                f"{record.port} does not answer from here ({e}): going through srun "
+                f"--jobid {record.job_id} --overlap",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            return direct(record), None
+    relay = SrunRelay(record, os.path.join(log_dir, "relay.log"))
+    return relay.connect, relay
+
+
+def _connect(record: ReservationRecord, dial: Dial) -> Connection:
+    sock = dial()
+    try:
+        client_handshake(sock, bytes.fromhex(record.secret), CONNECT_TIMEOUT)
+    except BaseException:
+        sock.close()
+        raise
+    return Connection(sock)
+
+
+def attach(
+    record: ReservationRecord, dial: Dial, deadline: float, silence: float
+) -> tuple[Connection, int]:
+    """The session's control connection and id, trying again while another session ends.
+
+    Raises:
+        ReservationBusy: another launcher held the agents until `deadline`.
+        AgentFailedError: the keeper cannot be reached, or answers something else.
+    """
+    said = False
+    while True:
+        try:
+            conn = _connect(record, dial)
+            hello = protocol.Attach(pid=os.getpid(), host=socket.gethostname(), silence=silence)
+            conn.send(hello.header())
+            conn.sock.settimeout(CONNECT_TIMEOUT)
+            frame = conn.recv()
+        except (OSError, EOFError) as e:
+            raise AgentFailedError(
+                f"cannot reach the keeper of reservation {record.job_id} at {record.host}:"
+                f"{record.port}: {e} (has it ended? `slurmrun jobs`, or its log "
+                f"{record.folder}/{record.job_id}.log)"
+            ) from e
+        message = None if frame is None else protocol.parse(frame.header)
+        if isinstance(message, protocol.Attached):
+            conn.sock.settimeout(None)
+            return conn, message.session
+        conn.close()
+        if isinstance(message, protocol.Refused) and message.busy:
+            if time.monotonic() < deadline:
+                if not said:
+                    print(f"slurmrun: waiting: {message.why}", file=sys.stderr, flush=True)
+                    said = True
+                time.sleep(BUSY_RETRY)
+                continue
+            raise ReservationBusy(f"reservation {record.job_id}: {message.why}")
+        raise AgentFailedError(f"the keeper of reservation {record.job_id} refused: {message}")
+
+
+@dataclass
+class ReservedAgents:
+    """The bridges between the keeper's connections and the pool's listener, one per agent."""
+
+    record: ReservationRecord
+    log_dir: str
+    busy_wait: float = 30.0  # how long another launcher may hold the agents (`timeout`)
+    silence: float = 0.0  # this launcher's heartbeat timeout (`common.silence`)
+    control: Connection | None = None
+    dial: Dial | None = None
+    relay: SrunRelay | None = None
+    bridges: list[socket.socket] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self, env: Mapping[str, str]) -> None:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`."""
+        self.dial, self.relay = route(self.record, self.log_dir)
+        deadline = time.monotonic() + self.busy_wait
+        self.control, session = attach(self.record, self.dial, deadline, self.silence)
+        pool = (env[LAUNCHER_ADDR_VAR], int(env[PORT_VAR]))
+        secret = bytes.fromhex(env[SECRET_VAR])
+        for rank in range(len(self.record.hostnames)):
+            self._bridge(protocol.Join(session=session, node_rank=rank), pool, secret)
+        streams = threading.Thread(
+            target=self._streams, args=(self.control, session, pool, secret), daemon=True
+        )
+        streams.start()
+        self.threads.append(streams)
+
+    def _bridge(self, join: protocol.Join, pool: tuple[str, int], secret: bytes) -> None:
+        """Joins a connection of the keeper's (`join` says which) to one of the pool's."""
+        assert self.dial is not None  # noqa: S101 - start chose it
+        keeper = _connect(self.record, self.dial)
+        self.bridges.append(keeper.sock)
+        keeper.send(join.header())
+        ours = socket.create_connection(pool, timeout=CONNECT_TIMEOUT)
+        self.bridges.append(ours)
+        ours.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client_handshake(ours, secret, CONNECT_TIMEOUT)
+        keeper.sock.settimeout(None)
+        ours.settimeout(None)
+        for src, dst in ((keeper.sock, ours), (ours, keeper.sock)):
+            thread = threading.Thread(target=_pipe, args=(src, dst), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _streams(
+        self, control: Connection, session: int, pool: tuple[str, int], secret: bytes
+    ) -> None:
+        """Bridges each stream the keeper announces (a worker's large result) to the pool."""
+        with contextlib.suppress(OSError, EOFError):
+            while (frame := control.recv()) is not None:
+                message = protocol.parse(frame.header)
+                if isinstance(message, protocol.Bridge):
+                    join = protocol.Join(session=session, node_rank=-1, stream=message.channel)
+                    self._bridge(join, pool, secret)
+
+    def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`."""
+
+    def exit_codes(self) -> dict[int | None, int]:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`: the keeper's, none here."""
+        return {}
+
+    def log_file(self, node_rank: int | None) -> str | None:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`: the reservation's job log."""
+        return f"{self.record.folder}/{self.record.job_id}.log"
+
+    def stop(self, grace: float) -> None:
+        """See `slurmrun.launcher.agents.starters.AgentStarter`: ends the session.
+
+        The control connection closes first: the keeper then ends a run still in progress
+        on every node and closes its side of every bridge, which ends their threads.
+        """
+        if self.control is not None:
+            self.control.close()
+        deadline = time.monotonic() + grace
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for sock in list(self.bridges):
+            _shut(sock)
+        for thread in self.threads:
+            thread.join(1.0)
+        if self.relay is not None:
+            self.relay.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copies `src` to `dst` until either ends; then ends both (the other pipe stops too)."""
+    buffer = memoryview(bytearray(_CHUNK))
+    with contextlib.suppress(OSError):
+        while (n := src.recv_into(buffer)) > 0:
+            dst.sendall(buffer[:n])
+    for sock in (src, dst):
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

@@ -1,0 +1,107 @@
+"""A launcher's way to a reservation's keeper where the keeper's port cannot be reached.
+
+Sites that firewall their login nodes let nothing in or out but SLURM's own traffic; ``srun
+--jobid J --overlap`` from the login node always works. `SrunRelay` runs the relay
+(`slurmrun.node.keeper_relay`) on the keeper's node in such a step, and each `connect` is a
+new channel over its stdin and stdout (`slurmrun.channels`), handed out as a socket: the
+handshake and the frames over it are those of a direct connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import IO
+
+from slurmrun.channels import Mux
+from slurmrun.launcher.agents.containers import slurmrun_root
+from slurmrun.reservations import ReservationRecord
+
+__all__ = ["SrunRelay", "relay_command"]
+
+EXIT_WAIT = 5.0  # after its stdin closed, how long the relay's srun may take to exit
+
+# The relay's start on the keeper's node: this slurmrun, found at the path given.
+_BOOTSTRAP = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from slurmrun.node import keeper_relay; sys.exit(keeper_relay.main())"
+)
+
+
+def relay_command(record: ReservationRecord) -> list[str]:
+    """The srun command line that runs the relay on the keeper's node."""
+    return [
+        "srun",
+        f"--jobid={record.job_id}",
+        "--overlap",
+        "--nodes=1",
+        "--ntasks=1",
+        f"--nodelist={record.node or record.hostnames[0]}",
+        "--quiet",
+        "--job-name=slurmrun-relay",
+        sys.executable,
+        "-c",
+        _BOOTSTRAP,
+        slurmrun_root(),
+        record.host,
+        str(record.port),
+    ]
+
+
+@dataclass
+class SrunRelay:
+    """The relay's srun step, and the channels over it."""
+
+    record: ReservationRecord
+    log_path: str
+    proc: subprocess.Popen[bytes] | None = None
+    mux: Mux | None = None
+    _log: IO[bytes] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def connect(self) -> socket.socket:
+        """A new channel to the keeper's port (the relay starts with the first)."""
+        with self._lock:
+            if self.mux is None:
+                self._start()
+            assert self.mux is not None  # noqa: S101 - _start made it
+            return self.mux.open()
+
+    def _start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SLURMD_"))}
+        if "SLURM_CONF" in os.environ:
+            env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by close()
+        self.proc = subprocess.Popen(
+            relay_command(self.record),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=env,
+            start_new_session=True,  # a Ctrl-C reaches the launcher, which stops us
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # noqa: S101, PT018
+        self.mux = Mux(self.proc.stdout.fileno(), self.proc.stdin.fileno(), lines_in=True)
+        threading.Thread(target=self.mux.pump, daemon=True).start()
+
+    def close(self) -> None:
+        """Ends the relay: its stdin closes, it exits (bounded; then srun is killed)."""
+        proc = self.proc
+        if proc is not None:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+            try:
+                proc.wait(EXIT_WAIT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(EXIT_WAIT)
+            if proc.stdout is not None:
+                proc.stdout.close()
+        if self._log is not None:
+            self._log.close()
