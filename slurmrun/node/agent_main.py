@@ -18,6 +18,7 @@ import threading
 from slurmrun.environment import FORWARDED_SIGNALS, EnvFileError, source_env_file
 from slurmrun.node.proctitle import AGENT_COMM, node_name, set_title
 from slurmrun.node.spawner import Spawner, forget_variable
+from slurmrun.slurm.step import step_id
 from slurmrun.variables import (
     ENV_FILE_VAR,
     LEARN_PRELOADS_VAR,
@@ -106,7 +107,7 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    if "SLURM_STEP_ID" in os.environ:
+    if step_id(os.environ) is not None:
         # slurmstepd signals every process of the step (`scancel --signal`, `--signal=USR1@60`):
         # the agent must survive those, and workers get them directly. SIG_IGN is inherited by
         # the spawner; workers restore the default before running the user's function.

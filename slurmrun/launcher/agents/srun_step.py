@@ -19,6 +19,7 @@ from typing import IO, Any
 from slurmrun.launcher.agents.containers import PLAIN, AgentCommand, no_srun_message
 from slurmrun.launcher.agents.starters import wait_exit
 from slurmrun.logs import agent_log_path
+from slurmrun.slurm.step import step_id
 
 __all__ = [
     "AgentsStep",
@@ -202,7 +203,7 @@ def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
     Returns:
         A new dict.
     """
-    in_step = bool(environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
+    in_step = step_id(environ) is not None
 
     def keep(name: str) -> bool:
         if name in SRUN_KEEP_VARS:
