@@ -394,22 +394,24 @@ def connect_with_backoff(
             time.sleep(backoff.failed(e))
 
 
-def main(secret: bytes, spawner: Spawner | str) -> int:
+def main(secret: bytes, spawner: Spawner | str, unseen: str = "") -> int:
     """Runs the agent; returns its exit code.
 
     Args:
         secret: the launch secret, already removed from the environment.
         spawner: the started worker spawner, or why workers cannot be started here (a broken
             env file), for the launcher.
+        unseen: the launcher's log directory mark that this node cannot see
+            (`slurmrun.log_mark.unseen_mark`), for the launcher.
     """
     try:
-        return _run(secret, spawner)
+        return _run(secret, spawner, unseen)
     finally:
         if isinstance(spawner, Spawner):
             spawner.close()
 
 
-def _run(secret: bytes, spawner: Spawner | str) -> int:
+def _run(secret: bytes, spawner: Spawner | str, unseen: str) -> int:
     problem = spawner if isinstance(spawner, str) else None
     addr = os.environ[variables.LAUNCHER_ADDR_VAR]
     port = int(os.environ[variables.PORT_VAR])
@@ -454,6 +456,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         slurm_job=os.environ.get("SLURM_JOB_ID", ""),
         slurm_step="" if step is None else str(step),
         error=problem,
+        unseen_mark=unseen,
         version=slurmrun_version(),
         protocol=protocol_fingerprint(),
         python=sys.executable,
