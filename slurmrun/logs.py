@@ -48,6 +48,7 @@ from slurmrun.output import (
 )
 
 __all__ = [
+    "UNSHARED_LOG_DIR_ADVICE",
     "LineAssembler",
     "LogDir",
     "WorkerLog",
@@ -75,6 +76,15 @@ def worker_log_path(log_dir: str, hostname: str, local_rank: int) -> str:
     be in a file name (``/``) are %-escaped (`file_name`).
     """
     return os.path.join(log_dir, f"{file_name(hostname)}.{local_rank}.log")
+
+
+UNSHARED_LOG_DIR_ADVICE = (
+    "agents' log files are written by each node, so SLURMRUN_LOG_DIR must be a directory on a "
+    "filesystem that every node shares and can write (the default, ./slurmrun_logs, must then "
+    "be too). Set SLURMRUN_LOG_DIR to such a directory, or SLURMRUN_LOG_DIR='' to write no log "
+    "files on the nodes."
+)
+"""What a launch whose nodes cannot use its log directory says to do."""
 
 
 def agent_log_path(log_dir: str, hostname: str) -> str:

@@ -158,6 +158,9 @@ class Hello(Message):
     slurm_job: str = ""
     slurm_step: str = ""
     error: str | None = None  # why it cannot start workers (a broken env file)
+    # The launcher's mark in the log directory that this agent cannot see ("": seen, or none):
+    # its log files would land where the launcher never reads them.
+    unseen_mark: str = ""
     # Which slurmrun it runs (`slurmrun.versions`): the launcher refuses another one.
     version: str = ""
     protocol: str = ""

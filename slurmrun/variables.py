@@ -16,6 +16,7 @@ __all__ = [
     "JOB_TASKS_VAR",
     "LAUNCHER_ADDR_VAR",
     "LEARN_PRELOADS_VAR",
+    "LOG_DIR_MARK_VAR",
     "NODE_RANK_VAR",
     "PORT_VAR",
     "PRELOAD_LATER_VAR",
@@ -45,6 +46,10 @@ JOB_TASKS_VAR = "SLURMRUN_JOB_TASKS_PER_NODE"
 # srun reads some of the job's variables as its options, so they travel to srun agents under
 # this name (JSON, `slurmrun.worker_env.job_vars`), for the workers to see the job's values.
 JOB_ENV_VAR = "SLURMRUN_JOB_ENV"
+# A file the launcher wrote in the log directory that srun agents write into (`--output`): an
+# agent that cannot see it writes where the launcher never reads (SLURM 24.11+ creates the
+# missing folders instead of failing the task), and says so in its hello.
+LOG_DIR_MARK_VAR = "SLURMRUN_LOG_DIR_MARK"
 # Local agents only (srun agents are known by their node name):
 NODE_RANK_VAR = "SLURMRUN_NODE_RANK"
 HOSTNAME_VAR = "SLURMRUN_HOSTNAME"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import slurmrun
+from slurmrun import variables
+from slurmrun.launcher.agents.srun_step import SrunAgents
 from slurmrun.log_dirs import resolve_log_dir
 
 
@@ -91,3 +94,70 @@ def test_concurrent_launches_leave_one_whole_link(tmp_path, monkeypatch):
     assert (tmp_path / "latest").resolve().parent == tmp_path.resolve()
     assert (tmp_path / "latest").resolve().is_dir()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+# An srun agent that cannot see the launcher's log directory (SLURM 24.11+ creates the missing
+# folders of srun's --output on the node): the mark, and what the agent leaves behind.
+_AGENT = """
+import json, os, sys
+from slurmrun.log_mark import unseen_mark
+print(json.dumps(unseen_mark(os.environ)), file=sys.stderr)
+"""
+
+
+def _agent(tmp_path, mark):
+    """Runs `unseen_mark` as an srun agent would: its stdout a file in the mark's folder."""
+    folder = os.path.dirname(mark)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "node1.agent.log"), "w") as out:
+        done = subprocess.run(
+            [sys.executable, "-c", _AGENT],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, variables.LOG_DIR_MARK_VAR: mark},
+            check=True,
+        )
+    return json.loads(done.stderr)
+
+
+def test_an_agent_that_sees_the_mark_says_nothing_and_removes_nothing(tmp_path):
+    mark = tmp_path / "logs" / "run" / ".slurmrun-mark-1"
+    mark.parent.mkdir(parents=True)
+    mark.touch()
+    assert _agent(tmp_path, str(mark)) == ""
+    assert sorted(p.name for p in mark.parent.iterdir()) == [".slurmrun-mark-1", "node1.agent.log"]
+
+
+def test_an_agent_that_cannot_see_the_mark_names_it_and_leaves_nothing(tmp_path):
+    mark = tmp_path / "logs" / "run" / ".slurmrun-mark-1"  # the folder is the node's alone
+    assert _agent(tmp_path, str(mark)) == str(mark)
+    assert list((tmp_path / "logs").iterdir()) == []
+
+
+def test_an_agent_leaves_another_agents_file_and_its_folder(tmp_path):
+    mark = tmp_path / "logs" / "run" / ".slurmrun-mark-1"
+    mark.parent.mkdir(parents=True)
+    (mark.parent / "node2.agent.log").write_text("node2's")
+    assert _agent(tmp_path, str(mark)) == str(mark)
+    assert [p.name for p in mark.parent.iterdir()] == ["node2.agent.log"]
+
+
+def test_srun_agents_write_their_mark_while_they_run(tmp_path):
+    mark = tmp_path / ".slurmrun-mark-1"
+    seen = tmp_path / "seen"
+    script = (
+        f"import os; open({str(seen)!r}, 'w').write(os.environ[{variables.LOG_DIR_MARK_VAR!r}])"
+    )
+    agents = SrunAgents(
+        command=[sys.executable, "-c", script],
+        log_path=str(tmp_path / "srun.log"),
+        node_logs={},
+        hostnames=["node1"],
+        mark=str(mark),
+    )
+    agents.start(dict(os.environ))
+    assert mark.exists()
+    agents.stop(10.0)
+    assert seen.read_text() == str(mark)  # the agents got its name
+    assert not mark.exists()

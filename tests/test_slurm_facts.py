@@ -16,6 +16,7 @@ from slurmrun.slurm import job_end as slurm_end
 from slurmrun.slurm import scontrol as slurm_scontrol
 from slurmrun.slurm.job import SlurmAllocation, auto_workers_per_host, slurm_allocation
 from slurmrun.slurm.scontrol import parse_scontrol_gpus, scontrol_gpus
+from slurmrun.slurm.step import step_id
 from slurmrun.worker_env import expand_counts
 
 
@@ -724,6 +725,23 @@ def test_slurm_allocation_names_the_step_and_its_tasks():
     result = slurm_allocation(env, scontrol=lambda job_id: None)
     assert result is not None
     assert result.driver_step == slurm_job.DriverStep("55.3", num_tasks=2, proc_id=1)
+
+
+@pytest.mark.parametrize("special", ["-5", "4294967291", "-4", "-6", "4294967293", "", "batch"])
+def test_a_batch_script_or_other_special_step_is_the_job_shell_not_a_step(special):
+    # Issue 50: 26.05 sets SLURM_STEP_ID=-5 (SLURM_BATCH_SCRIPT) in a batch script.
+    env = job_env(SLURM_TASKS_PER_NODE="2(x2)", SLURM_STEP_ID=special, SLURM_STEPID=special)
+    assert step_id(env) is None
+    result = slurm_allocation(env, scontrol=lambda job_id: "unused")
+    assert result is not None
+    assert result.driver_step is None
+    assert result.tasks_per_node == [2, 2]
+
+
+@pytest.mark.parametrize(("value", "expected"), [("0", 0), ("7", 7), ("4294967279", 4294967279)])
+def test_a_regular_step_id_is_a_step(value, expected):
+    assert step_id({"SLURM_STEPID": value}) == expected
+    assert step_id({"SLURM_STEP_ID": value}) == expected
 
 
 def test_slurm_allocation_rejects_a_node_count_that_contradicts_the_node_list():

@@ -139,6 +139,14 @@ def test_srun_environment_keeps_the_job_and_drops_what_reshapes_the_step():
         assert name not in env
 
 
+def test_srun_environment_in_a_batch_script_keeps_what_a_step_would_drop():
+    # 26.05 sets SLURM_STEP_ID=-5 in a batch script (the batch step's id): not a step.
+    env = {**DRIVER_STEP_ENV, "SLURM_STEP_ID": "-5", "SLURM_STEPID": "-5"}
+    kept = srun_step.srun_environment(env)
+    assert kept["SLURM_STEP_NODELIST"] == "node1"
+    assert kept["SLURM_PROCID"] == "0"
+
+
 @pytest.mark.parametrize("version", ["22.05", "24.11", "26.05"])
 def test_srun_environment_drops_every_input_variable_of_each_slurm_versions_srun(version):
     # srun's INPUT ENVIRONMENT VARIABLES, from the man page of that version's Debian package
@@ -187,7 +195,8 @@ def test_the_secret_never_goes_on_the_srun_command_line(monkeypatch, tmp_path):
     export = next(p for p in starter.command if p.startswith("--export="))
     names = export.removeprefix("--export=").split(",")
     assert "SLURMRUN_SECRET" in names
-    assert all(name in env for name in names)
+    # The log directory's mark is named here; its value is set when the starter starts.
+    assert all(name in env for name in names if name != variables.LOG_DIR_MARK_VAR)
 
 
 def test_the_launch_environment_has_the_mapping_and_not_the_driver_step(monkeypatch, tmp_path):

@@ -44,6 +44,9 @@ from slurmrun.variables import IGNORED_SIGNALS_VAR, WORKER_UMASK_VAR
 
 __all__ = ["JobCall", "Outcome"]
 
+# In the job's folder once a run ended the job at its requeue cap (`RequeueLimitError`'s text).
+CAPPED_FILE = "requeue.capped"
+
 
 @dataclass
 class Outcome:
@@ -142,6 +145,9 @@ class JobCall:
         watch = None if policy is None else RequeueWatch(policy, Path(os.environ[REQUEUE_FLAG_VAR]))
         outcome: Outcome | None = None
         try:
+            capped = _capped_before(job_dir, job_id) if policy is not None else None
+            if capped is not None:
+                return capped
             self._restore()
             launcher, func, args, kwargs, workers = self._unpickle()
             launcher = _job_launcher(launcher, workers, job_dir)
@@ -157,12 +163,15 @@ class JobCall:
         # Signalled or preempted: this run's outcome is not the job's (it was cut short).
         if count >= watch.policy.max_requeues:
             why = f"signalled ({name})" if watch.requested else "preempted"
-            return _error(
-                RequeueLimitError(
-                    f"job {job_id} was {why} after {count} requeues "
-                    f"(max_requeues={watch.policy.max_requeues}): not requeued again"
-                )
+            error = RequeueLimitError(
+                f"job {job_id} was {why} after {count} requeues "
+                f"(max_requeues={watch.policy.max_requeues}): not requeued again"
             )
+            # SLURM 24.11+ requeues a preempted job itself even when its batch script ended
+            # first (22.05 ends it COMPLETED): the run it starts then ends with this error.
+            with contextlib.suppress(OSError):  # then that run launches again
+                Path(job_dir, CAPPED_FILE).write_text(str(error), encoding="utf-8")
+            return _error(error)
         return _error(RuntimeError(requeue_this_job(job_id)))
 
     def _restore(self) -> None:
@@ -202,6 +211,24 @@ def _preempted(outcome: Outcome | None, job_id: str) -> bool:
             flush=True,
         )
     return preempted is not None
+
+
+def _capped_before(job_dir: str, job_id: str) -> Outcome | None:
+    """The error of an earlier run of this job that ended it at its requeue cap, if any.
+
+    A run SLURM starts after that (it requeued the preempted job itself) launches nothing.
+    """
+    try:
+        message = Path(job_dir, CAPPED_FILE).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    print(
+        f"slurmrun: SLURM requeued job {job_id} after an earlier run ended it at its requeue "
+        "cap: this run launches nothing",
+        file=sys.stderr,
+        flush=True,
+    )
+    return _error(RequeueLimitError(message))
 
 
 def _error(exc: Exception) -> Outcome:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import logging
+import os
 import shutil
 import socket
 import time
@@ -35,7 +36,7 @@ from slurmrun.launcher.listener import Listener
 from slurmrun.launcher.output_stage import Credits, output_window
 from slurmrun.launcher.pump import Closed, Event, Local, Received, all_of, drain, pump
 from slurmrun.launcher.share import PoolAgent
-from slurmrun.logs import LogDir
+from slurmrun.logs import UNSHARED_LOG_DIR_ADVICE, LogDir
 from slurmrun.transport import Connection, Frame
 from slurmrun.versions import mismatch
 
@@ -271,6 +272,17 @@ class AgentPool:
         """Takes in a new agent (or raises for a connection that is not one)."""
         agent = _admit(self, conn, hello)
         self._by_conn[id(conn)] = agent
+        if hello.unseen_mark:
+            folder = os.path.dirname(hello.unseen_mark)
+            raise AgentFailedError(
+                f"the agent on {agent.hostname} could not start: {agent.hostname} cannot see "
+                f"the log directory {folder} (the file {hello.unseen_mark} that the launcher "
+                f"wrote there is not there), so its log file "
+                f"{self.starter.log_file(agent.node_rank)} and its workers' would be where the "
+                f"launcher never reads them: {UNSHARED_LOG_DIR_ADVICE}",
+                hostname=agent.hostname,
+                node_rank=agent.node_rank,
+            )
         if hello.error:
             raise AgentFailedError(
                 f"the agent on {agent.hostname} could not prepare its workers: {hello.error}",

@@ -44,6 +44,7 @@ from slurmrun.node.store_port import StorePort
 from slurmrun.node.supervisor import RunWorkers, no_stacks
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
 from slurmrun.slurm.job import agent_auto_workers
+from slurmrun.slurm.step import step_id
 from slurmrun.transport import Frame, bound_unacknowledged_sends
 from slurmrun.variables import HEARTBEAT_VAR
 from slurmrun.versions import protocol_fingerprint, slurmrun_version, where_installed
@@ -393,22 +394,24 @@ def connect_with_backoff(
             time.sleep(backoff.failed(e))
 
 
-def main(secret: bytes, spawner: Spawner | str) -> int:
+def main(secret: bytes, spawner: Spawner | str, unseen: str = "") -> int:
     """Runs the agent; returns its exit code.
 
     Args:
         secret: the launch secret, already removed from the environment.
         spawner: the started worker spawner, or why workers cannot be started here (a broken
             env file), for the launcher.
+        unseen: the launcher's log directory mark that this node cannot see
+            (`slurmrun.log_mark.unseen_mark`), for the launcher.
     """
     try:
-        return _run(secret, spawner)
+        return _run(secret, spawner, unseen)
     finally:
         if isinstance(spawner, Spawner):
             spawner.close()
 
 
-def _run(secret: bytes, spawner: Spawner | str) -> int:
+def _run(secret: bytes, spawner: Spawner | str, unseen: str) -> int:
     problem = spawner if isinstance(spawner, str) else None
     addr = os.environ[variables.LAUNCHER_ADDR_VAR]
     port = int(os.environ[variables.PORT_VAR])
@@ -442,6 +445,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
     launcher = LauncherConnection(sock, hostname)
     # The store listens where the other nodes reach this one: our side of the launcher's route.
     store_port = StorePort(sock.getsockname()[0])
+    step = step_id(os.environ)
     hello = protocol.Hello(
         hostname=hostname,
         node_rank=int(os.environ.get(variables.NODE_RANK_VAR, "-1")),
@@ -450,8 +454,9 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         master_port=store_port.port,
         pid=os.getpid(),
         slurm_job=os.environ.get("SLURM_JOB_ID", ""),
-        slurm_step=os.environ.get("SLURM_STEP_ID", ""),
+        slurm_step="" if step is None else str(step),
         error=problem,
+        unseen_mark=unseen,
         version=slurmrun_version(),
         protocol=protocol_fingerprint(),
         python=sys.executable,
@@ -466,7 +471,7 @@ def _run(secret: bytes, spawner: Spawner | str) -> int:
         store_port=store_port,
         silence=silence,
     )
-    agent.in_step = "SLURM_STEP_ID" in os.environ
+    agent.in_step = step is not None
     if not agent.in_step:
         # Inside a SLURM step, slurmstepd signals every process of the step itself (workers
         # included); forwarding there would deliver each signal twice.

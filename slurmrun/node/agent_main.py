@@ -16,8 +16,10 @@ import sys
 import threading
 
 from slurmrun.environment import FORWARDED_SIGNALS, EnvFileError, source_env_file
+from slurmrun.log_mark import unseen_mark
 from slurmrun.node.proctitle import AGENT_COMM, node_name, set_title
 from slurmrun.node.spawner import Spawner, forget_variable
+from slurmrun.slurm.step import step_id
 from slurmrun.variables import (
     ENV_FILE_VAR,
     LEARN_PRELOADS_VAR,
@@ -106,7 +108,10 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    if "SLURM_STEP_ID" in os.environ:
+    # First, before the other agents' hellos can end the step: a node that cannot see the
+    # log directory removes what SLURM created there for it.
+    unseen = unseen_mark(os.environ)
+    if step_id(os.environ) is not None:
         # slurmstepd signals every process of the step (`scancel --signal`, `--signal=USR1@60`):
         # the agent must survive those, and workers get them directly. SIG_IGN is inherited by
         # the spawner; workers restore the default before running the user's function.
@@ -142,7 +147,7 @@ def main() -> int:
             spawner.close()
         print(f"slurmrun.node.agent: {missing_dependency(e.name or str(e))}", file=sys.stderr)
         return 1
-    return agent.main(secret, spawner)
+    return agent.main(secret, spawner, unseen)
 
 
 def _on_sigterm(signum: int, frame: object) -> None:

@@ -20,6 +20,7 @@ from slurmrun.slurm.scontrol import (
     parse_scontrol_gpus,
     scontrol_show_job,
 )
+from slurmrun.slurm.step import step_id
 from slurmrun.variables import JOB_TASKS_VAR
 from slurmrun.worker_env import expand_counts
 
@@ -119,10 +120,11 @@ def slurm_allocation(
     on), ``SLURM_GPUS_PER_NODE``, ``SLURM_TRES_PER_NODE``, ``SLURM_JOB_GRES``, and last
     ``SLURM_GPUS`` (a job total, used only when it splits evenly across the nodes).
 
-    Inside a step (``SLURM_STEP_ID`` is set, e.g. ``srun -N1 -n1 python train.py``) those
-    variables describe the step, not the job, so tasks and GPUs per node come from
-    ``scontrol show job -d`` instead (see `job_tasks_per_node` and `parse_scontrol_gpus`),
-    and ``driver_step`` says which step this is.
+    Inside a step (`step_id`: ``SLURM_STEP_ID`` is a regular step id, e.g. ``srun -N1 -n1
+    python train.py``; not a batch script's ``-5``) those variables describe the step, not
+    the job, so tasks and GPUs per node come from ``scontrol show job -d`` instead (see
+    `job_tasks_per_node` and `parse_scontrol_gpus`), and ``driver_step`` says which step
+    this is.
 
     Args:
         environ: the environment to read; ``os.environ`` by default.
@@ -336,9 +338,9 @@ def env_job_id(env: Mapping[str, str]) -> str | None:
 
 
 def _driver_step(env: Mapping[str, str], job_id: str) -> DriverStep | None:
-    """The step this process is a task of; None in the job's shell (no SLURM_STEP_ID there)."""
-    step = env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")
-    if not step:
+    """The step this process is a task of; None in the job's shell (`step_id` says)."""
+    step = step_id(env)
+    if step is None:
         return None
     counts = []
     for variable in ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"):

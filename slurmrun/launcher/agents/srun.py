@@ -20,11 +20,16 @@ from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.launcher.address import Address, routed
 from slurmrun.launcher.agents.common import agent_env
 from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
-from slurmrun.launcher.agents.srun_step import AgentsStep, srun_agents, srun_environment
-from slurmrun.logs import agent_log_path
+from slurmrun.launcher.agents.srun_step import (
+    AgentsStep,
+    log_dir_mark,
+    srun_agents,
+    srun_environment,
+)
+from slurmrun.logs import UNSHARED_LOG_DIR_ADVICE, agent_log_path
 from slurmrun.slurm.job import SlurmAllocation, job_gpus_per_node
 from slurmrun.slurm.scontrol import NodeState, scontrol_node_states
-from slurmrun.variables import JOB_ENV_VAR, JOB_TASKS_VAR
+from slurmrun.variables import JOB_ENV_VAR, JOB_TASKS_VAR, LOG_DIR_MARK_VAR
 from slurmrun.worker_env import job_vars
 
 if TYPE_CHECKING:
@@ -151,14 +156,16 @@ class Srun(AgentKind):
         environ = srun_environment(os.environ)
         control = {**order.control, JOB_ENV_VAR: job_vars(os.environ)}  # SLURM_JOB_NAME...
         env = agent_env(order.cfg, environ, control)
-        names = sorted(env)
         log_dir = order.log_dir
+        # The mark's value is the starter's, set when it starts (a dry run names no file).
+        names = sorted([*env, *([LOG_DIR_MARK_VAR] if log_dir.keep else [])])
         starter = srun_agents(
             self.step(order.hostnames),
             log_dir.path,
             names,
             node_logs=log_dir.keep,
             command=order.command,
+            mark=log_dir_mark(log_dir.path) if log_dir.keep else None,
         )
         return AgentStart(starter, {**environ, **env}, (tuple(starter.command),), tuple(names))
 
@@ -259,10 +266,7 @@ def agent_start_failure(
     return host, (
         f"the agent on {host} could not start: srun says task {task} launch failed: "
         f"{match.group(2).strip()}. Most likely {host} could not open its log file {path}: "
-        "agents' log files are written by each node, so SLURMRUN_LOG_DIR must be a "
-        "directory on a filesystem that every node shares and can write (the default, "
-        "./slurmrun_logs, must then be too). Set SLURMRUN_LOG_DIR to such a directory, or "
-        "SLURMRUN_LOG_DIR='' to write no log files on the nodes."
+        f"{UNSHARED_LOG_DIR_ADVICE}"
     )
 
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -19,6 +20,8 @@ from typing import IO, Any
 from slurmrun.launcher.agents.containers import PLAIN, AgentCommand, no_srun_message
 from slurmrun.launcher.agents.starters import wait_exit
 from slurmrun.logs import agent_log_path
+from slurmrun.slurm.step import step_id
+from slurmrun.variables import LOG_DIR_MARK_VAR
 
 __all__ = [
     "AgentsStep",
@@ -202,7 +205,7 @@ def srun_environment(environ: Mapping[str, str]) -> dict[str, str]:
     Returns:
         A new dict.
     """
-    in_step = bool(environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID"))
+    in_step = step_id(environ) is not None
 
     def keep(name: str) -> bool:
         if name in SRUN_KEEP_VARS:
@@ -260,12 +263,23 @@ def agents_step_command(
     return [*cmd, *command.srun_args, *command.agent()]
 
 
+def log_dir_mark(log_dir: str) -> str:
+    """A file name in `log_dir`, new for each start of agents: `SrunAgents` writes it there.
+
+    Each agent checks that it sees it (`slurmrun.variables.LOG_DIR_MARK_VAR`): a node that
+    does not would write its log files where the launcher never reads them.
+    """
+    return os.path.join(log_dir, f".slurmrun-mark-{uuid.uuid4().hex}")
+
+
 def srun_agents(
     step: AgentsStep,
     log_dir: str,
     export: Sequence[str],
+    *,
     node_logs: bool = True,
     command: AgentCommand = PLAIN,
+    mark: str | None = None,
 ) -> SrunAgents:
     """An `AgentStarter` that runs the agents as one srun step.
 
@@ -276,6 +290,7 @@ def srun_agents(
         node_logs: whether each node writes ``<host>.agent.log`` into `log_dir` (which then
             must be shared by the nodes); else the agents' output goes to ``srun.log``.
         command: the agent's command and the options added to srun's.
+        mark: the file the agents look for (`log_dir_mark`), written while they run.
     """
     srun = shutil.which("srun")
     if srun is None:
@@ -286,6 +301,7 @@ def srun_agents(
         log_path=os.path.join(log_dir, "srun.log"),
         node_logs={h: agent_log_path(log_dir, h) for h in hostnames} if node_logs else {},
         hostnames=hostnames,
+        mark=mark,
     )
 
 
@@ -302,6 +318,7 @@ class SrunAgents:
     hostnames: Sequence[str]
     proc: subprocess.Popen[bytes] | None = None
     step: str | None = None  # "<job id>.<step id>", once an agent said
+    mark: str | None = None  # `log_dir_mark`: exists from `start` to `stop`
     _log: IO[bytes] | None = None
 
     def agent_hello(self, node_rank: int, hello: Mapping[str, Any]) -> None:
@@ -318,6 +335,10 @@ class SrunAgents:
 
     def start(self, env: Mapping[str, str]) -> None:
         """See `AgentStarter`."""
+        if self.mark is not None:
+            with open(self.mark, "x"):
+                pass
+            env = {**env, LOG_DIR_MARK_VAR: self.mark}
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         try:
             self.proc = subprocess.Popen(
@@ -370,3 +391,6 @@ class SrunAgents:
             finally:
                 if self._log is not None:
                     self._log.close()
+                if self.mark is not None:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.mark)
