@@ -24,6 +24,9 @@ C10D = f"{SITE}/torch/distributed/distributed_c10d.py"
 LOGGER = f"{SITE}/torch/distributed/c10d_logger.py"
 OURS = os.path.join(os.path.dirname(slurmrun.__file__), "node", "worker.py")
 TRAIN = "/work/train.py"
+CUDA = f"{SITE}/torch/cuda/__init__.py"
+LOADER = f"{SITE}/torch/utils/data/dataloader.py"
+THREADING = threading.__file__
 
 
 def _thread(*frames: tuple[str, int, str] | tuple[str, int, str, str]) -> ThreadStack:
@@ -46,17 +49,14 @@ def _rank(*threads: ThreadStack) -> RankStacks:
         ([(TRAIN, 10, "step"), (C10D, 4500, "broadcast")], Activity.WAITING),
         ([(TRAIN, 10, "step"), (C10D, 4500, "reduce_scatter_tensor")], Activity.WAITING),
         ([(TRAIN, 10, "step"), (C10D, 4500, "recv")], Activity.WAITING),
-        ([(TRAIN, 10, "step"), (f"{SITE}/torch/cuda/__init__.py", 900, "synchronize")],
-         Activity.WAITING),  # fmt: skip
+        ([(TRAIN, 10, "step"), (CUDA, 900, "synchronize")], Activity.WAITING),
         # a work handle's wait is C: the user's line shows it
         ([(TRAIN, 12, "step", "work.wait()")], Activity.WAITING),
         # torch.distributed, but no collective: working
         ([(TRAIN, 10, "step"), (C10D, 1200, "get_rank")], Activity.WORKING),
         # a Python wait (threading) is not a collective
-        ([(TRAIN, 10, "step", "event.wait()"), ("/usr/lib/python3.11/threading.py", 320,
-          "wait")], Activity.WORKING),  # fmt: skip
-        ([(TRAIN, 10, "step"), (f"{SITE}/torch/utils/data/dataloader.py", 631, "__next__")],
-         Activity.WORKING),  # fmt: skip
+        ([(TRAIN, 10, "step", "event.wait()"), (THREADING, 320, "wait")], Activity.WORKING),
+        ([(TRAIN, 10, "step"), (LOADER, 631, "__next__")], Activity.WORKING),
         ([(TRAIN, 10, "step", "time.sleep(0.3)")], Activity.WORKING),
         ([(OURS, 400, "main"), (OURS, 300, "next_call")], Activity.IDLE),
         ([], Activity.UNKNOWN),
@@ -80,7 +80,7 @@ def test_the_hot_frame_is_the_innermost_of_the_users_code() -> None:
     loading = _thread(
         (TRAIN, 120, "main"),
         (TRAIN, 61, "train_step"),
-        (f"{SITE}/torch/utils/data/dataloader.py", 631, "__next__"),
+        (LOADER, 631, "__next__"),
     )
     assert hot_frame(_rank(loading)) == Frame(TRAIN, 61, "train_step")
     only_torch = _thread((f"{SITE}/torch/nn/modules/module.py", 1500, "_call_impl"))

@@ -480,8 +480,8 @@ def test_a_report_groups_ranks_with_the_same_stack_into_one_line() -> None:
         ([7], 7),
     ]
     assert report.summary() == (
-        "ranks 0-6, 8-15: waiting: all_reduce (distributed_c10d.py:2810) <- train_step (train.py:88)"
-        " <- main (train.py:120)\n"
+        "ranks 0-6, 8-15: waiting: all_reduce (distributed_c10d.py:2810)"
+        " <- train_step (train.py:88) <- main (train.py:120)\n"
         "rank 7 (node1): working: __next__ (dataloader.py:631) <- train_step (train.py:61)"
         " <- main (train.py:120)"
     )

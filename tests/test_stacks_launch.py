@@ -234,7 +234,8 @@ def test_a_failed_run_notes_where_the_ranks_still_running_were(tmp_path: Path) -
                         backend=None)  # fmt: skip
     notes = "\n".join(getattr(caught.value, "__notes__", []))
     assert "slurmrun: where the ranks still running were:" in notes, notes
-    assert "rank 1 (localhost): working: waiting_for_nothing (test_stacks_launch.py:" in notes, notes
+    line = "rank 1 (localhost): working: waiting_for_nothing (test_stacks_launch.py:"
+    assert line in notes, notes
     assert "rank 0" not in notes.split("were:")[1].split("(every")[0], notes
     assert len(_reports(tmp_path)) == 1
 
