@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from slurmrun.batch.submit import submit
     from slurmrun.errors import (
         AgentFailedError,
+        HangError,
         OptionsError,
         OptionsTypeError,
         OptionsValueError,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "AgentFailedError": "slurmrun.errors",
+    "HangError": "slurmrun.errors",
     "LaunchResult": "slurmrun.result",
     "OptionsError": "slurmrun.errors",
     "OptionsTypeError": "slurmrun.errors",
@@ -65,6 +67,7 @@ _EXPORTS = {
 
 __all__ = [
     "AgentFailedError",
+    "HangError",
     "LaunchResult",
     "Launcher",
     "OptionsError",

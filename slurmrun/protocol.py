@@ -330,6 +330,9 @@ class Stacks(Message):
     note: str = ""  # why there are none ("exited with code 0"), clipped
     local_rank: int = -1
     run: int = 0
+    # The collectives the worker's process groups began (torch's sequence numbers, summed);
+    # -1: unknown. A rank seen twice in one collective has not progressed if it is unchanged.
+    progress: int = -1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "note", clip(self.note, 1000))

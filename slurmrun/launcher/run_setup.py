@@ -74,7 +74,13 @@ class Watching:
         trace: the launch's events and milestones (None: none).
         stall_timeout: seconds without a word from any rank that make a stall (None: off;
             `slurmrun.launcher.watch`).
+        stragglers: whether every rank's stacks are sampled for stragglers
+            (`slurmrun.launcher.sampling`).
+        hang_timeout: seconds every rank may be stuck, some in a collective, or ``"auto"``
+            (`slurmrun.launcher.hangs`); None: off.
     """
 
     trace: Trace | None = None
     stall_timeout: float | None = None
+    stragglers: bool = False
+    hang_timeout: float | Literal["auto"] | None = None

@@ -315,5 +315,6 @@ def _run(  # noqa: PLR0917 - private, called once
         log_level=log_level(),
         show_ranks=cfg.show_ranks,
     )
-    run = Run(pool, call, output, Watching(trace, cfg.stall_timeout))
+    watching = Watching(trace, cfg.stall_timeout, cfg.stragglers, cfg.hang_timeout)
+    run = Run(pool, call, output, watching)
     return run.run()

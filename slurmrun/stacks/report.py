@@ -103,6 +103,7 @@ class RankStacks:
     threads: tuple[ThreadStack, ...]
     source: StackSource
     note: str = ""
+    progress: int | None = None  # collectives begun (`slurmrun.protocol.Stacks`); None: unknown
 
 
 def _short(text: str) -> str:
