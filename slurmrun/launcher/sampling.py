@@ -16,18 +16,19 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from slurmrun import protocol
-from slurmrun.errors import HangError, add_note
+from slurmrun.errors import HangError
 from slurmrun.events import Straggler, Trace
 from slurmrun.launcher.hangs import HangJudge
 from slurmrun.launcher.pool import AgentPool
 from slurmrun.launcher.share import Share
 from slurmrun.launcher.stacks_gather import Gather
-from slurmrun.launcher.stragglers import Found, StragglerJudge
+from slurmrun.launcher.stragglers import WINDOW, Found, StragglerJudge
 
 if TYPE_CHECKING:
     from slurmrun.stacks.report import StackReport
@@ -36,10 +37,14 @@ __all__ = ["INTERVAL", "Sampling"]
 
 log = logging.getLogger("slurmrun")
 
-INTERVAL = 0.25  # seconds between samples
+INTERVAL = 0.25  # seconds between samples, up to 500 ranks
+# More ranks are sampled less often, so that the launcher parses at most ~2000 answers a second;
+# the stragglers' window then grows to hold as many samples.
+PER_RANK = 0.0005
 # A worker that does not answer itself within this is dumped by faulthandler (the GIL is held).
 ANSWER_WAIT = 0.5
 SAMPLE_WAIT = 3.0  # the most a sample waits for its answers
+_KEPT = 8  # the last samples in which some rank held the others back, for the reports
 
 
 class Sampling:
@@ -72,7 +77,10 @@ class Sampling:
         self.shares = shares
         self.labels = labels
         self.pool = pool
-        self.stragglers = StragglerJudge() if stragglers else None
+        ranks = sum(share.workers for share in shares.values())
+        self.interval = max(INTERVAL, PER_RANK * ranks)
+        window = WINDOW * self.interval / INTERVAL
+        self.stragglers = StragglerJudge(window) if stragglers else None
         self.hangs = HangJudge(hang_timeout) if hang_timeout is not None else None
         self.trace = trace
         self.log_dir = log_dir
@@ -80,6 +88,8 @@ class Sampling:
         self._next = 0.0
         self.samples = 0
         self._paused = False
+        self._lone: deque[tuple[frozenset[int], StackReport]] = deque(maxlen=_KEPT)
+        self._warned: dict[int, int] = {}  # how often each rank was found
 
     def on_tick(self, now: float, paused: bool) -> None:
         """Takes a sample whose answers are in; asks for the next when it is time.
@@ -102,7 +112,7 @@ class Sampling:
             return
         if not all(share.started for share in self.shares.values()):
             return
-        self._next = now + INTERVAL
+        self._next = now + self.interval
         gather = Gather(
             self.run, self.shares, self.labels, "sampled", now, now + SAMPLE_WAIT,
             answer_wait=ANSWER_WAIT,
@@ -127,17 +137,24 @@ class Sampling:
         report = gather.report(now - gather.started)
         self.samples += 1
         if self.stragglers is not None:
-            for found in self.stragglers.add(report, now):
-                self._straggler(found, report)
+            found = self.stragglers.add(report, now)
+            if self.stragglers.lone:
+                self._lone.append((self.stragglers.lone, report))
+            for one in found:
+                # The report shows a sample in which the straggler held the others back.
+                shown = next((r for lone, r in reversed(self._lone) if one.rank in lone), report)
+                self._straggler(one, shown)
         if self.hangs is not None:
             try:
                 self.hangs.add(report, now)
             except HangError as e:
                 path = _write(report, self.log_dir, "stacks")
-                if path is not None:
-                    e.stacks_file = str(path)
-                    add_note(e, f"(every thread's stacks: {path})")
-                raise
+                if path is None:
+                    raise
+                where = f"{e}\n(every thread's stacks: {path})"
+                raise HangError(
+                    where, seconds=e.seconds, stuck=e.stuck, report=e.report, stacks_file=str(path)
+                ) from None
 
     def _straggler(self, found: Found, report: StackReport) -> None:
         text = (
@@ -146,7 +163,10 @@ class Sampling:
             f"(a typical rank: {found.typical:.0%}), at {', '.join(found.hot_frames) or '?'}"
         )
         path = _write_straggler(text, report, self.log_dir)
-        log.warning("slurmrun: %s%s", text, f" (report: {path})" if path else "")
+        count = self._warned[found.rank] = self._warned.get(found.rank, 0) + 1
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th... time: a long run stays readable
+            later = "" if count == 1 else f" (found {count} times; the event comes every time)"
+            log.warning("slurmrun: %s%s%s", text, f" (report: {path})" if path else "", later)
         if self.trace is not None:
             self.trace.emit(
                 Straggler(

@@ -63,10 +63,13 @@ class StragglerJudge:
         self._samples: deque[_Sample] = deque()
         self._ranks: dict[int, str] = {}  # every rank seen, and its host
         self._reported: dict[int, float] = {}  # when each rank was last reported
+        self.lone: frozenset[int] = frozenset()  # the last sample's ranks that held others back
 
     def add(self, report: StackReport, now: float) -> list[Found]:
         """Takes one sample (every rank's stacks at `now`); returns the stragglers found."""
-        self._samples.append(_lone_workers(report, now))
+        sample = _lone_workers(report, now)
+        self.lone = sample.lone
+        self._samples.append(sample)
         for stacks in report.ranks:
             self._ranks[stacks.rank] = stacks.host
         while self._samples and self._samples[0].when < now - self.window:
