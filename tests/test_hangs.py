@@ -59,6 +59,9 @@ def test_a_rank_stuck_outside_the_collective_fails_the_run_with_hang_error(
     assert "rank 0 (localhost): waiting: all_reduce (distributed_c10d.py:" in text, text
     assert "rank 1 (localhost): working: load_the_next_batch (test_hangs.py:" in text, text
     assert Path(error.stacks_file).is_file()
+    assert f"(every thread's stacks: {error.stacks_file})" in text, text
+    notes = "\n".join(getattr(error, "__notes__", []))
+    assert "where the ranks still running were" not in notes  # no second dump: it has them
     print(f"HangError {took:.1f} s after the hang (hang_timeout 2 s)")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurmrun import protocol
-from slurmrun.errors import add_note
+from slurmrun.errors import HangError, add_note
 from slurmrun.events import Stalled
 from slurmrun.launcher.console import (
     CompletionWanted,
@@ -244,8 +244,8 @@ class RunWatch:
         a second Ctrl-C.
         """
         self.sampling = None
-        if self.pool.broken or not self.shares:
-            return
+        if self.pool.broken or not self.shares or isinstance(error, HangError):
+            return  # (a hang's error holds the stacks already)
         interrupted = isinstance(error, KeyboardInterrupt)
         why = "Ctrl-C" if interrupted else "the run failed"
         reports: list[StackReport] = []
