@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from slurmrun.errors import (
         AgentFailedError,
         HangError,
+        NodeUnhealthyError,
         OptionsError,
         OptionsTypeError,
         OptionsValueError,
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "AgentFailedError": "slurmrun.errors",
     "HangError": "slurmrun.errors",
+    "NodeUnhealthyError": "slurmrun.errors",
     "LaunchResult": "slurmrun.result",
     "OptionsError": "slurmrun.errors",
     "OptionsTypeError": "slurmrun.errors",
@@ -70,6 +72,7 @@ __all__ = [
     "HangError",
     "LaunchResult",
     "Launcher",
+    "NodeUnhealthyError",
     "OptionsError",
     "OptionsTypeError",
     "OptionsValueError",

@@ -10,6 +10,7 @@ __all__ = [
     "HangError",
     "JobFolderTamperedError",
     "JobKeyError",
+    "NodeUnhealthyError",
     "OptionsError",
     "OptionsTypeError",
     "OptionsValueError",
@@ -135,6 +136,14 @@ class HangError(RuntimeError):
         self.stuck = stuck
         self.report = report
         self.stacks_file = stacks_file
+
+
+class NodeUnhealthyError(AgentFailedError):
+    """A node failed the launch's ``health_check`` before its workers started.
+
+    An `AgentFailedError` of that node: with ``min_hosts`` or spares (``hosts``), the restart
+    leaves it out, as a lost host. The message names the node, the command and its output.
+    """
 
 
 class JobFolderTamperedError(RuntimeError):

@@ -212,6 +212,18 @@ class Died(Message):
 
 
 @dataclass(frozen=True)
+class Unhealthy(Message):
+    """The node failed its health check (`slurmrun.node.health`): no worker was started."""
+
+    kind: ClassVar[str] = "unhealthy"
+    run: int
+    why: str  # clipped to TEXT_LIMIT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "why", clip(self.why))
+
+
+@dataclass(frozen=True)
 class Terminating(Message):
     """SLURM is ending the agent's step (SIGTERM): see `SLURM_TERM_WAIT`."""
 

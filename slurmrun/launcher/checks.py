@@ -61,6 +61,12 @@ def _validate(cfg: Options, func: object, func_args: object, func_kwargs: object
 
 
 def _validate_watching(cfg: Options) -> None:
+    if cfg.health_check is not None and (
+        not isinstance(cfg.health_check, str) or not cfg.health_check.strip()
+    ):
+        raise OptionsValueError(
+            f"health_check must be a shell command or None, got {cfg.health_check!r}"
+        )
     if not isinstance(cfg.stragglers, bool):
         raise OptionsTypeError(f"stragglers must be True or False, got {cfg.stragglers!r}")
     try:

@@ -158,6 +158,13 @@ class Options:
     never (the process group's `timeout` still ends a collective). From sampled stacks, as
     `stragglers`: no change to your code (docs/stuck.md)."""
 
+    health_check: str | None = None
+    """A shell command each node runs before its workers start (``"nvidia-smi -L"``, a script
+    of your site's checks; ``GROUP_RANK`` is the node's index); a node where it fails (exit
+    status not 0, or still running after 60 s) is lost: with `min_hosts` or spares (`hosts`)
+    the restart leaves it out, else `slurmrun.NodeUnhealthyError` names the node and the
+    command's last lines. None (the default): no check."""
+
     flight_recorder: bool = False
     """Turns on torch's NCCL flight recorder: each rank's last collectives are dumped, on a
     collective's timeout, into ``flight_recorder/`` in the log directory, for ``python -m
@@ -219,5 +226,6 @@ class LaunchOptions(TypedDict, total=False):
     stall_timeout: float | None
     stragglers: bool
     hang_timeout: float | Literal["auto"] | None
+    health_check: str | None
     flight_recorder: bool
     learn_preloads: bool

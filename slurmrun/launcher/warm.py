@@ -307,6 +307,7 @@ def _run(  # noqa: PLR0917 - private, called once
         timeout=float(cfg.timeout),
         local_master=plan.agents.local_master,
         keep_workers=cfg.keep_workers,
+        health_check=cfg.health_check,
     )
     output = Output(
         handlers=cfg.log_handlers,
