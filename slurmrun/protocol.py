@@ -218,6 +218,7 @@ class Unhealthy(Message):
     kind: ClassVar[str] = "unhealthy"
     run: int
     why: str  # clipped to TEXT_LIMIT
+    local_rank: int = -1  # none: the node's (judged with the workers' failures)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "why", clip(self.why))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.errors import AgentFailedError, NodeUnhealthyError
+from slurmrun.errors import AgentFailedError
 from slurmrun.events import Trace, WorkersStarted
 from slurmrun.handlers import begin_files, default_handlers
 from slurmrun.launcher.output_stage import OutputStage
@@ -217,14 +217,7 @@ class Run:
         elif isinstance(message, protocol.Started):
             _on_started(self.id, self.watching.trace, self._shares, share, message)
             self.watch.heard(now)  # a first word: a quiet spell counts from here
-        elif isinstance(message, protocol.Unhealthy):
-            raise NodeUnhealthyError(
-                f"{share.hostname} failed its health check: {message.why}",
-                hostname=share.hostname,
-                node_rank=agent.node_rank,
-                log_file=self.pool.starter.log_file(agent.node_rank),
-            )
-        elif isinstance(message, protocol.Error | protocol.Died):
+        elif isinstance(message, protocol.Error | protocol.Died | protocol.Unhealthy):
             self.watch.sessions.rank_ended((agent.node_rank, message.local_rank))
             self.verdicts.worker_failed(share, message, frame, now)
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from slurmrun import protocol, variables
 from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff, client_handshake
 from slurmrun.environment import FORWARDED_SIGNALS
+from slurmrun.node.health import healthy
 from slurmrun.node.kept import KeptWorkers, lost_after
 from slurmrun.node.launcher_silence import wait_for_launcher
 from slurmrun.node.link import LauncherConnection, say
@@ -212,7 +213,7 @@ class Agent:
                 continue  # the launcher fails the run on our hello's error, and closes
             start = protocol.Start.from_header(frame.header)
             kept, fresh_why = self._take_kept(start)
-            if kept is None and start.health_check is not None and not self._healthy(start):
+            if kept is None and start.health_check and not healthy(start, self.launcher):
                 return
             run = self._workers(start)
             self.current = run
@@ -237,18 +238,6 @@ class Agent:
                 idle = protocol.Idle(run=start.run, master_port=self.store_port.renew())
                 with contextlib.suppress(OSError):  # cut: the launcher sees the end
                     self.launcher.send(idle.header())
-
-    def _healthy(self, start: protocol.Start) -> bool:
-        """Runs the launch's health check; tells the launcher and cuts the link if it fails."""
-        from slurmrun.node.health import check_health  # noqa: PLC0415 - only when asked for
-
-        why = check_health(start.health_check or "", start.node_rank)
-        if why is None:
-            return True
-        with contextlib.suppress(OSError):
-            self.launcher.send(protocol.Unhealthy(run=start.run, why=why).header())
-        self.launcher.cut(f"failed its health check: {why}")
-        return False
 
     def _sigterm_lag(self, run: int) -> float:
         """How long to wait for SLURM's SIGTERM before signalling `run`'s workers ourselves."""

@@ -9,13 +9,28 @@ agent died (``min_hosts``, spares).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 
-__all__ = ["HEALTH_TIMEOUT", "check_health"]
+from slurmrun import protocol
+from slurmrun.node.link import LauncherConnection
+
+__all__ = ["HEALTH_TIMEOUT", "check_health", "healthy"]
 
 HEALTH_TIMEOUT = 60.0  # seconds a check may take
 _TAIL_LINES = 10
+
+
+def healthy(start: protocol.Start, launcher: LauncherConnection) -> bool:
+    """Runs `start`'s health check; if it fails, tells the launcher why and cuts the link."""
+    why = check_health(start.health_check or "", start.node_rank)
+    if why is None:
+        return True
+    with contextlib.suppress(OSError):  # cut: the launcher sees the connection end
+        launcher.send(protocol.Unhealthy(run=start.run, why=why).header())
+    launcher.cut(f"failed its health check: {why}")
+    return False
 
 
 def check_health(command: str, node_rank: int) -> str | None:
