@@ -213,7 +213,7 @@ class Died(Message):
 
 @dataclass(frozen=True)
 class Unhealthy(Message):
-    """The node failed its health check (`slurmrun.node.health`): no worker was started."""
+    """The node failed its health check (`slurmrun.node.health_check`): no worker was started."""
 
     kind: ClassVar[str] = "unhealthy"
     run: int

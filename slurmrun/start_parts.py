@@ -60,7 +60,7 @@ class RunStart(Surroundings):
     # `protocol.OUTPUT_WINDOW`); 0: as is.
     output_window: int = 0
     # A shell command each agent runs before it forks fresh workers (`Launcher.health_check`,
-    # `slurmrun.node.health`); None: none.
+    # `slurmrun.node.health_check`); None: none.
     health_check: str | None = None
 
     @functools.cached_property

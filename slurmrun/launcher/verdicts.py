@@ -71,7 +71,7 @@ class Verdicts:
 
         Raises:
             BaseException: the worker's exception, or the error for its death.
-            NodeUnhealthyError: the node failed its health check (`slurmrun.node.health`).
+            NodeUnhealthyError: the node failed its health check (`slurmrun.node.health_check`).
         """
         if isinstance(message, protocol.Unhealthy):
             raise NodeUnhealthyError(

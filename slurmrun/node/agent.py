@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from slurmrun import protocol, variables
 from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff, client_handshake
 from slurmrun.environment import FORWARDED_SIGNALS
-from slurmrun.node.health import healthy
+from slurmrun.node.health_check import healthy
 from slurmrun.node.kept import KeptWorkers, lost_after
 from slurmrun.node.launcher_silence import wait_for_launcher
 from slurmrun.node.link import LauncherConnection, say
