@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from slurmrun.batch.submit import submit
     from slurmrun.errors import (
         AgentFailedError,
+        HangError,
+        NodeUnhealthyError,
         OptionsError,
         OptionsTypeError,
         OptionsValueError,
@@ -40,6 +42,8 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "AgentFailedError": "slurmrun.errors",
+    "HangError": "slurmrun.errors",
+    "NodeUnhealthyError": "slurmrun.errors",
     "LaunchResult": "slurmrun.result",
     "OptionsError": "slurmrun.errors",
     "OptionsTypeError": "slurmrun.errors",
@@ -69,8 +73,10 @@ _EXPORTS = {
 
 __all__ = [
     "AgentFailedError",
+    "HangError",
     "LaunchResult",
     "Launcher",
+    "NodeUnhealthyError",
     "OptionsError",
     "OptionsTypeError",
     "OptionsValueError",

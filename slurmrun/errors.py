@@ -7,8 +7,10 @@ import sys
 
 __all__ = [
     "AgentFailedError",
+    "HangError",
     "JobFolderTamperedError",
     "JobKeyError",
+    "NodeUnhealthyError",
     "OptionsError",
     "OptionsTypeError",
     "OptionsValueError",
@@ -101,6 +103,46 @@ class VersionMismatchError(AgentFailedError):
     Raised when its hello arrives, before any work is sent; never retried (`max_restarts`):
     the same agents would start again. Common with containers: the image holds another
     release than the launcher's environment.
+    """
+
+
+class HangError(RuntimeError):
+    """No rank progressed for ``hang_timeout`` while some waited in a collective.
+
+    Every rank was in the same collective (or barrier, or synchronisation) with no new one
+    started, or in the same stack as long, for longer than the launch's ``hang_timeout``
+    (`slurmrun.launcher.hangs`). The run is stopped; ``max_restarts`` restarts it as any
+    failure. The message names the ranks that were not waiting, where they were, and where
+    the rest waited, grouped by stack.
+
+    Attributes:
+        seconds: how long nothing had progressed.
+        stuck: the ranks that were not waiting in a collective (empty: all were).
+        report: every rank's stacks at the end (a `slurmrun.stacks.StackReport`).
+        stacks_file: the report in the log directory ("" if there is none).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        seconds: float = 0.0,
+        stuck: tuple[int, ...] = (),
+        report: object = None,
+        stacks_file: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.seconds = seconds
+        self.stuck = stuck
+        self.report = report
+        self.stacks_file = stacks_file
+
+
+class NodeUnhealthyError(AgentFailedError):
+    """A node failed the launch's ``health_check`` before its workers started.
+
+    An `AgentFailedError` of that node: with ``min_hosts`` or spares (``hosts``), the restart
+    leaves it out, as a lost host. The message names the node, the command and its output.
     """
 
 

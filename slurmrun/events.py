@@ -45,6 +45,7 @@ __all__ = [
     "Restarting",
     "Stalled",
     "StepEnding",
+    "Straggler",
     "WorkerFailed",
     "WorkersStarted",
     "log_events",
@@ -218,6 +219,32 @@ class Stalled(Event):
     seconds: float
     summary: str
     stacks_file: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler(Event):
+    """A rank worked while most of the others waited for it in a collective, over a window.
+
+    Found from every rank's stacks, sampled a few times a second (``Launcher(stragglers=...)``,
+    `slurmrun.launcher.stragglers`); emitted at most once per rank per window.
+
+    Attributes:
+        rank: the straggler's global rank.
+        host: its node.
+        score: the share of the window's samples in which it worked while most others waited,
+            less the same share of a typical rank (0 to 1).
+        hot_frames: where it spent that time, most often first: ``"step (train.py:12) 85%"``.
+        seconds: the window's length.
+        report_file: the report in the log directory ("" if there is none).
+    """
+
+    kind: ClassVar[str] = "straggler"
+    rank: int
+    host: str
+    score: float
+    hot_frames: tuple[str, ...]
+    seconds: float
+    report_file: str
 
 
 @dataclass(frozen=True, kw_only=True)

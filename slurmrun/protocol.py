@@ -215,6 +215,19 @@ class Died(Message):
 
 
 @dataclass(frozen=True)
+class Unhealthy(Message):
+    """The node failed its health check (`slurmrun.node.health_check`): no worker was started."""
+
+    kind: ClassVar[str] = "unhealthy"
+    run: int
+    why: str  # clipped to TEXT_LIMIT
+    local_rank: int = -1  # none: the node's (judged with the workers' failures)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "why", clip(self.why))
+
+
+@dataclass(frozen=True)
 class Terminating(Message):
     """SLURM is ending the agent's step (SIGTERM): see `SLURM_TERM_WAIT`."""
 
@@ -333,6 +346,9 @@ class Stacks(Message):
     note: str = ""  # why there are none ("exited with code 0"), clipped
     local_rank: int = -1
     run: int = 0
+    # The collectives the worker's process groups began (torch's sequence numbers, summed);
+    # -1: unknown. A rank seen twice in one collective has not progressed if it is unchanged.
+    progress: int = -1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "note", clip(self.note, 1000))
@@ -433,11 +449,6 @@ class DebugCompletions(Message):
 # A launcher outside a reserved job reaches the keeper that holds its agents
 # (`slurmrun.batch.keeper`): first an ATTACH connection (the session), then one JOIN
 # connection per agent, whose frames the keeper then carries to and from that agent.
-# `Attach`, launcher -> keeper: take the reservation's agents
-# `Attached`, keeper -> launcher: they are yours (the session's id)
-# `Refused`, keeper -> launcher: not now (another launcher holds them)
-# `Join`, launcher -> keeper: this connection is agent `node_rank`'s
-# `Bridge`, keeper -> launcher: a stream (a large result) waits for a JOIN
 
 
 @dataclass(frozen=True)

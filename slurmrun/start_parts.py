@@ -59,6 +59,9 @@ class RunStart(Surroundings):
     # The agent's output window from now on, in `protocol.log_cost` units (see
     # `protocol.OUTPUT_WINDOW`); 0: as is.
     output_window: int = 0
+    # A shell command each agent runs before it forks fresh workers (`Launcher.health_check`,
+    # `slurmrun.node.health_check`); None: none.
+    health_check: str | None = None
 
     @functools.cached_property
     def shared_fields(self) -> dict[str, Any]:

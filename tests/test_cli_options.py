@@ -37,7 +37,7 @@ def test_every_boolean_option_is_an_on_and_off_flag_before_the_scripts_own_args(
     script: Path,
 ) -> None:
     flags = [spec for spec in option_specs().values() if spec.flag]
-    assert {spec.name for spec in flags} == {"flight_recorder", "learn_preloads"}
+    assert {spec.name for spec in flags} == {"flight_recorder", "learn_preloads", "stragglers"}
     for spec in flags:
         for flag, value in ((spec.option, True), (spec.off, False)):
             # A script argument after a flag stays the script's, the same flag included.

@@ -121,7 +121,7 @@ def test_breakpoint_in_rank_1_of_a_script_opens_pdb_in_the_terminal(tmp_path: Pa
     # Meanwhile, from another terminal: rank 1 is where it stopped, not inside pdb.
     other = _slurmrun(tmp_path, "stacks")
     assert other.returncode == 0, other.stderr
-    assert "rank 1 (localhost): <module> (script.py:7)\n" in other.stdout, other.stdout
+    assert "rank 1 (localhost): working: <module> (script.py:7)\n" in other.stdout, other.stdout
     assert "Thread MainThread (in pdb) (most recent call last):" in other.stdout, other.stdout
     child.sendline("c")
     for _ in range(3):

@@ -92,6 +92,7 @@ def test_every_kind_round_trips_through_its_header() -> None:
             run=3, local_rank=1, exitcode=-9, signal="SIGKILL", what="x", stderr_tail="tail"
         ),
         protocol.Terminating(),
+        protocol.Unhealthy(run=3, why="GPU 3 is gone"),
         protocol.Log(stream="stdout", level=20, end="", local_rank=0, run=3),
         protocol.Result(streamed=True, node_rank=2, local_rank=1, run=3),
         protocol.Error(exc_type="ValueError", message="m", traceback="t", run=3),

@@ -480,9 +480,9 @@ def test_a_report_groups_ranks_with_the_same_stack_into_one_line() -> None:
         ([7], 7),
     ]
     assert report.summary() == (
-        "ranks 0-6, 8-15: all_reduce (distributed_c10d.py:2810) <- train_step (train.py:88)"
-        " <- main (train.py:120)\n"
-        "rank 7 (node1): __next__ (dataloader.py:631) <- train_step (train.py:61)"
+        "ranks 0-6, 8-15: waiting: all_reduce (distributed_c10d.py:2810)"
+        " <- train_step (train.py:88) <- main (train.py:120)\n"
+        "rank 7 (node1): working: __next__ (dataloader.py:631) <- train_step (train.py:61)"
         " <- main (train.py:120)"
     )
 
@@ -547,8 +547,8 @@ def test_format_prints_the_title_summary_and_each_groups_stacks_as_tracebacks() 
     assert report.format() == textwrap.dedent(f"""\
         Python stacks of 5 ranks at {stamp} (no output for 60 s)
 
-        ranks 0-1, 8: all_reduce (distributed_c10d.py:2810) <- train_step (train.py:88) <- main (train.py:120)
-        rank 3 (node1): __next__ (dataloader.py:631) <- train_step (train.py:61) <- main (train.py:120)
+        ranks 0-1, 8: waiting: all_reduce (distributed_c10d.py:2810) <- train_step (train.py:88) <- main (train.py:120)
+        rank 3 (node1): working: __next__ (dataloader.py:631) <- train_step (train.py:61) <- main (train.py:120)
         rank 5 (node1): no stacks: exited
 
         == ranks 0-1, 8 (node1, node2) ==

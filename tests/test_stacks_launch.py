@@ -87,11 +87,11 @@ def test_stacks_from_another_thread_group_the_ranks_and_show_the_odd_one(
     assert groups[(1,)].threads[0].frames[-1].function == "slow_rank"
     assert groups[(0, 2)].threads[0].frames[-1].function == "all_reduce"
     lines = report.summary().splitlines()
-    assert lines[0].startswith("ranks 0, 2: all_reduce (distributed_c10d.py:")
-    assert lines[1].startswith("rank 1 (localhost): slow_rank (test_stacks_launch.py:")
+    assert lines[0].startswith("ranks 0, 2: waiting: all_reduce (distributed_c10d.py:")
+    assert lines[1].startswith("rank 1 (localhost): working: slow_rank (test_stacks_launch.py:")
     assert "MainThread" in report.format()
     written = _reports(tmp_path)
-    assert len(written) == 1 and "ranks 0, 2: all_reduce" in written[0].read_text()
+    assert len(written) == 1 and "ranks 0, 2: waiting: all_reduce" in written[0].read_text()
     assert results and results[0].return_values == [[0, 1, 2]]  # type: ignore[attr-defined]
 
 
@@ -141,7 +141,7 @@ def test_stacks_of_a_function_of_the_driver_script_name_its_file_and_line(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert "rank 0 (localhost): waiting (driver.py:12)" in done.stdout, done.stdout
+    assert "rank 0 (localhost): working: waiting (driver.py:12)" in done.stdout, done.stdout
     assert f'  File "{driver}", line 12, in waiting\n' in done.stdout, done.stdout
     assert "    time.sleep(0.05)  # the line the stacks show\n" in done.stdout, done.stdout
 
@@ -199,7 +199,7 @@ def test_a_stall_dumps_every_rank_once_emits_stalled_and_the_run_goes_on(
     assert len(stalled) == 1, [e.kind for e in events]
     assert stalled[0].seconds == 1.5  # type: ignore[attr-defined]
     summary = stalled[0].summary  # type: ignore[attr-defined]
-    assert summary.startswith("ranks 0-1: silent_phase (test_stacks_launch.py:"), summary
+    assert summary.startswith("ranks 0-1: working: silent_phase (test_stacks_launch.py:"), summary
     assert "<- quiet (test_stacks_launch.py:" in summary, summary
     assert Path(stalled[0].stacks_file).is_file()  # type: ignore[attr-defined]
     assert _reports(tmp_path) == [Path(stalled[0].stacks_file)]  # type: ignore[attr-defined]
@@ -234,7 +234,8 @@ def test_a_failed_run_notes_where_the_ranks_still_running_were(tmp_path: Path) -
                         backend=None)  # fmt: skip
     notes = "\n".join(getattr(caught.value, "__notes__", []))
     assert "slurmrun: where the ranks still running were:" in notes, notes
-    assert "rank 1 (localhost): waiting_for_nothing (test_stacks_launch.py:" in notes, notes
+    line = "rank 1 (localhost): working: waiting_for_nothing (test_stacks_launch.py:"
+    assert line in notes, notes
     assert "rank 0" not in notes.split("were:")[1].split("(every")[0], notes
     assert len(_reports(tmp_path)) == 1
 
@@ -275,7 +276,7 @@ def test_ctrl_c_dumps_every_rank_before_the_workers_stop(tmp_path: Path) -> None
         proc.kill()
     assert proc.returncode != 0
     assert "slurmrun: Ctrl-C: where each rank was:" in err, err
-    assert "ranks 0-1: stuck_here (driver.py:8) <- stuck (driver.py:9)" in err, err
+    assert "ranks 0-1: working: stuck_here (driver.py:8) <- stuck (driver.py:9)" in err, err
     assert "KeyboardInterrupt" in err
     assert len(_reports(tmp_path)) == 1
 
@@ -351,7 +352,7 @@ def test_a_stacks_request_with_a_bad_timeout_is_refused_during_a_run_and_later_o
         # Cut to 300 s, and answered as soon as every rank answered.
         text = control.ask(entry, "stacks", {"timeout": 1e9}, timeout=20)
         assert "Python stacks of 1 rank" in text, text
-        assert "rank 0 (localhost): held_here (test_stacks_launch.py:" in text, text
+        assert "rank 0 (localhost): working: held_here (test_stacks_launch.py:" in text, text
         report = launcher.stacks(10)
         assert report is not None and report.ranks[0].source is StackSource.PYTHON
     finally:

@@ -76,6 +76,16 @@ SHAPES: dict[str, tuple[str, str, str]] = {
     ),
     "agent_python": ("PYTHON", "an interpreter's path", "--agent-python /opt/venv/bin/python"),
     "stall_timeout": ("SECONDS", "a number of seconds", "--stall-timeout 300"),
+    "health_check": (
+        "'COMMAND'",
+        "a shell command, in one quoted string",
+        "--health-check 'nvidia-smi -L'",
+    ),
+    "hang_timeout": (
+        "SECONDS|auto",
+        "a number of seconds, or auto",
+        "--hang-timeout 600, or --hang-timeout auto",
+    ),
 }
 # Other words for an option: ``--ranks`` is short for ``--show-ranks`` (torchrun users' habit).
 ALIASES = {"--ranks": "--show-ranks"}

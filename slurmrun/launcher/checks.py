@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.environment import env_file_problem, env_words
 from slurmrun.errors import OptionsTypeError, OptionsValueError
+from slurmrun.launcher.hangs import check_hang_timeout
 from slurmrun.logs import log_level
 from slurmrun.pickling import dumps, dumps_inband
 
@@ -56,6 +57,24 @@ def _validate(cfg: Options, func: object, func_args: object, func_kwargs: object
             continue
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds <= 0:
             raise OptionsValueError(f"{name} must be a positive number of seconds, got {seconds!r}")
+    _validate_watching(cfg)
+
+
+def _validate_watching(cfg: Options) -> None:
+    if cfg.health_check is not None and (
+        not isinstance(cfg.health_check, str) or not cfg.health_check.strip()
+    ):
+        raise OptionsValueError(
+            f"health_check must be a shell command or None, got {cfg.health_check!r}"
+        )
+    if not isinstance(cfg.stragglers, bool):
+        raise OptionsTypeError(f"stragglers must be True or False, got {cfg.stragglers!r}")
+    try:
+        check_hang_timeout(cfg.hang_timeout)
+    except TypeError as e:
+        raise OptionsTypeError(str(e)) from None
+    except ValueError as e:
+        raise OptionsValueError(str(e)) from None
 
 
 def _validate_env_and_logs(cfg: Options) -> None:

@@ -143,6 +143,28 @@ class Options:
     (the default): never, as runs are often silent for long on purpose; set it a little above
     your longest quiet stretch."""
 
+    stragglers: bool = True
+    """Samples every rank's Python stack four times a second while a run goes on (well under
+    1 % of a rank's time) to find the rank that works while the others wait for it in a
+    collective: a warning naming the rank, its node and where it works, a
+    `slurmrun.events.Straggler` event, and a report in the log directory (docs/stuck.md).
+    False: no sampling (unless `hang_timeout` is set)."""
+
+    hang_timeout: float | Literal["auto"] | None = None
+    """Seconds after which a run whose ranks are all stuck, some waiting in a collective and
+    none beginning another, fails with `slurmrun.HangError` (naming the ranks that are not
+    in it, and where each rank is), so that `max_restarts` can restart it. ``"auto"``: 4
+    times the longest gap between collectives seen so far, at least 5 s. None (the default):
+    never (the process group's `timeout` still ends a collective). From sampled stacks, as
+    `stragglers`: no change to your code (docs/stuck.md)."""
+
+    health_check: str | None = None
+    """A shell command each node runs before its workers start (``"nvidia-smi -L"``, a script
+    of your site's checks; ``GROUP_RANK`` is the node's index); a node where it fails (exit
+    status not 0, or still running after 60 s) is lost: with `min_hosts` or spares (`hosts`)
+    the restart leaves it out, else `slurmrun.NodeUnhealthyError` names the node and the
+    command's last lines. None (the default): no check."""
+
     flight_recorder: bool = False
     """Turns on torch's NCCL flight recorder: each rank's last collectives are dumped, on a
     collective's timeout, into ``flight_recorder/`` in the log directory, for ``python -m
@@ -207,6 +229,9 @@ class LaunchOptions(TypedDict, total=False):
     agent_python: str | None
     on_event: EventHandler | None
     stall_timeout: float | None
+    stragglers: bool
+    hang_timeout: float | Literal["auto"] | None
+    health_check: str | None
     flight_recorder: bool
     job: str | None
     learn_preloads: bool

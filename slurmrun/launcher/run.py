@@ -217,7 +217,7 @@ class Run:
         elif isinstance(message, protocol.Started):
             _on_started(self.id, self.watching.trace, self._shares, share, message)
             self.watch.heard(now)  # a first word: a quiet spell counts from here
-        elif isinstance(message, protocol.Error | protocol.Died):
+        elif isinstance(message, protocol.Error | protocol.Died | protocol.Unhealthy):
             self.watch.sessions.rank_ended((agent.node_rank, message.local_rank))
             self.verdicts.worker_failed(share, message, frame, now)
 
@@ -325,6 +325,7 @@ def _run_part(
         tasks_per_node=compress_counts(counts),
         keep=call.keep_workers,
         output_window=output_window,
+        health_check=call.health_check,
     )
 
 

@@ -33,6 +33,7 @@ class Call:
         grace: seconds from SIGTERM to SIGKILL when the workers are stopped.
         local_master: rank 0's store is reached at 127.0.0.1 (the agents are local).
         keep_workers: the workers of a successful run serve the next (`Launcher.keep_workers`).
+        health_check: the command each node runs before its fresh workers start (None: none).
     """
 
     payload: bytes
@@ -43,6 +44,7 @@ class Call:
     grace: float = 3.0
     local_master: bool = False
     keep_workers: bool = False
+    health_check: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,13 @@ class Watching:
         trace: the launch's events and milestones (None: none).
         stall_timeout: seconds without a word from any rank that make a stall (None: off;
             `slurmrun.launcher.watch`).
+        stragglers: whether every rank's stacks are sampled for stragglers
+            (`slurmrun.launcher.sampling`).
+        hang_timeout: seconds every rank may be stuck, some in a collective, or ``"auto"``
+            (`slurmrun.launcher.hangs`); None: off.
     """
 
     trace: Trace | None = None
     stall_timeout: float | None = None
+    stragglers: bool = False
+    hang_timeout: float | Literal["auto"] | None = None

@@ -55,6 +55,7 @@ class Gather:
     why: str
     started: float
     deadline: float
+    answer_wait: float = ANSWER_WAIT  # before the agent dumps a worker with faulthandler
     request: int = field(default_factory=lambda: next(_requests))
     done: list[Done] = field(default_factory=list)  # called with the report
     got: dict[tuple[int, int], RankStacks] = field(default_factory=dict)
@@ -74,7 +75,7 @@ class Gather:
 
     def message(self) -> protocol.AskStacks:
         """The ASK_STACKS this request sends."""
-        return protocol.AskStacks(run=self.run, request=self.request, answer_wait=ANSWER_WAIT)
+        return protocol.AskStacks(run=self.run, request=self.request, answer_wait=self.answer_wait)
 
     def take(self, node_rank: int, answer: protocol.Stacks, body: bytes | memoryview) -> None:
         """One STACKS answer (local rank -1: for every worker of that agent)."""
@@ -87,7 +88,9 @@ class Gather:
         if not 0 <= answer.local_rank < share.workers:
             return
         source, threads, note = _threads(answer, bytes(body))
-        self._add(node_rank, answer.local_rank, threads, source, note)
+        progress = answer.progress  # from the network: an int >= 0, or unknown
+        known = type(progress) is int and progress >= 0
+        self._add(node_rank, answer.local_rank, threads, source, note, progress if known else None)
 
     def complete(self, now: float) -> bool:
         """Whether the report can be made: every rank answered, or the time is up."""
@@ -105,13 +108,14 @@ class Gather:
         for local_rank in local_ranks:
             self._add(node_rank, local_rank, (), StackSource.NONE, note)
 
-    def _add(
+    def _add(  # noqa: PLR0917 - one rank's answer, in parts
         self,
         node_rank: int,
         local_rank: int,
         threads: tuple[ThreadStack, ...],
         source: StackSource,
         note: str,
+        progress: int | None = None,
     ) -> None:
         key = (node_rank, local_rank)
         if key in self.got:
@@ -124,6 +128,7 @@ class Gather:
             threads=threads,
             source=source,
             note=note,
+            progress=progress,
         )
         self._left -= 1
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from slurmrun import protocol
-from slurmrun.errors import add_note
+from slurmrun.errors import NodeUnhealthyError, add_note
 from slurmrun.events import Trace, WorkerFailed
 from slurmrun.launcher.failures import WorkerPlace, step_ended, worker_died, worker_error
 from slurmrun.launcher.pool import AgentPool
@@ -61,13 +61,25 @@ class Verdicts:
         self._written_here = written_here
 
     def worker_failed(
-        self, share: Share, message: protocol.Error | protocol.Died, frame: Frame, now: float
+        self,
+        share: Share,
+        message: protocol.Error | protocol.Died | protocol.Unhealthy,
+        frame: Frame,
+        now: float,
     ) -> None:
         """A worker raised or died: raises the run's exception (or holds a likely consequence).
 
         Raises:
             BaseException: the worker's exception, or the error for its death.
+            NodeUnhealthyError: the node failed its health check (`slurmrun.node.health_check`).
         """
+        if isinstance(message, protocol.Unhealthy):
+            raise NodeUnhealthyError(
+                f"{share.hostname} failed its health check: {message.why}",
+                hostname=share.hostname,
+                node_rank=share.agent.node_rank,
+                log_file=self.pool.starter.log_file(share.agent.node_rank),
+            )
         exc = self._failure(share, message, frame)
         if isinstance(message, protocol.Error) and message.secondary and self.held is None:
             self.held = (exc, now)  # likely a consequence: wait briefly for the cause

@@ -308,6 +308,7 @@ def _run(  # noqa: PLR0917 - private, called once
         timeout=float(cfg.timeout),
         local_master=plan.agents.local_master,
         keep_workers=cfg.keep_workers,
+        health_check=cfg.health_check,
     )
     output = Output(
         handlers=cfg.log_handlers,
@@ -316,5 +317,6 @@ def _run(  # noqa: PLR0917 - private, called once
         log_level=log_level(),
         show_ranks=cfg.show_ranks,
     )
-    run = Run(pool, call, output, Watching(trace, cfg.stall_timeout))
+    watching = Watching(trace, cfg.stall_timeout, cfg.stragglers, cfg.hang_timeout)
+    run = Run(pool, call, output, watching)
     return run.run()

@@ -7,6 +7,7 @@ A `RunWatch` belongs to one `slurmrun.launcher.run.Run` and sees its messages an
 - a stall (``Launcher(stall_timeout=...)``): when no rank wrote output, returned or failed for
   that long, every rank's stacks are dumped once (printed, written to the log directory, a
   `slurmrun.events.Stalled` event), and the run goes on;
+- stacks sampled a few times a second, for stragglers and hangs (`slurmrun.launcher.sampling`);
 - debugger sessions in the launcher's terminal (`slurmrun.launcher.console`).
 """
 
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from slurmrun import protocol
-from slurmrun.errors import add_note
+from slurmrun.errors import HangError, add_note
 from slurmrun.events import Stalled
 from slurmrun.launcher.console import (
     CompletionWanted,
@@ -40,6 +41,7 @@ from slurmrun.launcher.run_setup import Watching
 from slurmrun.launcher.share import Share
 
 if TYPE_CHECKING:
+    from slurmrun.launcher.sampling import Sampling
     from slurmrun.launcher.stacks_gather import Gather
     from slurmrun.stacks.report import StackReport
 
@@ -103,6 +105,8 @@ class RunWatch:
         self.shares = shares
         self.labels = labels
         self.stall_timeout = watching.stall_timeout
+        self.watching = watching
+        self.sampling: Sampling | None = None
         self.log_dir = log_dir
         self.trace = watching.trace
         self.run = 0
@@ -121,6 +125,20 @@ class RunWatch:
         """
         self.run = run
         self.last_word = math.inf
+        watching = self.watching
+        if watching.stragglers or watching.hang_timeout is not None:
+            from slurmrun.launcher.sampling import Sampling  # noqa: PLC0415 - only when on
+
+            self.sampling = Sampling(
+                run,
+                self.shares,
+                self.labels,
+                self.pool,
+                stragglers=watching.stragglers,
+                hang_timeout=watching.hang_timeout,
+                trace=self.trace,
+                log_dir=self.log_dir,
+            )
 
     def heard(self, now: float) -> None:
         """A rank wrote, returned or failed: the run is not stalled."""
@@ -147,6 +165,8 @@ class RunWatch:
 
     def on_stacks(self, node_rank: int, message: protocol.Stacks, body: bytes) -> None:
         """A STACKS answer."""
+        if self.sampling is not None:
+            self.sampling.on_stacks(node_rank, message, body)
         if self.gather is not None:
             self.gather.take(node_rank, message, body)
             self._finish_gather(time.monotonic())
@@ -183,8 +203,10 @@ class RunWatch:
         self.sessions.on_completions((node_rank, message.local_rank), message)
 
     def on_tick(self, now: float) -> None:
-        """Makes the report whose time is up; notices a stall."""
+        """Makes the report whose time is up; notices a stall; samples (raises `HangError`)."""
         self._finish_gather(now)
+        if self.sampling is not None:
+            self.sampling.on_tick(now, paused=self.sessions.open)
         if self.stall_timeout is None or self.gather is not None or self.sessions.open:
             return
         if now - self.last_word < self.stall_timeout:
@@ -221,8 +243,9 @@ class RunWatch:
         log directory. The run's outcome stands: whatever the wait raises is dropped, except
         a second Ctrl-C.
         """
-        if self.pool.broken or not self.shares:
-            return
+        self.sampling = None
+        if self.pool.broken or not self.shares or isinstance(error, HangError):
+            return  # (a hang's error holds the stacks already)
         interrupted = isinstance(error, KeyboardInterrupt)
         why = "Ctrl-C" if interrupted else "the run failed"
         reports: list[StackReport] = []
@@ -257,6 +280,7 @@ class RunWatch:
     def close(self) -> None:
         """The run is over: answer what still waits, end the debugger sessions."""
         gather, self.gather = self.gather, None
+        self.sampling = None
         if gather is not None:
             report = gather.report(time.monotonic() - gather.started)
             for done in gather.done:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from slurmrun import protocol, variables
 from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff, client_handshake
 from slurmrun.environment import FORWARDED_SIGNALS
+from slurmrun.node.health_check import healthy
 from slurmrun.node.kept import KeptWorkers, lost_after
 from slurmrun.node.launcher_silence import wait_for_launcher
 from slurmrun.node.link import LauncherConnection, say
@@ -213,6 +214,8 @@ class Agent:
                 continue  # the launcher fails the run on our hello's error, and closes
             start = protocol.Start.from_header(frame.header)
             kept, fresh_why = self._take_kept(start)
+            if kept is None and start.health_check and not healthy(start, self.launcher):
+                return
             run = self._workers(start)
             self.current = run
             keep = False

@@ -19,6 +19,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -89,6 +90,23 @@ def _read(conn: Connection) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _progress() -> int:
+    """The collectives this worker's process groups began (torch's sequence numbers); -1: unknown.
+
+    A hang is told from a run whose ranks are each time seen in the same collective by it
+    (`slurmrun.launcher.hangs`). Read from this thread while the main thread may be in one: a
+    counter's read, which torch's call does without waiting.
+    """
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    try:
+        if c10d is None or not c10d.is_initialized():
+            return -1
+        groups = list(c10d._world.pg_map)  # every group: torch has no public list of them
+        return sum(int(g._get_sequence_number_for_group()) for g in groups)
+    except Exception:  # another torch, a group being made: unknown, not an error
+        return -1
+
+
 def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
     from slurmrun.stacks import report  # noqa: PLC0415 - when first asked: a run that never is pays nothing
 
@@ -98,6 +116,8 @@ def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
         answer = protocol.Stacks(request=ask.request, source="none", note=f"capture failed: {e}")
         body = b""
     else:
-        answer = protocol.Stacks(request=ask.request, source=report.StackSource.PYTHON.value)
+        answer = protocol.Stacks(
+            request=ask.request, source=report.StackSource.PYTHON.value, progress=_progress()
+        )
     with contextlib.suppress(OSError):  # the agent is gone: STOP or the close ends us
         conn.send(answer.header(), body)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 
@@ -29,6 +30,9 @@ _POLL = 0.005
 # faulthandler's dump: how long it may take to start, and the pause that ends it.
 DUMP_WAIT = 2.0
 DUMP_QUIET = 0.2
+# One dump at a time: two requests at once (the launcher's sampling and a user's) would read
+# each other's text from the worker's one side socket.
+_dumping = threading.Lock()
 
 
 def answer_stacks(
@@ -95,6 +99,11 @@ def _send(  # noqa: PLR0917 - one answer's parts
 
 def _dump(worker: WorkerLink) -> str:
     """Makes `worker`'s faulthandler dump its stacks into its side socket; returns the text."""
+    with _dumping:
+        return _dump_now(worker)
+
+
+def _dump_now(worker: WorkerLink) -> str:
     side = worker.streams
     with contextlib.suppress(OSError):
         while wait_readable([side.fileno()], 0):  # anything stale of an earlier dump

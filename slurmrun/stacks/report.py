@@ -32,9 +32,12 @@ __all__ = [
     "StackSource",
     "ThreadStack",
     "capture",
+    "is_ours",
+    "is_ours_or_stdlib",
     "parse_capture",
     "parse_faulthandler",
     "rank_ranges",
+    "where",
 ]
 
 MAX_THREADS = 64
@@ -100,6 +103,7 @@ class RankStacks:
     threads: tuple[ThreadStack, ...]
     source: StackSource
     note: str = ""
+    progress: int | None = None  # collectives begun (`slurmrun.protocol.Stacks`); None: unknown
 
 
 def _short(text: str) -> str:
@@ -110,17 +114,19 @@ def _left_out_thread(count: int) -> ThreadStack:
     return ThreadStack(f"({count} more thread{'s' if count != 1 else ''} left out)", ())
 
 
-def _is_ours(filename: str) -> bool:
+def is_ours(filename: str) -> bool:
+    """Whether `filename` is one of slurmrun's own files."""
     return filename.startswith(_OURS)
 
 
 def _is_plumbing(filename: str) -> bool:
     """Ours, or runpy's (which a worker's script mode and `python -m` run the user's code by)."""
-    return _is_ours(filename) or filename in ("<frozen runpy>", _STDLIB_DIR + "runpy.py")
+    return is_ours(filename) or filename in ("<frozen runpy>", _STDLIB_DIR + "runpy.py")
 
 
-def _is_ours_or_stdlib(filename: str) -> bool:
-    if _is_ours(filename) or filename.startswith("<frozen "):
+def is_ours_or_stdlib(filename: str) -> bool:
+    """Whether `filename` is slurmrun's or the standard library's (not an installed package's)."""
+    if is_ours(filename) or filename.startswith("<frozen "):
         return True
     return filename.startswith(_STDLIB_DIR) and not any(d in filename for d in _NOT_STDLIB)
 
@@ -136,13 +142,13 @@ def _thread_stack(name: str, top: FrameType | None) -> ThreadStack | None:
     # A helper thread's outer frames are threading's bootstrap, its inner ones queue/socket calls.
     if (
         name.startswith("slurmrun-")
-        and any(_is_ours(c[0]) for c in codes)
-        and all(_is_ours_or_stdlib(c[0]) for c in codes)
+        and any(is_ours(c[0]) for c in codes)
+        and all(is_ours_or_stdlib(c[0]) for c in codes)
     ):
         return None
     name, codes = _out_of_the_debugger(name, codes)
     outer = len(codes)
-    if outer > 1 and codes[-1][0] == "<string>" and _is_ours(codes[-2][0]):
+    if outer > 1 and codes[-1][0] == "<string>" and is_ours(codes[-2][0]):
         outer -= 1  # a `python -c` bootstrap that calls us (the ssh starter's agent)
     while outer > 0 and _is_plumbing(codes[outer - 1][0]):
         outer -= 1
@@ -357,7 +363,8 @@ def _key(stacks: RankStacks) -> tuple[Any, ...]:
     )
 
 
-def _where(frame: Frame) -> str:
+def where(frame: Frame) -> str:
+    """A frame in a few words: ``function (file.py:line)``."""
     return f"{frame.function} ({os.path.basename(frame.filename)}:{frame.lineno})"
 
 
@@ -390,10 +397,17 @@ class StackReport:
         frames = stacks.threads[0].frames
         if not frames:
             return f"{label}: no Python frame"
-        return f"{label}: " + " <- ".join(_where(f) for f in reversed(frames[-3:]))
+        from slurmrun.stacks.classify import activity  # noqa: PLC0415 - it imports this module
+
+        word = activity(stacks).value
+        return f"{label}: {word}: " + " <- ".join(where(f) for f in reversed(frames[-3:]))
 
     def summary(self) -> str:
-        """One line per group: its ranks and the main thread's three innermost frames."""
+        """One line per group: its ranks, what they do, the main thread's innermost frames.
+
+        What they do is `slurmrun.stacks.classify`'s word (waiting, working, idle); then the
+        main thread's three innermost frames.
+        """
         return "\n".join(self._summary_line(ranks, stacks) for ranks, stacks in self.groups())
 
     def format(self) -> str:

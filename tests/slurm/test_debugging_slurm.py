@@ -118,9 +118,10 @@ REDUCE_LINE = 15  # dist.all_reduce
 
 
 def _groups(text: str) -> None:
-    assert "ranks 0-2, 4-5: all_reduce (distributed_c10d.py:" in text, text
+    assert "ranks 0-2, 4-5: waiting: all_reduce (distributed_c10d.py:" in text, text
     assert f"(hang.py:{REDUCE_LINE})" in text, text
-    assert f"rank 3 (node2): sleepy (hang.py:{SLEEPY_LINE}) <- <module> (hang.py:14)" in text, text
+    line = f"rank 3 (node2): working: sleepy (hang.py:{SLEEPY_LINE}) <- <module> (hang.py:14)"
+    assert line in text, text
 
 
 def test_stacks_from_another_shell_a_stall_and_ctrl_c_on_a_hung_collective(

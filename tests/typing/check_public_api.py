@@ -39,6 +39,9 @@ kept.close()
 error: type[Exception] = slurmrun.WorkerFailedError
 agent_error: type[Exception] = slurmrun.AgentFailedError
 version_error: type[slurmrun.AgentFailedError] = slurmrun.VersionMismatchError
+hang_error: type[RuntimeError] = slurmrun.HangError
+unhealthy: type[slurmrun.AgentFailedError] = slurmrun.NodeUnhealthyError
+hang_seconds: float = slurmrun.HangError("hung").seconds
 bad_value: type[slurmrun.OptionsError] = slurmrun.OptionsValueError
 bad_type: type[TypeError] = slurmrun.OptionsTypeError
 

@@ -1,0 +1,211 @@
+"""Every rank's stacks, sampled a few times a second while a run goes on: stragglers, hangs.
+
+`Sampling` belongs to a run's `slurmrun.launcher.watch.RunWatch`: from its ticks it asks every
+rank for its stacks each `INTERVAL` seconds (once the run's workers all started, never while a
+debugger session holds them, one sample at a time), and hands each sample to the judges:
+`slurmrun.launcher.stragglers` (a `slurmrun.events.Straggler` event, a warning, a report in
+the log directory) and `slurmrun.launcher.hangs` (`slurmrun.HangError`, raised from the tick,
+which fails the run).
+
+A worker answers a sample from its own thread (`slurmrun.stacks.report.capture`: well under a
+millisecond of its time; docs/stuck.md has the measured cost).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from slurmrun import protocol
+from slurmrun.errors import HangError
+from slurmrun.events import Straggler, Trace
+from slurmrun.launcher.hangs import HangJudge
+from slurmrun.launcher.pool import AgentPool
+from slurmrun.launcher.share import Share
+from slurmrun.launcher.stacks_gather import Gather
+from slurmrun.launcher.stragglers import WINDOW, Found, StragglerJudge
+
+if TYPE_CHECKING:
+    from slurmrun.stacks.report import StackReport
+
+__all__ = ["INTERVAL", "Sampling"]
+
+log = logging.getLogger("slurmrun")
+
+INTERVAL = 0.25  # seconds between samples, up to 500 ranks
+# More ranks are sampled less often, so that the launcher parses at most ~2000 answers a second;
+# the stragglers' window then grows to hold as many samples.
+PER_RANK = 0.0005
+# A worker that does not answer itself within this is dumped by faulthandler (the GIL is held).
+ANSWER_WAIT = 0.5
+SAMPLE_WAIT = 3.0  # the most a sample waits for its answers
+_KEPT = 8  # the last samples in which some rank held the others back, for the reports
+
+
+class Sampling:
+    """Samples one run's ranks for its judges (see the module's docstring).
+
+    Args:
+        run: the run's id.
+        shares: the run's shares by node rank.
+        labels: each node's label, by node rank.
+        pool: the run's agents.
+        stragglers: whether stragglers are looked for.
+        hang_timeout: `slurmrun.launcher.hangs.HangJudge`'s; None: no hang is looked for.
+        trace: the launch's events (None: none).
+        log_dir: where reports are written (None: nowhere).
+    """
+
+    def __init__(
+        self,
+        run: int,
+        shares: Mapping[int, Share],
+        labels: list[str],
+        pool: AgentPool,
+        *,
+        stragglers: bool,
+        hang_timeout: float | Literal["auto"] | None,
+        trace: Trace | None,
+        log_dir: str | None,
+    ) -> None:
+        self.run = run
+        self.shares = shares
+        self.labels = labels
+        self.pool = pool
+        ranks = sum(share.workers for share in shares.values())
+        self.interval = max(INTERVAL, PER_RANK * ranks)
+        window = WINDOW * self.interval / INTERVAL
+        self.stragglers = StragglerJudge(window) if stragglers else None
+        self.hangs = HangJudge(hang_timeout) if hang_timeout is not None else None
+        self.trace = trace
+        self.log_dir = log_dir
+        self.gather: Gather | None = None
+        self._next = 0.0
+        self.samples = 0
+        self._paused = False
+        self._lone: deque[tuple[frozenset[int], StackReport]] = deque(maxlen=_KEPT)
+        self._warned: dict[int, int] = {}  # how often each rank was found
+
+    def on_tick(self, now: float, paused: bool) -> None:
+        """Takes a sample whose answers are in; asks for the next when it is time.
+
+        Args:
+            now: the time (monotonic).
+            paused: a debugger session holds ranks: no sample, and no rank is stuck meanwhile.
+
+        Raises:
+            HangError: the run hangs (`slurmrun.launcher.hangs`).
+        """
+        self._finish(now)
+        if paused:
+            self._paused = True
+            return
+        if self._paused and self.hangs is not None:
+            self.hangs.reset(now)
+        self._paused = False
+        if self.gather is not None or now < self._next:
+            return
+        if not all(share.started for share in self.shares.values()):
+            return
+        self._next = now + self.interval
+        gather = Gather(
+            self.run, self.shares, self.labels, "sampled", now, now + SAMPLE_WAIT,
+            answer_wait=ANSWER_WAIT,
+        )  # fmt: skip
+        self.gather = gather
+        header = gather.message().header()
+        gather.ask(
+            lambda share: not share.agent.closed and share.agent.node_rank not in self.pool.dead,
+            lambda share: self.pool.send(share.agent, header),
+        )
+
+    def on_stacks(self, node_rank: int, message: protocol.Stacks, body: bytes) -> None:
+        """A STACKS answer (of a sample, or not: the request's id tells)."""
+        if self.gather is not None:
+            self.gather.take(node_rank, message, body)
+
+    def _finish(self, now: float) -> None:
+        gather = self.gather
+        if gather is None or not gather.complete(now):
+            return
+        self.gather = None
+        report = gather.report(now - gather.started)
+        self.samples += 1
+        if self.stragglers is not None:
+            found = self.stragglers.add(report, now)
+            if self.stragglers.lone:
+                self._lone.append((self.stragglers.lone, report))
+            for one in found:
+                # The report shows a sample in which the straggler held the others back.
+                shown = next((r for lone, r in reversed(self._lone) if one.rank in lone), report)
+                self._straggler(one, shown)
+        if self.hangs is not None:
+            try:
+                self.hangs.add(report, now)
+            except HangError as e:
+                path = _write(report, self.log_dir, "stacks")
+                if path is None:
+                    raise
+                where = f"{e}\n(every thread's stacks: {path})"
+                raise HangError(
+                    where, seconds=e.seconds, stuck=e.stuck, report=e.report, stacks_file=str(path)
+                ) from None
+
+    def _straggler(self, found: Found, report: StackReport) -> None:
+        text = (
+            f"straggler: rank {found.rank} ({found.host}) worked while most of the others "
+            f"waited for it in {found.lone:.0%} of the last {found.seconds:.0f} s "
+            f"(a typical rank: {found.typical:.0%}), at {', '.join(found.hot_frames) or '?'}"
+        )
+        path = _write_straggler(text, report, self.log_dir)
+        count = self._warned[found.rank] = self._warned.get(found.rank, 0) + 1
+        if count & (count - 1) == 0:  # the 1st, 2nd, 4th, 8th... time: a long run stays readable
+            later = "" if count == 1 else f" (found {count} times; the event comes every time)"
+            log.warning("slurmrun: %s%s%s", text, f" (report: {path})" if path else "", later)
+        if self.trace is not None:
+            self.trace.emit(
+                Straggler(
+                    rank=found.rank,
+                    host=found.host,
+                    score=round(found.score, 3),
+                    hot_frames=found.hot_frames,
+                    seconds=round(found.seconds, 1),
+                    report_file=str(path or ""),
+                )
+            )
+
+
+def _write(report: StackReport, log_dir: str | None, folder: str) -> Path | None:
+    if log_dir is None:
+        return None
+    try:
+        return report.write(os.path.join(log_dir, folder))
+    except OSError as e:
+        log.warning("slurmrun: could not write the stacks report: %s", e)
+        return None
+
+
+def _write_straggler(text: str, report: StackReport, log_dir: str | None) -> Path | None:
+    """Writes the finding and the sample's stacks to stragglers/ in the log directory."""
+    if log_dir is None:
+        return None
+    folder = Path(log_dir) / "stragglers"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(report.when))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1001):
+            path = folder / (f"straggler-{stamp}.txt" if n == 1 else f"straggler-{stamp}-{n}.txt")
+            try:
+                with path.open("x", encoding="utf-8") as f:
+                    f.write(text + "\n\n" + report.format())
+            except FileExistsError:
+                continue
+            return path
+    except OSError as e:
+        log.warning("slurmrun: could not write the straggler report: %s", e)
+    return None

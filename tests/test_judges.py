@@ -1,0 +1,134 @@
+"""The straggler and hang judges on samples made by hand: what they find, and what they do not."""
+
+from __future__ import annotations
+
+import random
+
+from slurmrun.errors import HangError
+from slurmrun.launcher.hangs import AUTO_FACTOR, AUTO_FLOOR, HangJudge
+from slurmrun.launcher.stragglers import StragglerJudge
+from slurmrun.stacks.report import Frame, RankStacks, StackReport, StackSource, ThreadStack
+
+TRAIN = "/work/train.py"
+C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def _stacks(rank: int, waiting: bool, line: int = 10, progress: int | None = None) -> RankStacks:
+    frames = [Frame(TRAIN, 100, "main"), Frame(TRAIN, line, "step")]
+    if waiting:
+        frames.append(Frame(C10D, 2810, "all_reduce"))
+    thread = ThreadStack("MainThread", tuple(frames))
+    return RankStacks(rank, f"node{rank}", 0, (thread,), StackSource.PYTHON, progress=progress)
+
+
+def _sample(waiting: dict[int, bool], **kw: int | None) -> StackReport:
+    return StackReport(tuple(_stacks(r, w, **kw) for r, w in waiting.items()), "sampled", 0.0)
+
+
+def _samples(slow: int | None, share: float, seconds: float, ranks: int = 4) -> list[StackReport]:
+    """Four samples a second: `slow` works while the others wait in `share` of them; the
+    others, balanced, each are last now and then (jitter)."""
+    rng = random.Random(7)
+    reports = []
+    for _ in range(int(seconds * 4)):
+        waiting = dict.fromkeys(range(ranks), False)
+        if slow is not None and rng.random() < share:
+            waiting = {r: r != slow for r in range(ranks)}
+        elif rng.random() < 0.3:  # balanced jitter: a random rank is last
+            last = rng.randrange(ranks)
+            waiting = {r: r != last for r in range(ranks)}
+        reports.append(_sample(waiting))
+    return reports
+
+
+def test_a_rank_last_in_a_quarter_of_the_samples_is_found_once_per_window() -> None:
+    judge = StragglerJudge(window=15.0)
+    found = []
+    for i, report in enumerate(_samples(slow=2, share=0.25, seconds=40)):
+        found += [(i / 4, f) for f in judge.add(report, i / 4)]
+    assert [f.rank for _, f in found] == [2, 2]  # at ~12 s, and again a window later
+    first_at, first = found[0]
+    assert 12.0 <= first_at < 16.0
+    assert first.host == "node2" and first.score >= 0.15
+    assert first.hot_frames == ("step (train.py:10) 100%",)
+    assert found[1][0] - first_at >= 15.0
+
+
+def test_balanced_ranks_taking_turns_at_being_last_are_not_stragglers() -> None:
+    judge = StragglerJudge(window=15.0)
+    for i, report in enumerate(_samples(slow=None, share=0.0, seconds=300)):
+        assert judge.add(report, i / 4) == []
+
+
+def test_nothing_is_judged_before_the_window_is_mostly_filled() -> None:
+    judge = StragglerJudge(window=15.0)
+    slow = _sample({0: True, 1: False})
+    assert all(judge.add(slow, i / 4) == [] for i in range(40))  # 10 s: not yet
+    assert [f.rank for f in judge.add(slow, 12.0)] == [1]
+
+
+def _first_hang(
+    judge: HangJudge, samples: list[tuple[float, StackReport]]
+) -> tuple[float, HangError]:
+    """When `judge` first raised HangError on `samples` (time, sample), and the error."""
+    for now, report in samples:
+        try:
+            judge.add(report, now)
+        except HangError as e:
+            return now, e
+    raise AssertionError("no hang found")
+
+
+def test_every_rank_in_the_collective_with_no_new_one_begun_is_a_hang() -> None:
+    judge = HangJudge(2.0)
+    for i in range(8):  # all in all_reduce, but a new one each sample: progressing
+        judge.add(_sample({0: True, 1: True}, progress=i), i / 4)
+    judge.add(_sample({0: True, 1: True}, progress=8), 2.0)
+    stuck = _sample({0: True, 1: True}, progress=8)
+    now, error = _first_hang(judge, [(2.0 + i / 4, stuck) for i in range(1, 12)])
+    assert now == 4.0
+    assert "every rank waited in a collective" in str(error)
+    assert error.stuck == ()
+    assert error.seconds >= 2.0
+
+
+def test_a_rank_that_keeps_working_is_no_hang_but_one_stuck_at_a_line_is() -> None:
+    judge = HangJudge(1.0)
+    for i in range(20):  # rank 1 works, its line changing: the others wait for it
+        judge.add(StackReport((_stacks(0, True), _stacks(1, False, line=10 + i % 3)), "", 0), i)
+    stuck = StackReport((_stacks(0, True), _stacks(1, False, line=50)), "", 0)
+    now, error = _first_hang(judge, [(i, stuck) for i in range(20, 30)])
+    assert now == 21
+    assert "rank 0 waited in a collective while rank 1 did not join it" in str(error)
+    assert error.stuck == (1,)
+
+
+def test_no_rank_waiting_is_no_hang() -> None:
+    judge = HangJudge(1.0)
+    for i in range(30):
+        judge.add(_sample({0: False, 1: False}), i)
+
+
+def test_auto_waits_for_its_calibration_then_takes_a_multiple_of_the_longest_gap() -> None:
+    judge = HangJudge("auto")
+    for i in range(40):  # stuck from the start: no gap seen, nothing judged
+        judge.add(_sample({0: True, 1: True}, progress=1), i)
+    assert judge.limit() is None
+    judge = HangJudge("auto")
+    now = 0.0
+    for step in range(6):  # a collective every 2 s
+        judge.add(_sample({0: True, 1: True}, progress=step), now)
+        now += 2.0
+    assert judge.limit() == max(AUTO_FLOOR, AUTO_FACTOR * 2.0)
+    stuck = _sample({0: True, 1: True}, progress=5)
+    hung_at, _ = _first_hang(judge, [(now + i, stuck) for i in range(20)])
+    assert hung_at - 10.0 == AUTO_FACTOR * 2.0  # the last progress was seen at 10 s
+
+
+def test_a_pause_resets_the_hang_clock() -> None:
+    judge = HangJudge(2.0)
+    judge.add(_sample({0: True, 1: True}, progress=1), 0.0)
+    judge.reset(5.0)  # a debugger session held the ranks until 5 s
+    judge.add(_sample({0: True, 1: True}, progress=1), 6.0)
+    now, _ = _first_hang(judge, [(7.0, _sample({0: True, 1: True}, progress=1))])
+    assert now == 7.0

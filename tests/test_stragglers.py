@@ -1,0 +1,95 @@
+"""Stragglers and hangs found from sampled stacks, on localhost with gloo."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import slurmrun
+from slurmrun.events import Event, Straggler
+
+LIMIT = 60.0  # the most a test's run may last
+
+
+@pytest.fixture(autouse=True)
+def _logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path / "logs"))
+
+
+def steps(step: float, slow_rank: int, slower: float, seconds: float, stop: str) -> int:
+    """Steps of `step` s (a sleep) and an all_reduce, for `seconds` or until `stop` exists;
+    `slow_rank`'s steps take `slower` times as long."""
+    import pathlib
+
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    pause = step * (slower if rank == slow_rank else 1.0)
+    end = time.monotonic() + seconds
+    done = 0
+    while True:
+        time.sleep(pause)  # the step's work
+        over = rank == 0 and (time.monotonic() > end or pathlib.Path(stop).exists())
+        flag = torch.tensor([1.0 if over else 0.0])
+        dist.all_reduce(flag)
+        done += 1
+        if flag.item() > 0:
+            return done
+
+
+def _run_steps(
+    tmp_path: Path, slower: float, seconds: float, **options: object
+) -> tuple[list[Event], float]:
+    """Runs `steps` on 2 gloo workers; the events, and the workers' start (time.time())."""
+    stop = tmp_path / "stop"
+    events: list[Event] = []
+
+    def on_event(event: Event) -> None:
+        events.append(event)
+        if isinstance(event, Straggler):
+            stop.touch()  # found: the run may end
+
+    slurmrun.launch(
+        steps,
+        (0.1, 1, slower, seconds, str(stop)),
+        workers_per_host=2,
+        backend="gloo",
+        on_event=on_event,
+        **options,  # type: ignore[arg-type]
+    )
+    started = next(e.time for e in events if e.kind == "workers_started")
+    return events, started
+
+
+def test_a_rank_30_percent_slower_is_named_a_straggler_within_20_s(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    events, started = _run_steps(tmp_path, 1.3, LIMIT)
+    found = [e for e in events if isinstance(e, Straggler)]
+    assert found, [e.kind for e in events]
+    first = found[0]
+    assert first.rank == 1 and first.host == "localhost", first
+    assert first.time - started < 20.0, first.time - started
+    assert first.score >= 0.15, first
+    assert first.hot_frames[0].startswith("steps (test_stragglers.py:"), first.hot_frames
+    report = Path(first.report_file)
+    assert report.parent.name == "stragglers" and report.is_file()
+    assert "straggler: rank 1 (localhost)" in report.read_text()
+    assert "Python stacks of 2 ranks" in report.read_text()  # a sample's, whole
+    line = [r.getMessage() for r in caplog.records if "straggler: rank 1" in r.getMessage()]
+    assert len(line) == 1 and "at steps (test_stragglers.py:" in line[0], caplog.text
+    print(f"straggler named {first.time - started:.1f} s after the workers started")
+
+
+def test_balanced_ranks_are_never_named_stragglers(tmp_path: Path) -> None:
+    events, _ = _run_steps(tmp_path, 1.0, 20.0)
+    assert not [e for e in events if isinstance(e, Straggler)]
+    assert not list((tmp_path / "logs").glob("*/stragglers/*"))
+
+
+def test_stragglers_false_samples_nothing(tmp_path: Path) -> None:
+    events, _ = _run_steps(tmp_path, 1.5, 14.0, stragglers=False)
+    assert not [e for e in events if isinstance(e, Straggler)]
