@@ -21,7 +21,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -112,13 +112,7 @@ class Keeper:
         for link in self.links:
             threading.Thread(target=link.read_agent, args=(self.end,), daemon=True).start()
         threading.Thread(target=self._clock, daemon=True).start()
-        server.settimeout(TICK)
-        while not self.done.is_set():
-            try:
-                sock, _ = server.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=self._take, args=(sock,), daemon=True).start()
+        self._accept(server, self._take)
 
     def _clock(self) -> None:
         beat = protocol.Heartbeat().header()
@@ -246,13 +240,17 @@ class Keeper:
 
     def take_streams(self, server: socket.socket, secret: bytes) -> None:
         """Takes the workers' own connections (large results) on the agents' `server`."""
+        self._accept(server, lambda sock: self._stream(sock, secret))
+
+    def _accept(self, server: socket.socket, take: Callable[[socket.socket], None]) -> None:
+        """Hands each connection on `server` to `take` on a thread, until the reservation ends."""
         server.settimeout(TICK)
         while not self.done.is_set():
             try:
                 sock, _ = server.accept()
             except TimeoutError:
                 continue
-            threading.Thread(target=self._stream, args=(sock, secret), daemon=True).start()
+            threading.Thread(target=take, args=(sock,), daemon=True).start()
 
     def _stream(self, sock: socket.socket, secret: bytes) -> None:
         """One stream: proven, its frame's header read, then handed to the launcher's JOIN."""

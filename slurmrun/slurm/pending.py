@@ -7,8 +7,9 @@ running one has none).
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass
+
+from slurmrun.slurm.queue import run_query
 
 __all__ = ["JobWait", "job_wait"]
 
@@ -45,16 +46,8 @@ def job_wait(job_id: str) -> JobWait | None:
     if shutil.which("squeue") is None:
         return None
     argv = ["squeue", "--noheader", f"--jobs={job_id}", "--format=%T|%U|%r|%S|%L"]
-    try:
-        done = subprocess.run(
-            argv,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=QUERY_TIMEOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+    done = run_query(argv, QUERY_TIMEOUT)
+    if done is None:
         return None
     for line in done.stdout.splitlines():
         fields = line.strip().split("|")

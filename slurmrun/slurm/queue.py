@@ -23,6 +23,7 @@ __all__ = [
     "parse_sacct",
     "parse_squeue",
     "query_states",
+    "run_query",
 ]
 
 UNKNOWN = "UNKNOWN"
@@ -96,14 +97,17 @@ def parse_sacct(text: str) -> dict[str, str]:
     return states
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str] | None:
+def run_query(
+    argv: list[str], timeout: float = QUERY_TIMEOUT
+) -> subprocess.CompletedProcess[str] | None:
+    """Runs a SLURM query command (squeue, sacct); None if it could not run or took too long."""
     try:
         return subprocess.run(
             argv,
             check=False,
             capture_output=True,
             text=True,
-            timeout=QUERY_TIMEOUT,
+            timeout=timeout,
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired):
@@ -115,7 +119,7 @@ def _squeue(job_ids: list[str]) -> dict[str, str]:
         return {}
     # --array: one line per array element; without it squeue folds an array's pending
     # elements into one line ("53_[0-2]|PENDING") that names none of them.
-    done = _run(
+    done = run_query(
         [
             "squeue",
             "--array",
@@ -132,7 +136,7 @@ def _squeue(job_ids: list[str]) -> dict[str, str]:
 def _sacct(job_ids: list[str]) -> dict[str, str]:
     if not _SACCT["usable"] or shutil.which("sacct") is None:
         return {}
-    done = _run(
+    done = run_query(
         [
             "sacct",
             "--noheader",
