@@ -93,7 +93,7 @@ if [ "$K" != 0 ]; then
   ROOTFS=$(cat "$STATE/rootfs" 2>/dev/null || true)
   # no rootfs recorded (not up yet): the host's /etc/hosts and /etc/slurm are the host
   # cluster's, never this one's, so `down` (also the one `up` starts with) leaves them alone
-  [ -n "$ROOTFS" ] || HOSTS=""
+  HOSTS=${ROOTFS:+$ROOTFS/etc/hosts}  # (its own: `down` must never edit the host's)
 fi
 CONF_DIR=$ROOTFS/etc/slurm
 [ "$K" = 0 ] || [ -n "$ROOTFS" ] || CONF_DIR=$STATE/no-rootfs/etc/slurm
