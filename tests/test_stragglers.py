@@ -58,7 +58,7 @@ def _run_steps(
         workers_per_host=2,
         backend="gloo",
         on_event=on_event,
-        **options,  # type: ignore[arg-type]
+        **{"stragglers": True, **options},  # type: ignore[arg-type]
     )
     started = next(e.time for e in events if e.kind == "workers_started")
     return events, started

@@ -43,7 +43,7 @@ def on_event(event):
 slow, hang, seconds = ARGS
 result = slurmrun.launch(
     steps, (slow, hang, seconds, "stop"), backend="gloo", timeout=60, on_event=on_event,
-    hang_timeout=4.0, max_restarts=1,
+    hang_timeout=4.0, max_restarts=1, stragglers=True,
 )
 print("RESULT " + json.dumps(result.return_values), flush=True)
 """
