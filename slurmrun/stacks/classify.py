@@ -19,7 +19,7 @@ import enum
 import os
 import re
 
-from slurmrun.stacks.report import (
+from slurmrun.stacks.frames import (
     Frame,
     RankStacks,
     ThreadStack,

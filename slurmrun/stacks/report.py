@@ -8,7 +8,6 @@ the same collective read as one line. Standard library only: every worker import
 
 from __future__ import annotations
 
-import enum
 import json
 import linecache
 import os
@@ -21,6 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from slurmrun.stacks.classify import activity
+from slurmrun.stacks.frames import (
+    OURS,
+    STDLIB_DIR,
+    Frame,
+    RankStacks,
+    StackSource,
+    ThreadStack,
+    is_ours,
+    is_ours_or_stdlib,
+    is_plumbing,
+    where,
+)
 
 __all__ = [
     "MAX_CAPTURE_BYTES",
@@ -49,61 +62,17 @@ _MAX_TEXT = 300  # characters kept of a filename, function name, source line or 
 _MAX_COUNT = 10**9  # bound on the counts of frames and threads left out that parse_capture accepts
 _MAX_HOSTS_SHOWN = 8
 # As frames name our files: absolute, or relative when imported through a relative sys.path entry
-_PACKAGE = os.path.dirname(os.path.dirname(__file__))  # slurmrun/, above slurmrun/stacks/
-_OURS = (os.path.abspath(_PACKAGE) + os.sep, _PACKAGE + os.sep)
-_STDLIB_DIR = os.path.dirname(os.path.abspath(threading.__file__)) + os.sep
-_NOT_STDLIB = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 # A thread in slurmrun's pdb: these files hold its frames from the user's stop inwards.
-_DEBUGGER = tuple(os.path.join(d, "node", "debugger.py") for d in _OURS)
+_DEBUGGER = tuple(os.path.join(d, "node", "debugger.py") for d in OURS)
 _DEBUGGER_FILES = (
     *_DEBUGGER,
-    *(os.path.join(d, "node", "pdb_session.py") for d in _OURS),
-    *(_STDLIB_DIR + f for f in ("bdb.py", "pdb.py", "cmd.py")),
+    *(os.path.join(d, "node", "pdb_session.py") for d in OURS),
+    *(STDLIB_DIR + f for f in ("bdb.py", "pdb.py", "cmd.py")),
 )
 _BARE_ID = re.compile(r"(?:Current thread|Thread) 0x[0-9a-fA-F]+")
 _LEFT_OUT = re.compile(r"\(\d+ more threads? left out\)")
 _FH_HEADER = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):")
 _FH_FRAME = re.compile(r'\s+File "(.*)", line (\d+|\?\?\?) in (.*?)\s*')
-
-
-class StackSource(enum.Enum):
-    """How a rank's stacks were obtained."""
-
-    PYTHON = "python"  # the worker's own thread answered (sys._current_frames)
-    FAULTHANDLER = "faulthandler"  # the signal-safe fallback (a worker holding the GIL in C code)
-    NONE = "none"  # no stacks (exited, no answer)
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One frame: where, and the source text there, stripped ("" if unknown)."""
-
-    filename: str
-    lineno: int
-    function: str
-    line: str = ""
-
-
-@dataclass(frozen=True)
-class ThreadStack:
-    """One thread's frames, outermost first (traceback order); `cut` frames were left out."""
-
-    name: str
-    frames: tuple[Frame, ...]
-    cut: int = 0
-
-
-@dataclass(frozen=True)
-class RankStacks:
-    """The threads of one rank, how they were obtained, and a note ("exited", "no answer ...")."""
-
-    rank: int
-    host: str
-    local_rank: int
-    threads: tuple[ThreadStack, ...]
-    source: StackSource
-    note: str = ""
-    progress: int | None = None  # collectives begun (`slurmrun.protocol.Stacks`); None: unknown
 
 
 def _short(text: str) -> str:
@@ -112,23 +81,6 @@ def _short(text: str) -> str:
 
 def _left_out_thread(count: int) -> ThreadStack:
     return ThreadStack(f"({count} more thread{'s' if count != 1 else ''} left out)", ())
-
-
-def is_ours(filename: str) -> bool:
-    """Whether `filename` is one of slurmrun's own files."""
-    return filename.startswith(_OURS)
-
-
-def _is_plumbing(filename: str) -> bool:
-    """Ours, or runpy's (which a worker's script mode and `python -m` run the user's code by)."""
-    return is_ours(filename) or filename in ("<frozen runpy>", _STDLIB_DIR + "runpy.py")
-
-
-def is_ours_or_stdlib(filename: str) -> bool:
-    """Whether `filename` is slurmrun's or the standard library's (not an installed package's)."""
-    if is_ours(filename) or filename.startswith("<frozen "):
-        return True
-    return filename.startswith(_STDLIB_DIR) and not any(d in filename for d in _NOT_STDLIB)
 
 
 def _thread_stack(name: str, top: FrameType | None) -> ThreadStack | None:
@@ -150,7 +102,7 @@ def _thread_stack(name: str, top: FrameType | None) -> ThreadStack | None:
     outer = len(codes)
     if outer > 1 and codes[-1][0] == "<string>" and is_ours(codes[-2][0]):
         outer -= 1  # a `python -c` bootstrap that calls us (the ssh starter's agent)
-    while outer > 0 and _is_plumbing(codes[outer - 1][0]):
+    while outer > 0 and is_plumbing(codes[outer - 1][0]):
         outer -= 1
     if outer == 0:  # wholly ours: keep it all
         outer = len(codes)
@@ -363,11 +315,6 @@ def _key(stacks: RankStacks) -> tuple[Any, ...]:
     )
 
 
-def where(frame: Frame) -> str:
-    """A frame in a few words: ``function (file.py:line)``."""
-    return f"{frame.function} ({os.path.basename(frame.filename)}:{frame.lineno})"
-
-
 @dataclass(frozen=True)
 class StackReport:
     """Every rank's stacks at one moment, and why they were asked for."""
@@ -397,8 +344,6 @@ class StackReport:
         frames = stacks.threads[0].frames
         if not frames:
             return f"{label}: no Python frame"
-        from slurmrun.stacks.classify import activity  # noqa: PLC0415 - it imports this module
-
         word = activity(stacks).value
         return f"{label}: {word}: " + " <- ".join(where(f) for f in reversed(frames[-3:]))
 
