@@ -148,8 +148,9 @@ class Options:
     0.1-0.5 ms of a rank's time a sample) to find the rank that works while the others wait
     for it in a collective: a warning naming the rank, its node and where it works, a
     `slurmrun.events.Straggler` event, and a report in the log directory (docs/stuck.md).
-    False (the default, until the sampling's cost and safety are measured on a quiet
-    machine): no sampling (unless `hang_timeout` is set)."""
+    False (the default, while the sampling costs about 11 % of a tight loop's steps on 2
+    cores and a worker's SIGSEGV with it on is unexplained: docs/stuck.md): no sampling
+    (unless `hang_timeout` is set)."""
 
     hang_timeout: float | Literal["auto"] | None = None
     """Seconds after which a run whose ranks are all stuck, some waiting in a collective and
