@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -65,3 +66,55 @@ def test_a_sigtermed_launcher_in_a_step_leaves_its_workers_one_sigterm(tmp_path,
             driver.kill()
             driver.wait()
     assert (tmp_path / "checkpoint").read_text() == "1"
+
+
+COUNTER = """
+import signal, sys
+signum = int(sys.argv[1])
+signal.pthread_sigmask(signal.SIG_BLOCK, {signum})  # every send waits in the queue, counted below
+print("ready", flush=True)
+sys.stdin.read()  # until the test closes it
+count = 0
+while signal.sigtimedwait({signum}, 0) is not None:
+    count += 1
+print(count, flush=True)
+"""
+
+
+def _counted(send: Callable[[int, int], None]) -> str:
+    """How many of the realtime signals that `send(pid, signum)` sent reached a group leader."""
+    signum = signal.SIGRTMIN + 1
+    child = subprocess.Popen(
+        [sys.executable, "-c", COUNTER, str(signum)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        send(child.pid, signum)
+        out, _ = child.communicate("", timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return out.strip()
+
+
+def test_stopping_a_worker_signals_it_once():
+    """The agent's signal reaches a worker (which leads its own group, as the spawner makes it)
+    once: its pid and its group both signalled ran its handler twice whenever the first
+    arrived in between (a loaded machine). So for a stray that leads a group. A realtime
+    signal, blocked, is never merged: every send is counted."""
+    from slurmrun.node.spawner import WorkerProcess, _signal_stray
+    from slurmrun.node.supervisor import _signal_group
+
+    reaped_r, reaped_w = os.pipe()  # the spawner's status pipe: never written while it lives
+    try:
+        sent = _counted(lambda pid, s: _signal_group(WorkerProcess(pid, reaped_r), s))
+    finally:
+        os.close(reaped_w)
+        os.close(reaped_r)
+    assert sent == "1"
+    assert _counted(_signal_stray) == "1"

@@ -403,11 +403,11 @@ def _children() -> set[int]:
 
 
 def _signal_stray(pid: int, signum: int) -> None:
-    """Signals a stray and the process group it leads, if it leads one (not ours)."""
+    """Signals a stray and the process group it leads, if it leads one (not ours): once."""
     with contextlib.suppress(OSError):
         if os.getpgid(pid) == pid:
             os.killpg(pid, signum)
-    with contextlib.suppress(OSError):
+            return
         os.kill(pid, signum)
 
 

@@ -58,11 +58,18 @@ def no_stacks(launcher: Connection, ask: protocol.AskStacks, why: str) -> None:
 
 
 def _signal_group(process: WorkerProcess, signum: int) -> None:
-    """Signals a live worker and its process group (what it started and did not move)."""
-    if process.is_alive():  # never signal a pid that the spawner may have reaped already
-        with contextlib.suppress(OSError):
-            os.killpg(process.pid, signum)
-    process.send_signal(signum)  # a worker that left its group still gets it
+    """Signals a live worker's process group: the worker and what it started and did not move.
+
+    The worker leads the group (the spawner gave it a session of its own, which it cannot
+    leave), so the group's signal is its one: a second, sent to its pid, would run a Python
+    handler (a checkpoint) twice whenever the first was delivered in between.
+    """
+    if not process.is_alive():  # never signal a pid that the spawner may have reaped already
+        return
+    try:
+        os.killpg(process.pid, signum)
+    except OSError:
+        process.send_signal(signum)
 
 
 @dataclass
