@@ -1,7 +1,10 @@
 """``slurmrun info [--json]``: what slurmrun detects, and what `launch()` with defaults would do.
 
 Starts nothing: it reads the environment, asks ``scontrol`` (with a time limit) where the
-environment does not tell, and plans a launch with `Launcher.dry_run`'s planning steps.
+environment does not tell, and plans a launch with `Launcher.dry_run`'s planning steps. With
+``--job JOB_ID`` it plans a launch on that reservation's agents (`slurmrun.reserve`), and says
+how the launcher would reach them (straight to the keeper's port, which it knocks on, or
+through ``srun --overlap``) and why.
 """
 
 from __future__ import annotations
@@ -145,10 +148,10 @@ def _this_process(alloc: SlurmAllocation | None) -> dict[str, Any]:
 def _launch_section(cfg: launcher.Launcher, warnings: list[str]) -> dict[str, Any] | None:
     try:
         try:
-            plan = make_plan(cfg)
+            plan = make_plan(cfg, wait=False)  # a reservation still starting: said, not awaited
         except RuntimeError:
             # A step of several tasks: _slurm_section said so. Show what one task would do.
-            plan = make_plan(cfg, check_driver_step=False)
+            plan = make_plan(cfg, check_driver_step=False, wait=False)
         return plan_dry_run(cfg, plan).as_dict()
     except (RuntimeError, ValueError, OSError) as e:
         what = "does not resolve" if "resolve" in str(e) else "cannot be planned"
@@ -328,12 +331,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, field_name in SHELL_WORDS.items():
         parser.add_argument(name, default="", metavar="'WORDS'", help=helps[field_name])
     parser.add_argument("--agent-python", default=None, help="the agents' interpreter")
+    parser.add_argument(
+        "--job",
+        default=None,
+        metavar="JOB_ID",
+        help="plan a launch on this reservation's agents (slurmrun reserve), and say how "
+        "they would be reached: straight to its keeper's port, or through srun --overlap",
+    )
     args = parser.parse_args(_joined(list(sys.argv[1:] if argv is None else argv)))
     try:
         cfg = launcher.Launcher(
             srun_args=tuple(shlex.split(args.srun_args)),
             agent_prefix=tuple(shlex.split(args.agent_prefix)),
             agent_python=args.agent_python,
+            job=args.job,
         )
         info = gather(cfg)
         if cfg != launcher.Launcher():

@@ -79,6 +79,8 @@ class DryRun:
         spares: hosts kept out of the run to replace a lost one (``hosts``).
         min_hosts: the fewest hosts a restart after a lost host runs on; None: every host.
         max_restarts: the restarts after a failure (a lost host uses one).
+        route: how the launcher reaches agents that run already (a reservation's, ``job=``),
+            and why; empty: the agents it starts connect to it.
     """
 
     job_id: str | None
@@ -104,6 +106,7 @@ class DryRun:
     spares: tuple[str, ...] = ()
     min_hosts: int | None = None
     max_restarts: int = 0
+    route: str = ""
 
     @property
     def world_size(self) -> int | None:
@@ -139,6 +142,7 @@ class DryRun:
             _row("hosts", f"{', '.join(self.hosts)} ({n} host{'s' * (n != 1)})"),
             _row("a lost host", self._elastic_text()),
             _row("agents", KINDS[self.agents].shown),
+            *([_row("reached", self.route)] if self.route else []),
             _row("workers per host", self._workers_text()),
             _row("world size", self._world_text()),
             _row("backend", self._backend_text()),
@@ -262,6 +266,7 @@ def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryR
     start = plan.start(cfg, log_dir, secret="", advertise=address.advertise, port=str(port or 0))
     env, hosts = start.env, plan.hostnames
     expected = plan.agents.dry_workers(hosts, env)
+    way = plan.agents.dry_route()
     counts, reason = expected.counts, expected.reason
     if plan.workers_per_host is not None:
         counts, reason = plan.workers_per_host, "set by workers_per_host"
@@ -273,7 +278,7 @@ def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryR
     if counts and all(counts):  # unknown counts (ssh, auto) show no worker's environment
         worker_env, worker_unset = preview(env, counts, env.get(JOB_ENV_VAR))
     return DryRun(
-        job_id=plan.alloc.job_id if plan.alloc is not None else None,
+        job_id=way.job_id if way else plan.alloc.job_id if plan.alloc is not None else None,
         hosts=tuple(hosts),
         agents=plan.agents.name,
         workers_per_host=None if plan.workers_per_host is None else tuple(plan.workers_per_host),
@@ -285,7 +290,7 @@ def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryR
         bind_address=address.bind,
         address_reason=address.reason,
         port=port,
-        commands=start.commands,
+        commands=way.commands if way else start.commands,
         env_names=start.names,
         env_shown=tuple((n, shown_value(n, _dry_value(n, env, hosts))) for n in start.names),
         log_dir=log_dir.path if log_dir.keep else None,
@@ -295,6 +300,7 @@ def plan_dry_run(cfg: Options, plan: Plan, warnings: Sequence[str] = ()) -> DryR
         spares=tuple(plan.spares),
         min_hosts=cfg.min_hosts,
         max_restarts=cfg.max_restarts,
+        route=way.text if way else "",
     )
 
 

@@ -10,6 +10,11 @@
 #   slurm-cluster.sh status   print state; exit 0 only if controller + all nodes healthy
 #   slurm-cluster.sh logs [K] tail (K lines of) the daemon logs (for CI failure output)
 #   slurm-cluster.sh env      print `export SLURM_CLUSTER_...=` lines (launcher address etc.)
+#   slurm-cluster.sh firewall on|off|status   (netns mode) the firewalled variant, as sites
+#                             firewall login nodes: in every node's namespace, nft drops each
+#                             new TCP connection to the login side except to slurmctld's port
+#                             and SrunPortRange (srun's I/O), and each new one from the login
+#                             side except to slurmd's port; `off` removes the rules (`up` too)
 #   slurm-cluster.sh exec CMD...  (a release's cluster only) run CMD on its login side: in its
 #                             rootfs (chroot), in the current directory, with the environment
 #                             kept and the host's Python first on PATH
@@ -84,6 +89,11 @@ VETH_PREFIX=slurmcv
 MULTI_NET=127.0.77
 CTLD_PORT=$((6817 + 10 * K))
 SLURMD_PORT=$((6818 + 10 * K))
+# srun's listening ports (SrunPortRange), above the kernel's ephemeral ones (32768-60999 by
+# default): the firewalled variant lets the nodes reach these on the login side, and a port a
+# program there binds to 0 never falls among them
+SRUN_PORTS=$((61000 + 1000 * K))-$((61999 + 1000 * K))
+FIREWALL_TABLE=slurm_cluster_firewall
 ROOTFS=""  # a release's cluster: its root filesystem (up: built; later: $STATE/rootfs)
 HOSTS=/etc/hosts
 if [ "$K" != 0 ]; then
@@ -429,6 +439,7 @@ AuthInfo=cred_expire=10
 CredType=cred/munge
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=$SLURMD_PORT
+SrunPortRange=$SRUN_PORTS
 StateSaveLocation=$STATE/spool/ctld
 SlurmdSpoolDir=$STATE/spool/%n
 SlurmctldPidFile=$STATE/run/slurmctld.pid
@@ -611,6 +622,7 @@ cmd_up() {
   local params="mode=$MODE_REQ nodes=$n cpus=$CPUS gpus=$GPUS mem=$MEM subnet=$SUBNET rootfs=$rootfs script=$(sha256sum <"$0" | cut -c1-16)"
   if [ "$(cat "$STATE/params" 2>/dev/null)" = "$params" ] && is_healthy; then
     log "already up and healthy ($params) - nothing to do"
+    firewall_off   # a test that died with the firewall on leaves the cluster as `up` makes it
     cmd_status_locked; return 0
   fi
   if [ -f "$STATE/nodes" ]; then
@@ -758,6 +770,62 @@ cmd_exec() {  # CMD... on a release's cluster's login side: its rootfs, this dir
     sh -c 'cd "$1" && shift && exec "$@"' sh "$PWD" "$@"
 }
 
+# ---------------------------------------------------------------- the firewalled variant
+node_netns() { ip netns list 2>/dev/null | awk '{print $1}' | grep "^${NS_PREFIX}node" || true; }
+
+firewall_off() {
+  local ns
+  for ns in $(node_netns); do
+    nsenter --net="/run/netns/$ns" nft delete table inet "$FIREWALL_TABLE" 2>/dev/null || true
+  done
+  return 0
+}
+
+cmd_firewall() {  # on | off | status
+  need_root
+  [ -f "$STATE/cluster.env" ] || die "the cluster is not up"
+  [ "$(cat "$STATE/mode")" = netns ] || die "firewall: netns mode only (the nodes' own namespaces)"
+  command -v nft >/dev/null || die "firewall: nft is missing (apt-get install nftables)"
+  local ctl_ip ns ranges conf=$CONF
+  inside_rootfs && conf=/etc/slurm/slurm.conf   # a test's, run by `exec`
+  ctl_ip=$(. "$STATE/cluster.env" && echo "$SLURM_CLUSTER_LAUNCHER_ADDR")
+  case "${1:-}" in
+    on)
+      grep -qx "SrunPortRange=$SRUN_PORTS" "$conf" \
+        || die "firewall: $conf has no SrunPortRange=$SRUN_PORTS (brought up by an older script): bring the cluster up again"
+      ranges="$CTLD_PORT, $SRUN_PORTS"
+      firewall_off
+      for ns in $(node_netns); do
+        # SYN without ACK: a new connection (stateless: no conntrack needed); dropped, not
+        # refused, as firewalls do: the other side waits until its own timeout
+        nsenter --net="/run/netns/$ns" nft -f - <<EOF || die "firewall: nft failed in $ns"
+table inet $FIREWALL_TABLE {
+  chain out {
+    type filter hook output priority 0; policy accept;
+    ip daddr $ctl_ip tcp dport { $ranges } accept
+    ip daddr $ctl_ip tcp flags & (syn | ack) == syn drop
+  }
+  chain in {
+    type filter hook input priority 0; policy accept;
+    ip saddr $ctl_ip tcp dport $SLURMD_PORT accept
+    ip saddr $ctl_ip tcp flags & (syn | ack) == syn drop
+  }
+}
+EOF
+      done
+      log "firewall on: the nodes reach $ctl_ip on $ranges only, and it reaches them on $SLURMD_PORT only"
+      ;;
+    off) firewall_off; log "firewall off" ;;
+    status)
+      for ns in $(node_netns); do
+        if nsenter --net="/run/netns/$ns" nft list table inet "$FIREWALL_TABLE" >/dev/null 2>&1; then
+          echo "$ns on"; else echo "$ns off"; fi
+      done
+      ;;
+    *) die "firewall: on, off or status" ;;
+  esac
+}
+
 cmd_logs() {
   local f
   for f in "$LOGD"/*; do [ -f "$f" ] || continue; echo "==== $f"; tail -n "${1:-40}" "$f"; done
@@ -770,5 +838,6 @@ case "${1:-}" in
   logs) shift; cmd_logs "$@" ;;
   env) cmd_env ;;
   exec) shift; cmd_exec "$@" ;;
+  firewall) shift; cmd_firewall "$@" ;;
   *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;
 esac

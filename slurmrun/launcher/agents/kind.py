@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from slurmrun.providers import Hosts
     from slurmrun.slurm.scontrol import NodeState
 
-__all__ = ["AgentKind", "AgentStart", "DryWorkers", "StartOrder"]
+__all__ = ["AgentKind", "AgentStart", "DryRoute", "DryWorkers", "StartOrder"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,21 @@ class DryWorkers:
     gpus: int
     counts: list[int]
     reason: str
+
+
+@dataclass(frozen=True)
+class DryRoute:
+    """How a launcher would reach agents that run already, and why (a reservation's).
+
+    Attributes:
+        job_id: the SLURM job the agents run in.
+        text: the way, and why it was chosen (for people).
+        commands: what would run to get there, as a dry run shows it.
+    """
+
+    job_id: str
+    text: str
+    commands: tuple[tuple[str, ...], ...]
 
 
 class AgentKind(Protocol):
@@ -130,6 +145,13 @@ class AgentKind(Protocol):
         By default `error` itself: the agent's own log file says why.
         """
         return error
+
+    def dry_route(self) -> DryRoute | None:
+        """For a dry run: how the launcher would reach agents that run already.
+
+        By default None: the launch starts its agents, which connect to the launcher.
+        """
+        return None
 
     def marked_down(self, hostnames: Sequence[str], timeout: float) -> dict[str, NodeState]:
         """The hosts the scheduler marks unable to run agents now, and their states.

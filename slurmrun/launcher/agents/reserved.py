@@ -30,8 +30,8 @@ from slurmrun.authentication import client_handshake
 from slurmrun.errors import AgentFailedError, OptionsValueError
 from slurmrun.launcher.address import Address, loopback
 from slurmrun.launcher.agents.common import silence as launcher_silence
-from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryWorkers, StartOrder
-from slurmrun.launcher.agents.reserved_relay import SrunRelay
+from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryRoute, DryWorkers, StartOrder
+from slurmrun.launcher.agents.reserved_relay import SrunRelay, relay_command
 from slurmrun.reservations import ReservationError, ReservationRecord, record_path
 from slurmrun.slurm.pending import job_wait
 from slurmrun.transport import Connection
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
     from slurmrun.providers import Hosts
 
-__all__ = ["ReservationBusy", "Reserved", "ReservedAgents"]
+__all__ = ["ReservationBusy", "Reserved", "ReservedAgents", "Route", "choose_route"]
 
 CONNECT_TIMEOUT = 10.0  # the keeper's node answers within this, or is not reachable
 PROBE_TIMEOUT = 3.0  # the keeper's port answers within this, or srun is the way
@@ -104,6 +104,9 @@ class Reserved(AgentKind):
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"reservation {job_id} is not ready after timeout={wait:g} s: {job}"
+                    if wait > 0
+                    else f"reservation {job_id} is not ready yet: {job} (a launch waits for "
+                    "it, up to its timeout)"
                 )
             line = f"slurmrun: waiting for reservation {job_id}: {job}"
             if line != said:
@@ -130,6 +133,17 @@ class Reserved(AgentKind):
         """See `AgentKind`: each agent decided when the reservation started."""
         return DryWorkers(0, [0] * len(hostnames), "each agent decides on its node (0: unknown)")
 
+    def dry_route(self) -> DryRoute:
+        """See `AgentKind`: the way `choose_route` takes now (it may knock on the keeper's port).
+
+        Raises:
+            OptionsValueError: ``SLURMRUN_RESERVE_VIA`` holds something else.
+        """
+        way, record = choose_route(self.record), self.record
+        attach = ("attach", f"job {record.job_id}", f"{record.host}:{record.port}")
+        commands = (tuple(relay_command(record)),) if way.srun else (attach,)
+        return DryRoute(record.job_id, way.text, commands)
+
 
 Dial = Callable[[], socket.socket]  # a new connection toward the keeper's port
 
@@ -145,37 +159,72 @@ def direct(record: ReservationRecord, timeout: float = CONNECT_TIMEOUT) -> Dial:
     return dial
 
 
-def route(record: ReservationRecord, log_dir: str) -> tuple[Dial, SrunRelay | None]:
-    """How this process reaches the keeper: straight to its port, else through srun.
+@dataclass(frozen=True)
+class Route:
+    """The way to a reservation's keeper (`choose_route`).
+
+    Attributes:
+        srun: through ``srun --jobid J --overlap`` (a relay on the keeper's node), else
+            straight to the keeper's port.
+        text: the way, and why (what ``slurmrun info --job`` and a dry run say).
+        asked: ``SLURMRUN_RESERVE_VIA`` chose it, not a knock on the port.
+    """
+
+    srun: bool
+    text: str
+    asked: bool
+
+
+def choose_route(record: ReservationRecord) -> Route:
+    """How this process would reach the keeper of `record`, and why; starts nothing.
 
     ``SLURMRUN_RESERVE_VIA`` (`VIA_VAR`) decides: ``direct``, ``srun``, or by default the
-    port if it answers within `PROBE_TIMEOUT`, else srun.
+    keeper's port if it answers within `PROBE_TIMEOUT` (a connection, closed at once), else
+    srun: where the nodes are firewalled from this machine.
 
     Raises:
         OptionsValueError: the variable holds something else.
-        AgentFailedError: ``direct`` was asked for and the port does not answer.
     """
     via = os.environ.get(VIA_VAR, "auto") or "auto"
     if via not in {"auto", "direct", "srun"}:
         raise OptionsValueError(f"{VIA_VAR}={via!r}: set direct, srun or auto (the default)")
-    if via != "srun":
-        try:
-            direct(record, PROBE_TIMEOUT if via == "auto" else CONNECT_TIMEOUT)().close()
-        except OSError as e:
-            if via == "direct":
+    port = f"the keeper's port {record.host}:{record.port}"
+    relay = (
+        f"through `srun --jobid {record.job_id} --overlap` on {record.node or record.hostnames[0]}"
+        " (a relay to the keeper on its stdin and stdout)"
+    )
+    if via == "srun":
+        return Route(True, f"{relay}: {VIA_VAR}=srun", asked=True)
+    if via == "direct":
+        return Route(False, f"straight to {port}: {VIA_VAR}=direct", asked=True)
+    try:
+        direct(record, PROBE_TIMEOUT)().close()
+    except OSError as e:
+        why = f"{port} does not answer from here within {PROBE_TIMEOUT:g} s ({e})"
+        return Route(True, f"{relay}: {why}", asked=False)
+    return Route(False, f"straight to {port}, which answers from here", asked=False)
+
+
+def route(record: ReservationRecord, log_dir: str) -> tuple[Dial, SrunRelay | None]:
+    """How this process reaches the keeper (`choose_route`): its dial, and the relay if any.
+
+    Raises:
+        OptionsValueError: ``SLURMRUN_RESERVE_VIA`` holds something else.
+        AgentFailedError: ``direct`` was asked for and the port does not answer.
+    """
+    way = choose_route(record)
+    if not way.srun:
+        if way.asked:
+            try:
+                direct(record)().close()
+            except OSError as e:
                 raise AgentFailedError(
                     f"cannot reach the keeper of reservation {record.job_id} at "
                     f"{record.host}:{record.port}: {e} ({VIA_VAR}=direct)"
                 ) from e
-            print(
-                f"slurmrun: the keeper of reservation {record.job_id} at {record.host}:"
-                f"{record.port} does not answer from here ({e}): going through srun "
-                f"--jobid {record.job_id} --overlap",
-                file=sys.stderr,
-                flush=True,
-            )
-        else:
-            return direct(record), None
+        return direct(record), None
+    if not way.asked:
+        print(f"slurmrun: reservation {record.job_id}: {way.text}", file=sys.stderr, flush=True)
     relay = SrunRelay(record, os.path.join(log_dir, "relay.log"))
     return relay.connect, relay
 
