@@ -105,6 +105,8 @@ def test_behind_the_firewall_the_launcher_goes_through_srun_by_itself(
         assert result.values() == [("node1", b"x" * (5 << 20)), ("node2", b"x" * (5 << 20))]
         with slurmrun.Launcher(job=job, timeout=60) as launcher:
             assert launcher.run(where, (1,)).values() == [("node1", b"x"), ("node2", b"x")]
+            steps = run_cmd(["squeue", "-h", "-s", "-j", job, "-o", "%j"]).stdout.split()
+        assert steps.count("slurmrun-relay") == 2, steps  # two outputs carry the channels
     err = capfd.readouterr().err
     said = f"slurmrun: reservation {job}: through `srun --jobid {job} --overlap` on node1"
     assert said in err and "does not answer from here within 3 s" in err, err
