@@ -63,8 +63,8 @@ def reserve(
             (``<folder>/<job id>/logs``) go; on a filesystem the nodes share.
         **job: what the job asks SLURM for, as `slurmrun.submit` takes it: ``nodes``,
             ``gpus_per_node``, ``workers_per_node``, ``cpus_per_worker``, ``time_min``,
-            ``slurm_parameters``, ``resources`` (not ``requeue``: a reservation is not
-            requeued).
+            ``slurm_parameters``, ``resources`` (not ``requeue``: preempted, a reservation
+            is requeued by SLURM, under its job id).
 
     Returns:
         The reservation's handle.
@@ -79,8 +79,8 @@ def reserve(
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     if "requeue" in job:
         raise ValueError(
-            "a reservation is never requeued (yet): leave requeue out; if SLURM ends it, "
-            "reserve again"
+            "a reservation takes no requeue options: SLURM requeues it when it is preempted "
+            "(it comes back under its job id); leave requeue out"
         )
     resources = job_resources("reserve", job).resolved()
     base = base_folder(folder).resolve()
@@ -95,7 +95,7 @@ def reserve(
         f"--cpus-per-task={resources.cpus_per_worker or 1}",
         f"--time={resources.time_min}",
         f"--output={base}/%j.log",
-        "--no-requeue",
+        "--requeue",  # preempted, it comes back under its id (the next run waits for it)
     ]
     if resources.gpus_per_node:
         argv.append(f"--gpus-per-node={resources.gpus_per_node}")
