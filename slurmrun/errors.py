@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+from typing import Any
 
 __all__ = [
     "AgentFailedError",
@@ -15,6 +16,7 @@ __all__ = [
     "OptionsTypeError",
     "OptionsValueError",
     "RemoteTraceback",
+    "ReservationRequeuedError",
     "VersionMismatchError",
     "WorkerFailedError",
     "add_note",
@@ -95,6 +97,21 @@ class AgentFailedError(RuntimeError):
         self.stderr_tail = stderr_tail
         self.log_file = log_file
         self.node_rank = node_rank
+
+
+class ReservationRequeuedError(AgentFailedError):
+    """SLURM requeued (preempted) the reservation a run was on: the run is lost.
+
+    The reservation comes back under the same job id once SLURM runs it again, with agents
+    of its own: the next run on it waits for that (up to its ``timeout``).
+
+    Attributes:
+        job_id: the reservation's job id.
+    """
+
+    def __init__(self, message: str, *, job_id: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.job_id = job_id
 
 
 class VersionMismatchError(AgentFailedError):

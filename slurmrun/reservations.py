@@ -48,6 +48,9 @@ class ReservationRecord:
         node: the keeper's node (where a relay reaches its port from).
         attached: the launcher attached now (``pid 123 on login1``); empty: none.
         idle_since: since when none is (seconds since the epoch; 0 while one is).
+        restarts: how often SLURM had requeued the job when this keeper started
+            (``SLURM_RESTART_COUNT``).
+        started: when this keeper's agents were ready (seconds since the epoch).
     """
 
     job_id: str
@@ -60,6 +63,8 @@ class ReservationRecord:
     node: str = ""
     attached: str = ""
     idle_since: float = 0.0
+    restarts: int = 0
+    started: float = 0.0
 
     @staticmethod
     def new_secret() -> str:

@@ -51,7 +51,7 @@ def test_a_record_others_could_read_is_refused(config):
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"requeue": True}, ValueError, "a reservation is never requeued"),
+        ({"requeue": True}, ValueError, "a reservation takes no requeue options"),
         ({"idle_timeout": 0}, ValueError, "idle_timeout must be a positive number"),
         ({"nodes": 0}, ValueError, "nodes must be a positive int"),
         ({"node": 2}, TypeError, "did you mean nodes"),

@@ -89,18 +89,19 @@ class Keeper:
     record: ReservationRecord | None = None  # rewritten when a launcher comes or goes
 
     def _note(self, attached: str) -> None:
-        """Says in the record who is attached (`slurmrun jobs` shows it)."""
-        if self.record is not None:
-            idle = 0.0 if attached else time.time()
-            self.record = replace(self.record, attached=attached, idle_since=idle)
-            with contextlib.suppress(OSError):
-                self.record.write()
+        """Says in the record who is attached (`slurmrun jobs` shows it), until the end."""
+        with self.lock:  # never after `end`: the record may be removed then
+            if self.record is not None and not self.done.is_set():
+                idle = 0.0 if attached else time.time()
+                self.record = replace(self.record, attached=attached, idle_since=idle)
+                with contextlib.suppress(OSError):
+                    self.record.write()
 
     def end(self, why: str) -> None:
-        """The reservation ends (the first reason is kept)."""
+        """The reservation ends (the first reason is kept); no launcher attaches from now on."""
         with self.lock:
             self.ended = self.ended or why
-        self.done.set()
+            self.done.set()
 
     def note_run(self, run: int) -> None:
         """An agent-side run id was handed out."""
@@ -154,7 +155,9 @@ class Keeper:
         with self.lock:
             held = self.session
             busy = [link.hostname for link in self.links if link.run]
-            if held is None and not busy:
+            if self.done.is_set():
+                held, busy = None, ["every node (the reservation is ending)"]
+            elif held is None and not busy:
                 self.sessions += 1
                 silence = max(self.silence, attach.silence)
                 held = self.session = Session(
@@ -215,8 +218,7 @@ class Keeper:
                 self.session = None
                 self.idle_since = time.monotonic()
         say(f"launcher pid {session.pid} on {session.host} detached (session {session.id})")
-        if not self.done.is_set():
-            self._note("")
+        self._note("")
 
     def _join(self, conn: Connection, join: protocol.Join) -> None:
         if join.stream:
@@ -401,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         pid=os.getpid(),
         node=os.environ.get("SLURMD_NODENAME", plan.hostnames[0]),
         idle_since=time.time(),
+        restarts=int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        started=time.time(),
     )
     keeper = Keeper(
         links,
@@ -413,7 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def on_sigterm() -> None:
         stopped.wait()
-        keeper.end("SLURM ended the job (SIGTERM)")
+        keeper.end("SLURM ended the job (SIGTERM)")  # no launcher attaches from now on
+        # At once, not at the end: a launcher must not find agents SLURM is ending (requeued,
+        # the job writes a new record when it runs again).
+        ReservationRecord.remove(job_id)
 
     threading.Thread(target=on_sigterm, daemon=True).start()
     threading.Thread(target=keeper.take_streams, args=(server, secret), daemon=True).start()

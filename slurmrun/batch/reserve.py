@@ -8,10 +8,13 @@ was attached for `idle_timeout` seconds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +30,7 @@ from slurmrun.slurm.pending import job_wait
 from slurmrun.slurm.queue import FINAL_STATES, query_states
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from types import TracebackType
 
     from typing_extensions import Self, Unpack  # typing's from Python 3.11
@@ -59,8 +63,8 @@ def reserve(
             (``<folder>/<job id>/logs``) go; on a filesystem the nodes share.
         **job: what the job asks SLURM for, as `slurmrun.submit` takes it: ``nodes``,
             ``gpus_per_node``, ``workers_per_node``, ``cpus_per_worker``, ``time_min``,
-            ``slurm_parameters``, ``resources`` (not ``requeue``: a reservation is not
-            requeued).
+            ``slurm_parameters``, ``resources`` (not ``requeue``: preempted, a reservation
+            is requeued by SLURM, under its job id).
 
     Returns:
         The reservation's handle.
@@ -75,8 +79,8 @@ def reserve(
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
     if "requeue" in job:
         raise ValueError(
-            "a reservation is never requeued (yet): leave requeue out; if SLURM ends it, "
-            "reserve again"
+            "a reservation takes no requeue options: SLURM requeues it when it is preempted "
+            "(it comes back under its job id); leave requeue out"
         )
     resources = job_resources("reserve", job).resolved()
     base = base_folder(folder).resolve()
@@ -91,7 +95,7 @@ def reserve(
         f"--cpus-per-task={resources.cpus_per_worker or 1}",
         f"--time={resources.time_min}",
         f"--output={base}/%j.log",
-        "--no-requeue",
+        "--requeue",  # preempted, it comes back under its id (the next run waits for it)
     ]
     if resources.gpus_per_node:
         argv.append(f"--gpus-per-node={resources.gpus_per_node}")
@@ -111,16 +115,51 @@ def reserve(
         f"export PYTHONPATH={shlex.quote(package_pythonpath(os.environ))}\n"
         f"exec {shlex.join(keeper)}\n"
     )
-    with private_umask():
-        base.mkdir(mode=0o700, parents=True, exist_ok=True)
-        check_folder(base)
-        done = subprocess.run(
-            argv, input=script, capture_output=True, text=True, timeout=60, check=False
-        )
+    job_id = ""
+    try:
+        # A Ctrl-C in the middle would lose a job that was submitted: it is raised after.
+        with private_umask(), interrupts_deferred():
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            check_folder(base)
+            done = subprocess.run(
+                argv, input=script, capture_output=True, text=True, timeout=60, check=False,
+                start_new_session=True,
+            )  # fmt: skip
+            if done.returncode == 0:
+                job_id = done.stdout.strip().split(";")[0]
+    except BaseException:
+        if job_id:  # interrupted once sbatch answered: the job is cancelled, not left idle
+            _scancel(job_id)
+        raise
     if done.returncode != 0:
         raise RuntimeError(f"sbatch refused the reservation: {done.stderr.strip()}")
-    job_id = done.stdout.strip().split(";")[0]
     return Reservation(job_id, base)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """A Ctrl-C (SIGINT) in the block is raised at its end, not in the middle.
+
+    Only in the main thread (where Python raises it); elsewhere a no-op. Children started in
+    the block should start a session of their own, so that a terminal's Ctrl-C misses them.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _scancel(job_id: str) -> subprocess.CompletedProcess[str]:
+    """``scancel job_id``, whole even when a Ctrl-C comes meanwhile (it is raised after)."""
+    with interrupts_deferred():
+        return subprocess.run(
+            ["scancel", job_id], capture_output=True, text=True, timeout=30, check=False,
+            start_new_session=True,
+        )  # fmt: skip
 
 
 class Reservation:
@@ -238,9 +277,7 @@ def release(job_id: str, *, timeout: float = 60.0) -> str:
         RuntimeError: scancel refused (another user's job, say).
     """
     job_id = str(job_id)
-    done = subprocess.run(
-        ["scancel", job_id], capture_output=True, text=True, timeout=30, check=False
-    )
+    done = _scancel(job_id)
     if done.returncode != 0:
         raise RuntimeError(f"scancel {job_id} failed: {done.stderr.strip()}")
     deadline = time.monotonic() + timeout

@@ -16,6 +16,7 @@ going away, or its network, ends the session at the keeper, which ends its run o
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import socket
 import sys
@@ -27,18 +28,22 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from slurmrun import protocol
 from slurmrun.authentication import client_handshake
-from slurmrun.errors import AgentFailedError, OptionsValueError
+from slurmrun.errors import AgentFailedError, OptionsValueError, ReservationRequeuedError
 from slurmrun.launcher.address import Address, loopback
 from slurmrun.launcher.agents.common import silence as launcher_silence
 from slurmrun.launcher.agents.kind import AgentKind, AgentStart, DryRoute, DryWorkers, StartOrder
 from slurmrun.launcher.agents.reserved_relay import SrunRelay, relay_command
 from slurmrun.reservations import ReservationError, ReservationRecord, record_path
+from slurmrun.slurm.fields import first_record
 from slurmrun.slurm.pending import job_wait
+from slurmrun.slurm.scontrol import scontrol_show_job
 from slurmrun.transport import Connection
 from slurmrun.variables import LAUNCHER_ADDR_VAR, PORT_VAR, SECRET_VAR
 
 if TYPE_CHECKING:
+    from slurmrun.launcher.agents.starters import AgentStarter
     from slurmrun.launcher.options import Options
+    from slurmrun.log_dirs import LogDir
     from slurmrun.providers import Hosts
 
 __all__ = ["ReservationBusy", "Reserved", "ReservedAgents", "Route", "choose_route"]
@@ -51,6 +56,8 @@ _CHUNK = 1 << 20
 WAIT_POLL = 0.5  # seconds between two looks at a reservation that is starting
 # A job in these states may still write its record: its launcher waits for it.
 STARTING = frozenset({"PENDING", "CONFIGURING", "RUNNING", "REQUEUED"})
+# ... and these too, while a keeper SLURM ends (requeued, it runs again) leaves no record.
+WAITED = STARTING | {"COMPLETING", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED"}
 
 
 class ReservationBusy(ReservationError):
@@ -94,7 +101,7 @@ class Reserved(AgentKind):
         said = ""
         while (record := ReservationRecord.read(job_id)) is None:
             job = job_wait(job_id)
-            if job is None or job.state not in STARTING or job.uid not in {-1, os.getuid()}:
+            if job is None or job.state not in WAITED or job.uid not in {-1, os.getuid()}:
                 raise ReservationError(
                     f"no reservation {job_id} of yours is running (its record "
                     f"{record_path(job_id)} is not there, and SLURM says "
@@ -143,6 +150,53 @@ class Reserved(AgentKind):
         attach = ("attach", f"job {record.job_id}", f"{record.host}:{record.port}")
         commands = (tuple(relay_command(record)),) if way.srun else (attach,)
         return DryRoute(record.job_id, way.text, commands)
+
+    def explain(
+        self,
+        error: AgentFailedError,
+        starter: AgentStarter,
+        hostnames: Sequence[str],
+        log_dir: LogDir | None,
+    ) -> AgentFailedError:
+        """See `AgentKind`: an agent lost because SLURM requeues the reservation says so."""
+        record = starter.record if isinstance(starter, ReservedAgents) else self.record
+        why = requeued(record)
+        if why is None or isinstance(error, ReservationRequeuedError):
+            return error
+        explained = ReservationRequeuedError(
+            f"reservation {record.job_id} was requeued ({why}): this run is lost; SLURM runs "
+            f"the job again under the same id, with new agents, and the next run on it waits "
+            f"for that (up to its timeout). What the agent said: {error}",
+            job_id=record.job_id,
+            hostname=error.hostname,
+            log_file=error.log_file,
+            stderr_tail=error.stderr_tail,
+            node_rank=error.node_rank,
+        )
+        explained.__cause__ = error
+        return explained
+
+
+REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "PREEMPTED"})
+
+
+def requeued(record: ReservationRecord) -> str | None:
+    """Why SLURM is requeueing reservation `record.job_id` since its keeper started; or None.
+
+    One ``scontrol show job``: requeued since (``Restarts``), back in the queue, or preempted
+    (``PreemptTime``, the job requeueable) after its keeper's agents were ready.
+    """
+    fields = first_record(scontrol_show_job(record.job_id) or "").fields
+    restarts, state = fields.get("Restarts", ""), fields.get("JobState", "")
+    if restarts.isdigit() and int(restarts) > record.restarts:
+        return f"SLURM restarted it {int(restarts) - record.restarts} time(s) since it started"
+    if state in REQUEUED_STATES:
+        return f"SLURM says {state}"
+    with contextlib.suppress(ValueError):
+        when = datetime.datetime.fromisoformat(fields.get("PreemptTime", "")).timestamp()
+        if fields.get("Requeue") == "1" and when >= record.started - 60:  # clock skew
+            return f"preempted at {fields['PreemptTime']}"
+    return None
 
 
 Dial = Callable[[], socket.socket]  # a new connection toward the keeper's port
@@ -293,10 +347,25 @@ class ReservedAgents:
     threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self, env: Mapping[str, str]) -> None:
-        """See `slurmrun.launcher.agents.starters.AgentStarter`."""
-        self.dial, self.relay = route(self.record, self.log_dir)
+        """See `slurmrun.launcher.agents.starters.AgentStarter`.
+
+        The record is read again first: a reservation that SLURM requeued since has a new
+        keeper (or none yet: this waits for it, up to `busy_wait`).
+        """
         deadline = time.monotonic() + self.busy_wait
-        self.control, session = attach(self.record, self.dial, deadline, self.silence)
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            self.record = Reserved.of_job(self.record.job_id, wait=left).record
+            try:
+                self.dial, self.relay = route(self.record, self.log_dir)
+                self.control, session = attach(self.record, self.dial, deadline, self.silence)
+                break
+            except AgentFailedError:
+                if self.relay is not None:
+                    self.relay.close()
+                    self.relay = None
+                if not _starting_again(self.record, deadline):
+                    raise
         pool = (env[LAUNCHER_ADDR_VAR], int(env[PORT_VAR]))
         secret = bytes.fromhex(env[SECRET_VAR])
         for rank in range(len(self.record.hostnames)):
@@ -363,6 +432,25 @@ class ReservedAgents:
             thread.join(1.0)
         if self.relay is not None:
             self.relay.close()
+
+
+def _starting_again(record: ReservationRecord, deadline: float) -> bool:
+    """Whether the keeper of `record` is gone because SLURM runs the job again (requeued).
+
+    Then waits a moment (the job ends its old keeper, or starts its new one): its record is
+    read again. False past `deadline`, or when SLURM ends the job for good.
+    """
+    job = job_wait(record.job_id)
+    again = job is not None and job.state in WAITED
+    if not again or time.monotonic() + WAIT_POLL > deadline or requeued(record) is None:
+        return False
+    print(
+        f"slurmrun: waiting for reservation {record.job_id} to run again: {job}",
+        file=sys.stderr,
+        flush=True,
+    )
+    time.sleep(WAIT_POLL)
+    return True
 
 
 def _shut(sock: socket.socket) -> None:
