@@ -514,3 +514,52 @@ def test_a_requeued_run_outlives_slurms_sigterm_and_ends_with_the_script_around_
         shell.kill()
         out, _ = shell.communicate(timeout=10)
     assert "the next command ran" not in out
+
+
+GOLDEN = Path(__file__).parent / "golden" / "slurm"
+FAKE_SCONTROL = """#!/bin/sh
+case "$1 $2" in
+  "show job") cat {folder}/job.txt ;;
+  "show config") cat {golden}/config.txt ;;
+  "show partition") cat {golden}/partition.txt ;;
+  *) echo "scontrol $*" >> {folder}/asked ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(
+    ("version", "asked"),
+    [("22.05", "scontrol requeue 7"), ("24.11", "scancel --batch --signal=KILL 7")],
+)
+def test_a_preempted_run_ends_its_batch_script_where_slurm_requeues_it_then(
+    tmp_path, version, asked
+):
+    """SLURM 24.05+ requeues a job preempted with a GraceTime when its batch script ends; a
+    `scontrol requeue` in the grace leaves its preemption mark, and 24.11 requeues the next run
+    too (it ran three times). There the run ends its batch script and asks for no requeue."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")  # SLURM prints local time
+    job = (GOLDEN / version / "job_cpu.txt").read_text()
+    (tmp_path / "job.txt").write_text(job.replace("PreemptTime=None", f"PreemptTime={now}"))
+    fake = FAKE_SCONTROL.format(folder=tmp_path, golden=GOLDEN / version)
+    for name, text in (
+        ("scontrol", fake),
+        ("scancel", f'#!/bin/sh\necho "scancel $*" >> {tmp_path}/asked\n'),
+    ):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (tmp_path / "requeued.py").write_text(REQUEUED)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    run = subprocess.Popen([sys.executable, "requeued.py"], cwd=tmp_path, env=env, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "asked").exists():
+            assert run.poll() is None, "it ended without asking SLURM for anything"
+            assert time.monotonic() < deadline, "SLURM was asked for nothing"
+            time.sleep(0.05)
+        time.sleep(0.2)
+    finally:
+        run.kill()  # SLURM's part: it would end this run now
+        run.wait(timeout=10)
+    assert (tmp_path / "asked").read_text() == f"{asked}\n"

@@ -9,6 +9,8 @@ wrapped script indented like one), and none of them is read.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import os
 import sys
 from pathlib import Path
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from slurmrun.slurm import queue
-from slurmrun.slurm.job_end import job_end
+from slurmrun.slurm.job_end import Preemption, job_end, preemption, requeued_when_batch_ends
 from slurmrun.slurm.queue import parse_squeue
 from slurmrun.slurm.scontrol import job_tasks_per_node, parse_node_states, parse_scontrol_gpus
 from slurmrun.slurm.scontrol import parse_scontrol_tasks as tasks_of
@@ -129,6 +131,29 @@ def test_job_end_reads_each_versions_job_partition_and_config(version):
     assert end is not None
     assert (end.partition, end.kill_wait, end.preempt_mode) == ("debug", 5, "REQUEUE")
     assert end.preempt_type == "preempt/partition_prio" and end.preemptible
+
+
+# The releases whose controller requeues a preempted job itself when its batch script ends
+# in the grace (slurmctld's GRACE_PREEMPT, 24.05+): there slurmrun must not requeue it too.
+REQUEUES_AT_BATCH_END = {"22.05": False, "24.11": True, "26.05": True}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_slurm_requeues_a_preempted_job_whose_batch_script_ends_from_24_05_on(version):
+    now = datetime.datetime(2026, 11, 27, 16, 10)
+    job = golden(version, "job_cpu.txt").replace("PreemptTime=None", f"PreemptTime={now:%FT%T}")
+    preempted = preemption("1", scontrol=lambda _: job, now=now)
+    assert preempted == Preemption("1", f"{now:%FT%T}", requeueable=True, partition="debug")
+    ask = _scontrol(version)
+    assert requeued_when_batch_ends(preempted, ask) is REQUEUES_AT_BATCH_END[version]
+    # SLURM requeues it only with PreemptMode=REQUEUE (the partition's, else the cluster's)...
+    cancel = golden(version, "partition.txt").replace("PreemptMode=REQUEUE", "PreemptMode=CANCEL")
+    assert not requeued_when_batch_ends(
+        preempted, lambda a: cancel if a[1] == "partition" else ask(a)
+    )
+    # ...a requeueable job only; and where scontrol does not answer, slurmrun requeues it.
+    assert not requeued_when_batch_ends(dataclasses.replace(preempted, requeueable=False), ask)
+    assert not requeued_when_batch_ends(preempted, lambda _: None)
 
 
 @pytest.mark.parametrize("version", NULL_PREEMPT_TYPE)

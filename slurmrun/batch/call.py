@@ -167,8 +167,9 @@ class JobCall:
                 f"job {job_id} was {why} after {count} requeues "
                 f"(max_requeues={watch.policy.max_requeues}): not requeued again"
             )
-            # SLURM 24.11+ requeues a preempted job itself even when its batch script ended
-            # first (22.05 ends it COMPLETED): the run it starts then ends with this error.
+            # SLURM 24.05+ requeues a preempted job itself when its batch script ends in the
+            # grace (22.05 ends it COMPLETED; `requeued_when_batch_ends`): the run it starts
+            # then ends with this error.
             with contextlib.suppress(OSError):  # then that run launches again
                 Path(job_dir, CAPPED_FILE).write_text(str(error), encoding="utf-8")
             return _error(error)

@@ -7,7 +7,9 @@ next to the agents, whose only job is to wait for that signal and exit. When it 
 batch step gives the launch `Requeue.grace_seconds` to end (the workers checkpoint and
 return), stops it if it has not, and runs ``scontrol requeue`` on its own job: SLURM puts
 the job back in the queue (same job id) and runs the batch script again, which runs the
-same launch again, with ``SLURMRUN_REQUEUE_COUNT`` one higher.
+same launch again, with ``SLURMRUN_REQUEUE_COUNT`` one higher. (A job that SLURM preempts
+with a GraceTime, SLURM 24.05+ requeues itself when its batch script ends: `requeue_this_job`
+ends the script then.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
+
+from slurmrun.slurm.job_end import preemption, requeued_when_batch_ends
 
 __all__ = [
     "REQUEUE_COUNT_VAR",
@@ -244,15 +248,31 @@ class RequeueWatch:
 
 
 def requeue_this_job(job_id: str) -> str:
-    """``scontrol requeue`` this job, then ends this process; returns only on failure (why)."""
+    """Requeues this job, then ends this process; returns only on failure (why).
+
+    ``scontrol requeue`` it; but where SLURM requeues the job itself once its batch script
+    ends (a preemption's grace, SLURM 24.05+: `requeued_when_batch_ends`), end the batch
+    script instead (``scancel --batch --signal=KILL``): SLURM would add its requeue to the
+    asked one, and run the job a third time.
+    """
     # The requeue ends the job's processes with SIGTERM, then SIGKILL after KillWait. This one
     # outlives the SIGTERM (SLURM signals it before the shell that waits for it): dying of it,
     # it let the batch script run its next command in this cut-short run (seen under load).
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent = os.getppid()
+    preempted = preemption(job_id)
+    if preempted is not None and requeued_when_batch_ends(preempted):
+        argv = ["scancel", "--batch", "--signal=KILL", job_id]
+        print(
+            f"slurmrun: SLURM requeues job {job_id} once its batch script ends: ending it",
+            file=sys.stderr,
+            flush=True,
+        )
+    else:
+        argv = ["scontrol", "requeue", job_id]
     try:
         done = subprocess.run(
-            ["scontrol", "requeue", job_id],
+            argv,
             check=False,
             capture_output=True,
             text=True,
@@ -260,9 +280,9 @@ def requeue_this_job(job_id: str) -> str:
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
-        return f"scontrol requeue {job_id} failed: {e}"
+        return f"{' '.join(argv)} failed: {e}"
     if done.returncode != 0:
-        return f"scontrol requeue {job_id} failed: {done.stderr.strip() or done.returncode}"
+        return f"{' '.join(argv)} failed: {done.stderr.strip() or done.returncode}"
     # Ended by SLURM's SIGKILL, or here once the shell that ran it is gone: an orphan is out of
     # SLURM's reach where it tracks processes by parentage (proctrack/linuxproc).
     deadline = time.monotonic() + REQUEUE_KILL_WAIT

@@ -115,10 +115,11 @@ def _dry_run(launcher: Launcher, func_args: tuple[Any, ...], func_kwargs: dict[s
 def _requeue_if_preempted(status: int) -> int:
     """Requeues this job if SLURM preempts it (the launch failed for that); returns `status`.
 
-    With a partition's ``GraceTime``, SLURM terminates a preempted job's steps, and requeues
-    the job only if its batch script still runs when the grace ends: were this command to
-    return, the script would end and the job with it. So it requeues the job now, as SLURM
-    would then (only a requeueable job), and SLURM ends this process.
+    With a partition's ``GraceTime``, SLURM terminates a preempted job's steps while its batch
+    script runs on: were this command to return, the script would go on in a cut-short run
+    (and end the job COMPLETED, before SLURM 24.05). So it requeues the job now, as SLURM
+    would at the grace's end (only a requeueable job), and SLURM ends this process
+    (`requeue_this_job`; from 24.05 on by ending the batch script, which SLURM requeues).
     """
     from slurmrun.batch.requeue import requeue_this_job  # noqa: PLC0415
     from slurmrun.slurm.job import own_job_id  # noqa: PLC0415

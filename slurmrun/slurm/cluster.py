@@ -176,8 +176,9 @@ def slurm_version(
     """The SLURM controller's version (``26.05.5``), or None when scontrol does not answer.
 
     Read from the ``SLURM_VERSION`` field of ``scontrol show config``: the controller's, where
-    ``scontrol --version`` names the client's. Nothing in slurmrun decides by it (where SLURM
-    versions differ, their outputs are read by fields); ``slurmrun info`` shows it.
+    ``scontrol --version`` names the client's. Where SLURM versions differ, their outputs are
+    read by fields; only a behaviour that no field shows is decided by the release
+    (`slurmrun.slurm.job_end.requeued_when_batch_ends`); ``slurmrun info`` shows it.
 
     Args:
         scontrol: runs scontrol with these arguments; its output, or None if it failed.

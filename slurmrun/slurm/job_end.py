@@ -6,7 +6,8 @@ SIGKILL ``KillWait`` later (the time limit, ``scancel``); a preempted job gets t
 that time to the workers (docs/slurm.md, "Cancellation, signals"). ``slurmrun info`` shows
 it (`job_end`: three ``scontrol`` calls, each bounded; what scontrol does not say is None),
 so that a user knows how long a checkpoint may take; a failed launch asks whether SLURM is
-preempting its job (`preemption`: one ``scontrol`` call).
+preempting its job (`preemption`: one ``scontrol`` call), and a run that ends for it whether
+SLURM will requeue the job itself when its batch script ends (`requeued_when_batch_ends`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,18 @@ from dataclasses import dataclass
 from slurmrun.slurm.fields import config_fields, first_record
 from slurmrun.slurm.scontrol import scontrol, scontrol_show_job
 
-__all__ = ["PREEMPTED_RECENTLY", "JobEnd", "Preemption", "job_end", "preemption"]
+__all__ = [
+    "GRACE_REQUEUE_SINCE",
+    "PREEMPTED_RECENTLY",
+    "JobEnd",
+    "Preemption",
+    "job_end",
+    "preemption",
+    "requeued_when_batch_ends",
+]
 
 _SECONDS = re.compile(r"(\d+)(?: sec)?")
+_RELEASE = re.compile(r"(\d+)\.(\d+)")
 
 
 @dataclass(frozen=True)
@@ -96,11 +106,13 @@ class Preemption:
         time: when SLURM selected it (``PreemptTime``).
         requeueable: whether SLURM may requeue it (``Requeue=1``: ``--requeue``, or the
             cluster's ``JobRequeue=1``).
+        partition: its partition (whose ``PreemptMode`` applies).
     """
 
     job_id: str
     time: str
     requeueable: bool
+    partition: str = ""
 
 
 def preemption(
@@ -127,4 +139,45 @@ def preemption(
     age = ((now or datetime.datetime.now()) - when).total_seconds()
     if not -60 <= age <= PREEMPTED_RECENTLY:  # a minute of clock skew between hosts
         return None
-    return Preemption(job_id, fields["PreemptTime"], fields.get("Requeue") == "1")
+    return Preemption(
+        job_id, fields["PreemptTime"], fields.get("Requeue") == "1", fields.get("Partition", "")
+    )
+
+
+# From SLURM 24.05 on, slurmctld requeues a job that it signalled for a preemption's GraceTime
+# when the job's batch script ends within the grace (Requeue=1, PreemptMode=REQUEUE): its
+# _slurm_rpc_complete_batch_script sees the job's GRACE_PREEMPT mark and completes the job as
+# requeued (CHANGELOG 24.05: "assume that job signalled for GraceTime was preempted"); 22.05 and
+# 23.x end it COMPLETED. Only that requeue clears the mark (_job_complete): 24.11 keeps it
+# through a `scontrol requeue` in the grace (or the requeue at the grace's end), and the next
+# run's end then requeues the job once more (seen on the test cluster; 26.05.5 does not). No
+# field of scontrol shows the mark, so the controller's release (SLURM_VERSION) tells.
+GRACE_REQUEUE_SINCE = (24, 5)
+
+
+def requeued_when_batch_ends(
+    preempted: Preemption, scontrol: Callable[[Sequence[str]], str | None] = scontrol
+) -> bool:
+    """Whether SLURM requeues the `preempted` job itself once its batch script ends.
+
+    True from SLURM 24.05 on (`GRACE_REQUEUE_SINCE`, the controller's ``SLURM_VERSION``) for
+    a requeueable job whose partition's ``PreemptMode`` (else the cluster's) is ``REQUEUE``:
+    ending the batch script within the grace requeues the job once, and a ``scontrol
+    requeue`` then would requeue it twice. False where scontrol does not say (two calls).
+
+    Args:
+        preempted: the job, as `preemption` found it.
+        scontrol: runs scontrol with these arguments; its output, or None if it failed.
+    """
+    if not preempted.requeueable:
+        return False
+    config = config_fields(scontrol(["show", "config"]) or "")
+    release = _RELEASE.match(config.get("SLURM_VERSION", ""))
+    if release is None or (int(release[1]), int(release[2])) < GRACE_REQUEUE_SINCE:
+        return False
+    partition = preempted.partition
+    part = (
+        first_record(scontrol(["show", "partition", partition]) or "").fields if partition else {}
+    )
+    mode = part.get("PreemptMode") or config.get("PreemptMode") or ""
+    return "REQUEUE" in mode.upper().split(",")
