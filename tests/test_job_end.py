@@ -9,6 +9,7 @@ order that made `tests/slurm/test_job_end_slurm.py` fail now and then.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -118,3 +119,50 @@ def test_stopping_a_worker_signals_it_once():
         os.close(reaped_r)
     assert sent == "1"
     assert _counted(_signal_stray) == "1"
+
+
+DIES_OF_SIGTERM = """
+import os, pathlib
+os.environ["SLURM_STEP_ID"] = "0"  # the agent (started from here) acts as in a SLURM step
+import slurmrun
+
+def wait():
+    import time
+    pathlib.Path("ready").write_text(str(os.getpid()))
+    time.sleep(60)
+
+try:
+    slurmrun.launch(wait, backend=None, workers_per_host=1, extra_env_vars=("SLURM_STEP_ID",))
+except BaseException as e:
+    print("raised", type(e).__name__, flush=True)
+"""
+
+
+def test_a_worker_sigtermed_a_moment_before_its_agent_is_told_as_slurm_ending_the_step(tmp_path):
+    """scancel: SLURM's SIGTERM reaches every process of the step, in no order. A worker that
+    died of it before the agent's own arrived was reported as a worker's failure
+    (WorkerFailedError), not SLURM ending the step (AgentFailedError): the `scancel_job` fault
+    on the cluster, now and then."""
+    (tmp_path / "driver.py").write_text(DIES_OF_SIGTERM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = str(Path(__file__).parents[1])
+    driver = subprocess.Popen(
+        [sys.executable, "driver.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "ready").exists() or not (tmp_path / "ready").read_text():
+            assert time.monotonic() < deadline and driver.poll() is None, "no worker started"
+            time.sleep(0.05)
+        worker = psutil.Process(int((tmp_path / "ready").read_text()))
+        agent = worker.parent().parent()  # worker <- spawner <- agent
+        worker.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        with contextlib.suppress(psutil.NoSuchProcess):  # the old code had ended the run
+            agent.send_signal(signal.SIGTERM)
+        out, _ = driver.communicate(timeout=30)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert "raised AgentFailedError" in out, out

@@ -256,6 +256,7 @@ class Agent:
             store_port=self.store_port,
             slurm_ending=self.slurm_ending,
             say_terminating=self._say_terminating,
+            in_step=self.in_step,
             workers=list(links or []),
         )
 

@@ -37,6 +37,9 @@ __all__ = ["RunWorkers", "exit_description", "no_stacks", "stop_workers"]
 DRAIN_TIMEOUT = 2.0
 # Once the strays were ended: how long the output threads may take to see the end.
 READER_JOIN = 2.0
+# A worker SIGTERMed in a SLURM step: SLURM's signal to the agent may come a moment after the
+# worker's death woke it; waited for this long, so that the death is told as SLURM's doing.
+STEP_SIGTERM_WAIT = 0.5
 _POLL = 0.05
 
 
@@ -85,6 +88,7 @@ class RunWorkers:
         store_port: the port held for the run's store, if rank 0 runs here.
         slurm_ending: set once SLURM is ending the step (its SIGTERM reached the workers).
         say_terminating: tells the launcher that SLURM is ending the step (once).
+        in_step: the agent runs in a SLURM step (SLURM's SIGTERM reaches the workers itself).
     """
 
     start: protocol.Start
@@ -95,6 +99,7 @@ class RunWorkers:
     store_port: StorePort
     slurm_ending: threading.Event
     say_terminating: Callable[[], None]
+    in_step: bool = False
     workers: list[WorkerLink] = field(default_factory=list)
     spawned: threading.Event = field(default_factory=threading.Event)  # every worker was forked
 
@@ -231,6 +236,8 @@ class RunWorkers:
         if worker.delivered:
             return False
         what, sig = exit_description(worker.process.exitcode)
+        if self.in_step and worker.process.exitcode == -signal.SIGTERM:
+            self.slurm_ending.wait(STEP_SIGTERM_WAIT)
         died = protocol.Died(
             run=self.start.run,
             local_rank=worker.local_rank,
