@@ -96,6 +96,7 @@ def reserve(
         f"--time={resources.time_min}",
         f"--output={base}/%j.log",
         "--requeue",  # preempted, it comes back under its id (the next run waits for it)
+        "--no-kill",  # a node that fails leaves the others (`Launcher.min_hosts`)
     ]
     if resources.gpus_per_node:
         argv.append(f"--gpus-per-node={resources.gpus_per_node}")

@@ -86,7 +86,8 @@ _AGENT_OPTIONS = (
 
 def _agent_options(cfg: Options, plan: Plan) -> dict[str, object]:
     options: dict[str, object] = {name: repr(getattr(cfg, name)) for name in _AGENT_OPTIONS}
-    options["hosts"] = plan.hostnames
+    if cfg.job is None:  # a reservation's nodes are its own: fewer once it lost one, or new
+        options["hosts"] = plan.hostnames  # after a requeue (its pool starts again then)
     options["backend is None"] = cfg.backend is None  # the spawner imports torch or not
     return options
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ import pytest
 
 import slurmrun
 from slurmrun import events
+from slurmrun.reservations import ReservationError
 from tests.slurm.conftest import JOB_NAME
 
 REPO = Path(__file__).resolve().parents[2]
@@ -218,3 +220,70 @@ def test_stall_timeout_dumps_every_ranks_stacks_once_and_the_run_goes_on(
     assert "ranks 0-2: working: deep_in_the_reservation" in stalled[0].summary, stalled[0]
     assert Path(stalled[0].stacks_file).is_file(), stalled[0]
     assert "no rank wrote output, returned or failed for 2 s" in caplog.text, caplog.text
+
+
+def _agent_pid(job_id: str, node: str) -> int:
+    """The pid of the reservation's agent on `node` (nodes share this machine's pid space)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if title == f"slurmrun agent ({node})" and f"SLURM_JOB_ID={job_id}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no agent of job {job_id} on {node}")
+
+
+def world_then_wait(wait: float) -> tuple[str, int, int, int]:
+    if os.environ["SLURMRUN_RESTART_COUNT"] == "0":
+        time.sleep(wait)  # the first attempt: until node2's agent is lost
+    return (
+        os.environ["SLURMD_NODENAME"],
+        int(os.environ["RANK"]),
+        int(os.environ["WORLD_SIZE"]),
+        int(os.environ["SLURMRUN_RESTART_COUNT"]),
+    )
+
+
+# Last in the file: the reservation has 2 nodes left after it.
+def test_min_hosts_a_node_lost_mid_run_restarts_on_the_survivors_and_the_reservation_keeps_them(
+    reservation: Shared,
+) -> None:
+    seen: list[events.Event] = []
+    options: dict[str, Any] = {"timeout": 60, "min_hosts": 2, "max_restarts": 1}
+    with slurmrun.Launcher(job=reservation.job_id, on_event=seen.append, **options) as launcher:
+        out: list[Any] = []
+
+        def run() -> None:
+            try:
+                out.append(launcher.run(world_then_wait, (60,)))
+            except Exception as e:
+                out.append(e)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 30
+            while sum(isinstance(e, events.WorkersStarted) for e in seen) < 3 and not out:
+                assert time.monotonic() < deadline, [e.kind for e in seen]
+                time.sleep(0.1)
+            os.kill(_agent_pid(reservation.job_id, "node2"), signal.SIGKILL)
+        finally:
+            thread.join(90)
+        assert out and isinstance(out[0], slurmrun.LaunchResult), out
+        result = out[0]
+        assert result.values() == [("node1", 0, 2, 1), ("node3", 1, 2, 1)]
+        assert list(result.lost_hosts) == ["node2"], result.lost_hosts
+        # The same launcher's next run, on the hosts left.
+        assert launcher.run(world_then_wait, (0,)).values() == [
+            ("node1", 0, 2, 0),
+            ("node3", 1, 2, 0),
+        ]
+    assert [e.kind for e in seen].count("restarting") == 1, [e.kind for e in seen]
+    # A later launcher: with min_hosts it runs on the two left; without, it is told why not.
+    again = slurmrun.launch(world_then_wait, (0,), job=reservation.job_id, **options)
+    assert again.values() == [("node1", 0, 2, 0), ("node3", 1, 2, 0)]
+    with pytest.raises(ReservationError, match="lost node2") as info:
+        slurmrun.launch(world_then_wait, (0,), job=reservation.job_id, timeout=60)
+    assert "min_hosts" in str(info.value), info.value
