@@ -287,3 +287,10 @@ def test_min_hosts_a_node_lost_mid_run_restarts_on_the_survivors_and_the_reserva
     with pytest.raises(ReservationError, match="lost node2") as info:
         slurmrun.launch(world_then_wait, (0,), job=reservation.job_id, timeout=60)
     assert "min_hosts" in str(info.value), info.value
+    # The survivors' agents are the reservation's still: their step was not ended with node2's.
+    jobs = reservation.work / "jobs"
+    said = (jobs / f"{reservation.job_id}.log").read_text()
+    assert "the agent on node2 is gone: " in said and "going on with node1, node3" in said, said
+    for node in ("node1", "node3"):
+        log = (jobs / reservation.job_id / "logs" / "latest" / f"{node}.agent.log").read_text()
+        assert "SLURM is ending this step" not in log, log
