@@ -127,19 +127,24 @@ def test_learned_preloads_stay_with_the_reservation_for_the_next_launcher(
     assert again.values() == [True] * 3
 
 
-def waits_in_a_named_function(seconds: float) -> int:
+def waits_in_a_named_function(seconds: float, until: str = "") -> int:
+    """Waits `seconds`, or (`until`) until that file exists, at most `seconds`."""
+
     def deep_in_the_reservation() -> None:
-        time.sleep(seconds)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and not (until and os.path.exists(until)):
+            time.sleep(0.05)
 
     print("waiting", flush=True)
     deep_in_the_reservation()
     return int(os.environ["RANK"])
 
 
-def _in_thread(launcher: slurmrun.Launcher, seconds: float) -> tuple[threading.Thread, list]:
+def _in_thread(launcher: slurmrun.Launcher, until: Path) -> tuple[threading.Thread, list]:
     out: list[Any] = []
+    args = (60.0, str(until))
     thread = threading.Thread(
-        target=lambda: out.append(launcher.run(waits_in_a_named_function, (seconds,)).values())
+        target=lambda: out.append(launcher.run(waits_in_a_named_function, args).values())
     )
     thread.start()
     return thread, out
@@ -150,7 +155,8 @@ def test_stacks_of_a_running_run_from_python_and_from_slurmrun_stacks_job_id(
 ) -> None:
     with slurmrun.Launcher(job=reservation.job_id, timeout=60) as launcher:
         launcher.run(where, (1,))
-        thread, out = _in_thread(launcher, 6.0)
+        go = reservation.work / "stacks_seen"
+        thread, out = _in_thread(launcher, go)
         try:
             report = None
             deadline = time.monotonic() + 20
@@ -171,6 +177,7 @@ def test_stacks_of_a_running_run_from_python_and_from_slurmrun_stacks_job_id(
             assert cp.returncode == 0, cp.stderr
             assert "ranks 0-2: working: deep_in_the_reservation" in cp.stdout, cp.stdout
         finally:
+            go.touch()  # the run returns
             thread.join(60)
     assert out == [[0, 1, 2]]
 
