@@ -16,7 +16,7 @@ import json
 import os
 import secrets
 import stat
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 __all__ = ["ReservationError", "ReservationRecord", "record_path"]
@@ -51,6 +51,8 @@ class ReservationRecord:
         restarts: how often SLURM had requeued the job when this keeper started
             (``SLURM_RESTART_COUNT``).
         started: when this keeper's agents were ready (seconds since the epoch).
+        lost: the nodes of `hostnames` whose agent was lost since (it died or fell silent),
+            and why: the reservation goes on with the others (`Launcher.min_hosts`).
     """
 
     job_id: str
@@ -65,6 +67,7 @@ class ReservationRecord:
     idle_since: float = 0.0
     restarts: int = 0
     started: float = 0.0
+    lost: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def new_secret() -> str:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 
 import slurmrun
+from slurmrun.launcher.options import Options
+from slurmrun.launcher.plan import make_plan
 from slurmrun.reservations import ReservationError, ReservationRecord, record_path
 
 
@@ -23,12 +25,33 @@ def config(tmp_path, monkeypatch):
     [
         ({"hostnames": ["node1"]}, "hostnames"),
         ({"hosts": 1, "max_restarts": 1}, "hosts"),
-        ({"min_hosts": 1, "max_restarts": 1}, "min_hosts"),
     ],
 )
 def test_a_launch_on_a_reservation_refuses_choosing_its_hosts(options, named):
     with pytest.raises(slurmrun.OptionsValueError, match=f"leave {named} unset"):
         slurmrun.Launcher(job="123", **options).dry_run(print)
+
+
+def _record(**more: object) -> None:
+    ReservationRecord(
+        job_id="123", host="127.0.0.1", port=9, secret=ReservationRecord.new_secret(),
+        hostnames=["node1", "node2", "node3"], folder="/nowhere", pid=1, **more,  # type: ignore[arg-type]
+    ).write()  # fmt: skip
+
+
+def test_min_hosts_on_a_reservation_needs_a_restart_as_a_launchs_does():
+    _record()
+    with pytest.raises(slurmrun.OptionsValueError, match="set max_restarts >= 1"):
+        slurmrun.Launcher(job="123", min_hosts=2).dry_run(print)
+
+
+def test_a_reservation_that_lost_a_node_says_so_unless_min_hosts_allows_the_others():
+    _record(lost={"node2": "the agent on node2 is gone: it closed its connection"})
+    for min_hosts in (None, 3):
+        with pytest.raises(ReservationError, match=r"reservation 123 lost node2 \(the agent on"):
+            slurmrun.Launcher(job="123", min_hosts=min_hosts, max_restarts=1).dry_run(print)
+    plan = make_plan(Options(job="123", min_hosts=2, max_restarts=1), wait=False)
+    assert plan.hostnames == ["node1", "node3"]
 
 
 def test_a_job_that_is_no_reservation_of_this_user_is_refused_at_once():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -30,6 +31,7 @@ from slurmrun.authentication import AuthenticationError, new_secret, server_hand
 from slurmrun.batch.keeper_links import AgentLink, Session
 from slurmrun.launcher.address import address_toward, listen
 from slurmrun.launcher.agents.common import silence as agent_silence
+from slurmrun.launcher.agents.srun_step import SrunAgents
 from slurmrun.launcher.agents.starters import AgentStarter
 from slurmrun.launcher.options import Options
 from slurmrun.launcher.plan import make_plan
@@ -97,6 +99,29 @@ class Keeper:
                 with contextlib.suppress(OSError):
                     self.record.write()
 
+    def lose(self, link: AgentLink, why: str) -> None:
+        """Agent `link` is gone: the reservation goes on with the others, and ends with the last.
+
+        The attached launcher's run fails on that node (its connection closes), as a launch's
+        whose agent died: with ``min_hosts`` it restarts on the others. The record names the
+        node lost, so that later launches leave it out.
+        """
+        with self.lock:
+            if link.lost or self.done.is_set():
+                return
+            link.lost = why
+            live = [other.hostname for other in self.links if other is not link and not other.lost]
+        link.lose(why)
+        if not live:
+            self.end(why)
+            return
+        say(f"{why}; going on with {', '.join(live)}")
+        with self.lock:
+            if self.record is not None and not self.done.is_set():
+                self.record = replace(self.record, lost={**self.record.lost, link.hostname: why})
+                with contextlib.suppress(OSError):
+                    self.record.write()
+
     def end(self, why: str) -> None:
         """The reservation ends (the first reason is kept); no launcher attaches from now on."""
         with self.lock:
@@ -111,7 +136,8 @@ class Keeper:
     def serve(self, server: socket.socket) -> None:
         """Takes launchers on `server` until the reservation ends."""
         for link in self.links:
-            threading.Thread(target=link.read_agent, args=(self.end,), daemon=True).start()
+            lost = functools.partial(self.lose, link)
+            threading.Thread(target=link.read_agent, args=(lost,), daemon=True).start()
         threading.Thread(target=self._clock, daemon=True).start()
         self._accept(server, self._take)
 
@@ -120,9 +146,13 @@ class Keeper:
         while not self.done.wait(self.heartbeat):
             now = time.monotonic()
             for link in self.links:
-                link.conn.send_nowait(beat)
+                if link.lost:
+                    continue
+                with contextlib.suppress(OSError):
+                    link.conn.send_nowait(beat)
                 if now - link.heard > self.silence:
-                    self.end(f"the agent on {link.hostname} was silent for {self.silence:g} s")
+                    silent = f"the agent on {link.hostname} was silent for {self.silence:g} s"
+                    self.lose(link, silent)
             with self.lock:
                 idle = self.session is None and now - self.idle_since > self.idle_timeout
             if idle:
@@ -154,7 +184,7 @@ class Keeper:
     def _attach(self, conn: Connection, attach: protocol.Attach) -> None:
         with self.lock:
             held = self.session
-            busy = [link.hostname for link in self.links if link.run]
+            busy = [link.hostname for link in self.links if link.run and not link.lost]
             if self.done.is_set():
                 held, busy = None, ["every node (the reservation is ending)"]
             elif held is None and not busy:
@@ -227,7 +257,7 @@ class Keeper:
         with self.lock:
             session = self.session
         ok = session is not None and session.id == join.session
-        if not ok or not 0 <= join.node_rank < len(self.links):
+        if not ok or not 0 <= join.node_rank < len(self.links) or self.links[join.node_rank].lost:
             conn.close()
             return
         assert session is not None  # noqa: S101 - ok says so
@@ -307,7 +337,8 @@ class Keeper:
         close = protocol.Close().header()
         for link in self.links:
             with contextlib.suppress(OSError):
-                link.conn.send(close)
+                if not link.lost:
+                    link.conn.send(close)
         starter.stop(grace)
         for link in self.links:
             link.conn.close()
@@ -342,6 +373,16 @@ def _accept_agents(
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         links[rank] = AgentLink(rank, hostnames[rank], conn, dict(frame.header))
     return [links[i] for i in range(len(hostnames))]
+
+
+def _survivable(srun: list[str]) -> list[str]:
+    """The agents' srun command, of a step that goes on when one of its agents or nodes is lost.
+
+    A launch's step ends every agent when one fails (its next attempt starts a new step); the
+    keeper's step is the reservation's for its whole life: the others go on serving.
+    """
+    kept = [arg for arg in srun if not arg.startswith("--kill-on-bad-exit")]
+    return [kept[0], "--kill-on-bad-exit=0", "--no-kill", *kept[1:]]
 
 
 def _attach_address(first: str) -> str:
@@ -380,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg, log_dir, secret=secret.hex(), advertise=address.advertise,
         port=str(server.getsockname()[1]),
     )  # fmt: skip
+    if isinstance(start.starter, SrunAgents):  # an agent lost leaves the others (min_hosts)
+        start.starter.command[:] = _survivable(start.starter.command)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     start.starter.start(start.env)

@@ -75,6 +75,7 @@ class AgentLink:
     launcher: Connection | None = None
     session: Session | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lost: str = ""  # why the keeper gave it up (it died or fell silent); "": it serves
 
     def attach(self, session: Session, conn: Connection) -> None:
         """`conn` carries this agent's frames for `session` from now on (hello first)."""
@@ -92,6 +93,15 @@ class AgentLink:
         if run:
             with contextlib.suppress(OSError):
                 self.conn.send(protocol.End(run=run).header())
+
+    def lose(self, why: str) -> None:
+        """The agent is gone for good: its launcher's connection closes (its run fails there)."""
+        with self.lock:
+            conn, self.launcher, self.session = self.launcher, None, None
+            self.lost, self.run = why, 0
+        if conn is not None:
+            conn.close()
+        self.conn.close()
 
     def read_agent(self, on_lost: Callable[[str], None]) -> None:
         """Carries the agent's frames until its connection ends (then `on_lost` says why)."""
@@ -132,8 +142,10 @@ class AgentLink:
         """Carries the launcher's frames to the agent, until CLOSE or the connection ends.
 
         A CLOSE is the launcher's, not the agent's: the agent stays, and only this
-        connection closes (the launcher sees its agent gone, as it expects). Anything else
-        that ends the connection ends the session.
+        connection closes (the launcher sees its agent gone, as it expects); a run the agent
+        has not said IDLE for ends, as it would with the agent (a launcher that failed a run
+        on another agent closes without ending it here). Anything else that ends the
+        connection ends the session.
         """
         closed = False
         try:
@@ -159,10 +171,11 @@ class AgentLink:
                 )
         except (OSError, EOFError):
             pass
-        if closed:
+        if closed or self.lost:  # an agent lost ends its own connection, not the session
             with self.lock:
-                if self.launcher is conn:
-                    self.launcher, self.session = None, None
+                mine = self.launcher is conn
+            if mine:
+                self.detach()
             conn.close()
         else:
             session.control.close()

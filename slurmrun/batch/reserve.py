@@ -58,7 +58,8 @@ def reserve(
     Args:
         idle_timeout: seconds with no launcher attached after which the job ends itself.
         heartbeat_timeout: seconds of silence after which a launcher counts as gone (its run
-            ends on every node) and an agent as dead (the reservation ends).
+            ends on every node) and an agent as lost (the reservation goes on with the
+            others: `Launcher.min_hosts`; it ends with its last).
         folder: where the job's log (``<folder>/<job id>.log``) and the agents' logs
             (``<folder>/<job id>/logs``) go; on a filesystem the nodes share.
         **job: what the job asks SLURM for, as `slurmrun.submit` takes it: ``nodes``,
@@ -96,6 +97,7 @@ def reserve(
         f"--time={resources.time_min}",
         f"--output={base}/%j.log",
         "--requeue",  # preempted, it comes back under its id (the next run waits for it)
+        "--no-kill",  # a node that fails leaves the others (`Launcher.min_hosts`)
     ]
     if resources.gpus_per_node:
         argv.append(f"--gpus-per-node={resources.gpus_per_node}")

@@ -99,7 +99,8 @@ def make_plan(cfg: Options, *, check_driver_step: bool = True, wait: bool = True
     if cfg.job is not None:  # a reservation's agents: its nodes, as it started them
         _check_reserved(cfg)
         reserved = Reserved.of_job(cfg.job.strip(), float(cfg.timeout) if wait else 0.0)
-        hosts = list(reserved.record.hostnames)
+        hosts = reserved.hostnames(cfg.min_hosts)
+        _check_elastic(cfg, len(hosts), spares=0)
         counts = _counts(cfg.workers_per_host, hosts)
         return Plan(hostnames=hosts, workers_per_host=counts, alloc=None, agents=reserved)
     plan = _hosts_plan(cfg, check_driver_step)
@@ -118,7 +119,6 @@ def _check_reserved(cfg: Options) -> None:
         for name, value, default in (
             ("hostnames", cfg.hostnames, "auto"),
             ("hosts", cfg.hosts, None),
-            ("min_hosts", cfg.min_hosts, None),
         )
         if value != default
     ]

@@ -86,7 +86,8 @@ _AGENT_OPTIONS = (
 
 def _agent_options(cfg: Options, plan: Plan) -> dict[str, object]:
     options: dict[str, object] = {name: repr(getattr(cfg, name)) for name in _AGENT_OPTIONS}
-    options["hosts"] = plan.hostnames
+    if cfg.job is None:  # a reservation's nodes are its own: fewer once it lost one, or new
+        options["hosts"] = plan.hostnames  # after a requeue (its pool starts again then)
     options["backend is None"] = cfg.backend is None  # the spawner imports torch or not
     return options
 
@@ -142,13 +143,16 @@ class Warm:
         except TimeoutError:
             return None
 
-    def start_control(self) -> None:
-        """Lets ``slurmrun stacks`` reach this launcher (`slurmrun.stacks.control`), once."""
+    def start_control(self, job: str | None = None) -> None:
+        """Lets ``slurmrun stacks`` reach this launcher (`slurmrun.stacks.control`), once.
+
+        It answers ``slurmrun stacks JOB_ID`` for the job it runs in, or the reservation `job`
+        it runs on from outside (where that command asks first: this host).
+        """
         if self.control is None:
             what = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(sys.argv))
-            self.control = ControlServer(
-                self._on_request, what=what[:200], job_id=os.environ.get("SLURM_JOB_ID", "")
-            )
+            job_id = job or os.environ.get("SLURM_JOB_ID", "")
+            self.control = ControlServer(self._on_request, what=what[:200], job_id=job_id)
             self.control.start()
 
     def _on_request(self, op: str, args: dict[str, Any]) -> str:
@@ -198,7 +202,7 @@ class Warm:
             self.env = env
             self.pool = open_pool(cfg, plan, trace)
         self.pool.trace = trace
-        self.start_control()
+        self.start_control(cfg.job)
         return self.pool
 
 

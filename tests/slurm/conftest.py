@@ -186,6 +186,10 @@ def _read_cluster() -> SlurmCluster | str:
 
 # This session's pytest basetemp: jobs submitted from below it (and their processes) are ours.
 _session: dict[str, str] = {}
+# Jobs a module's fixture keeps across its tests (a reservation its tests share): the
+# clean-state check after each test leaves them, their batch step and their agents alone, not
+# their workers (`share_job`).
+_shared_jobs: set[str] = set()
 
 
 def _ours(path: str) -> bool:
@@ -417,10 +421,13 @@ def _job_dirs() -> dict[str, str]:
 def _process_is_ours(proc: Path, cmdline: str, job_dirs: dict[str, str]) -> bool:
     """A job's task (SLURM_SUBMIT_DIR in its environment) or slurmstepd ([jobid.step])."""
     if m := re.match(r"slurmstepd: \[(\d+)", cmdline):
-        return _ours(job_dirs.get(m.group(1), ""))
+        return m.group(1) not in _shared_jobs and _ours(job_dirs.get(m.group(1), ""))
     try:
         environ = (proc / "environ").read_bytes().split(b"\0")
     except OSError:
+        return False
+    worker = cmdline.startswith("slurmrun: ") and " rank " in cmdline
+    if not worker and any(f"SLURM_JOB_ID={job}".encode() in environ for job in _shared_jobs):
         return False
     for var in environ:
         if var.startswith(b"SLURM_SUBMIT_DIR="):
@@ -482,6 +489,31 @@ def node_processes(slurm_cluster: SlurmCluster) -> Callable[..., dict[str, list[
     return get
 
 
+@pytest.fixture(scope="session")
+def share_job(
+    slurm_cluster: SlurmCluster,
+) -> Callable[[str], contextlib.AbstractContextManager[None]]:
+    """``with share_job(job_id): ...``: the job outlives each test of the block.
+
+    For a module's fixture that keeps a job (a reservation) for its tests: the clean-state
+    check after each test leaves the job and its processes alone, but its workers (a test's
+    own). At the end of the block (the job ended in it) no process of this session may be
+    left on the nodes.
+    """
+
+    @contextlib.contextmanager
+    def share(job_id: str) -> Iterator[None]:
+        _shared_jobs.add(job_id)
+        try:
+            yield
+        finally:
+            _shared_jobs.discard(job_id)
+        left = _wait_node_processes(slurm_cluster, 10)
+        assert not left, f"job {job_id} left processes on the nodes: {left}"
+
+    return share
+
+
 # --------------------------------------------------------------------------- clean state
 def _jobs() -> list[str]:
     """This session's jobs still in the queue, as "id name state nodes"."""
@@ -493,7 +525,7 @@ def _jobs() -> list[str]:
         timeout=10,
     )
     lines = (line.rsplit(" ", 1) for line in cp.stdout.splitlines() if " " in line)
-    return [job for job, workdir in lines if _ours(workdir)]
+    return [job for job, workdir in lines if _ours(workdir) and job.split()[0] not in _shared_jobs]
 
 
 def _cancel(jobs: list[str]) -> None:

@@ -122,6 +122,26 @@ class Reserved(AgentKind):
             time.sleep(WAIT_POLL)
         return cls(record)
 
+    def hostnames(self, min_hosts: int | None) -> list[str]:
+        """The nodes a launch runs on: every one whose agent the keeper still has.
+
+        Raises:
+            ReservationError: the keeper lost agents since the reservation started, and
+                `min_hosts` does not allow a launch on the others.
+        """
+        record = self.record
+        left = [host for host in record.hostnames if host not in record.lost]
+        if record.lost and (min_hosts is None or len(left) < min_hosts):
+            lost = "; ".join(f"{host} ({why})" for host, why in record.lost.items())
+            allowed = "min_hosts is not set" if min_hosts is None else f"min_hosts={min_hosts}"
+            raise ReservationError(
+                f"reservation {record.job_id} lost {lost}; {len(left)} of its "
+                f"{len(record.hostnames)} nodes are left ({', '.join(left) or 'none'}) and "
+                f"{allowed}: run on them with min_hosts={len(left) or 1} and max_restarts >= 1, "
+                "or release it and reserve again"
+            )
+        return left
+
     def address(self, hostnames: Sequence[str]) -> Address:
         """See `AgentKind`: loopback; only this process's own bridges connect."""
         return Address(loopback().bind, loopback().advertise, "loopback: the keeper's bridges")
@@ -130,8 +150,9 @@ class Reserved(AgentKind):
         """See `AgentKind`: the agents run already; this joins them to the pool."""
         env = dict(order.control)
         starter = ReservedAgents(
-            self.record, order.log_dir.path, float(order.cfg.timeout), launcher_silence(order.cfg)
-        )
+            self.record, order.log_dir.path, float(order.cfg.timeout), launcher_silence(order.cfg),
+            hostnames=tuple(order.hostnames),
+        )  # fmt: skip
         where = f"{self.record.host}:{self.record.port}"
         names = tuple(sorted(k for k in env if k != SECRET_VAR))
         return AgentStart(starter, env, (("attach", f"job {self.record.job_id}", where),), names)
@@ -340,6 +361,7 @@ class ReservedAgents:
     log_dir: str
     busy_wait: float = 30.0  # how long another launcher may hold the agents (`timeout`)
     silence: float = 0.0  # this launcher's heartbeat timeout (`common.silence`)
+    hostnames: tuple[str, ...] = ()  # the plan's nodes (after a lost one: fewer); (): all
     control: Connection | None = None
     dial: Dial | None = None
     relay: SrunRelay | None = None
@@ -368,8 +390,9 @@ class ReservedAgents:
                     raise
         pool = (env[LAUNCHER_ADDR_VAR], int(env[PORT_VAR]))
         secret = bytes.fromhex(env[SECRET_VAR])
-        for rank in range(len(self.record.hostnames)):
-            self._bridge(protocol.Join(session=session, node_rank=rank), pool, secret)
+        for host in self.hostnames or self.record.hostnames:  # the keeper's node rank of each
+            join = protocol.Join(session=session, node_rank=self.record.hostnames.index(host))
+            self._bridge(join, pool, secret)
         streams = threading.Thread(
             target=self._streams, args=(self.control, session, pool, secret), daemon=True
         )
