@@ -235,7 +235,7 @@ class ReservationInfo:
     Attributes:
         job_id: its job id.
         state: SLURM's state (``GONE``: SLURM no longer knows it).
-        hostnames: its nodes.
+        hostnames: its nodes, but those whose agent was lost (`ReservationRecord.lost`).
         time_left: SLURM's time left (``9:58``), or ``""``.
         attached: the launcher attached (``pid 123 on login1``), or ``""``.
         idle_for: seconds with no launcher attached (0 while one is).
@@ -259,7 +259,7 @@ def reservations() -> list[ReservationInfo]:
             ReservationInfo(
                 record.job_id,
                 job.state if job is not None else GONE,
-                record.hostnames,
+                [host for host in record.hostnames if host not in record.lost],
                 job.left if job is not None else "",
                 record.attached,
                 max(0.0, idle),

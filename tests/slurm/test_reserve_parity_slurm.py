@@ -28,6 +28,7 @@ import pytest
 
 import slurmrun
 from slurmrun import events
+from slurmrun.batch.reserve import reservations
 from slurmrun.reservations import ReservationError
 from tests.slurm.conftest import JOB_NAME
 
@@ -294,6 +295,8 @@ def test_min_hosts_a_node_lost_mid_run_restarts_on_the_survivors_and_the_reserva
     with pytest.raises(ReservationError, match="lost node2") as info:
         slurmrun.launch(world_then_wait, (0,), job=reservation.job_id, timeout=60)
     assert "min_hosts" in str(info.value), info.value
+    listed = next(r for r in reservations() if r.job_id == reservation.job_id)
+    assert listed.hostnames == ["node1", "node3"], listed  # as `slurmrun jobs` shows it
     # The survivors' agents are the reservation's still: their step was not ended with node2's.
     jobs = reservation.work / "jobs"
     said = (jobs / f"{reservation.job_id}.log").read_text()
