@@ -6,10 +6,10 @@ agent hands the next run to them instead of forking new ones: no fork, no import
 process group, and `slurmrun.worker_state()` as the last run left it.
 
 A worker takes a later run only if that run starts it as the first did (`FIXED`: its rank,
-world, process group, environment, paths); otherwise, or if one of them exited or is stopped
-(SIGSTOP: it would never answer), or the last run failed or was stopped, the run gets new
-workers and the launcher is told why (`protocol.Started.fresh_why`), so that no run mistakes
-an empty state for a kept one.
+world, process group, environment, paths; not where its log file is, which the agent moves);
+otherwise, or if one of them exited or is stopped (SIGSTOP: it would never answer), or the
+last run failed or was stopped, the run gets new workers and the launcher is told why
+(`protocol.Started.fresh_why`), so that no run mistakes an empty state for a kept one.
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ FIXED = (
     "cwd",
     "env",
     "unset",
-    "log_dir",
-    "log_name",
     "tasks_per_node",
 )
 

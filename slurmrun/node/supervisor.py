@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from slurmrun import protocol
 from slurmrun.errors import signal_name
-from slurmrun.logs import WorkerLog, run_header
+from slurmrun.logs import WorkerLog, run_header, worker_log_path
 from slurmrun.node.kept import adopt, servable
 from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
@@ -129,8 +129,7 @@ class RunWorkers:
             self.workers = kept
             for worker in kept:
                 adopt(worker, start, self._wake_up)
-                if worker.log is not None:
-                    worker.log.begin(self._header)
+                self._open_log(worker)
         else:
             self._fork_all()
         func = protocol.Func(run=start.run).header()
@@ -174,17 +173,29 @@ class RunWorkers:
         worker = WorkerLink(spec.place.local_rank, process, Connection(pairs[0][0]), pairs[3][0])
         worker.run = self.start.run
         worker.outputs = [mine for mine, _ in pairs[1:3]]
-        if self.start.log_dir is not None:
-            name = self.start.log_name or self.hostname
-            worker.log = WorkerLog(
-                self.start.log_dir, name, worker.local_rank, self.start.log_level
-            )
-            worker.log.begin(self._header)  # its file exists from now on, printed or not
+        self._open_log(worker)
         forward = self.start.forward_ranks
         worker.forward = forward is None or worker.local_rank in forward
         worker.wake = self._wake_up
         self.relay.start(worker)
         return worker
+
+    def _open_log(self, worker: WorkerLink) -> None:
+        """Begins the run's part of `worker`'s log file, which exists from now on.
+
+        A kept worker whose run logs elsewhere (a later launcher's folder: a reservation's
+        next script) writes there from now on.
+        """
+        start = self.start
+        if start.log_dir is None:
+            return
+        name = start.log_name or self.hostname
+        path = worker_log_path(start.log_dir, name, worker.local_rank)
+        if worker.log is None or worker.log.path != path:
+            if worker.log is not None:
+                worker.log.close()
+            worker.log = WorkerLog(start.log_dir, name, worker.local_rank, start.log_level)
+        worker.log.begin(self._header)
 
     # ------------------------------------------------------------------ watch
     def supervise(self, ended: Callable[[], bool], lag: Callable[[], float]) -> None:

@@ -128,6 +128,44 @@ def test_learned_preloads_stay_with_the_reservation_for_the_next_launcher(
     assert again.values() == [True] * 3
 
 
+_RERUN = """
+import os, sys, slurmrun
+def load():
+    slurmrun.worker_state().setdefault("model", f"loaded by {{os.getpid()}}")
+    return os.getpid()
+def evaluate():  # the script's edited function: the same workers serve it, state and all
+    print("evaluated by", os.getpid())
+    return os.getpid(), slurmrun.worker_state().get("model")
+with slurmrun.Launcher(job={job!r}, timeout=60, keep_workers=True) as launcher:
+    print(launcher.run(load if sys.argv[1] == "first" else evaluate).values())
+"""
+
+
+def test_a_script_rerun_after_an_edit_finds_its_kept_workers_and_their_state(
+    reservation: Shared,
+) -> None:
+    script = reservation.work / "rerun.py"
+    script.write_text(_RERUN.format(job=reservation.job_id))
+
+    def run(which: str) -> Any:
+        done = subprocess.run(
+            [sys.executable, str(script), which],
+            capture_output=True, text=True, timeout=90, check=False,
+            env={**os.environ, "SLURMRUN_LOG_DIR": str(reservation.work / f"logs-{which}")},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return eval(done.stdout.strip().splitlines()[-1])  # the values' repr
+
+    pids = run("first")
+    assert run("again") == [(pid, f"loaded by {pid}") for pid in pids]
+    # Their log files are the second launcher's now (its own folder).
+    log = reservation.work / "logs-again" / "latest" / "node1.0.log"
+    assert f"evaluated by {pids[0]}\n" in log.read_text()
+    # Another call is not a kept worker's: the next launcher's first run stops them.
+    fresh = slurmrun.launch(where, (1,), job=reservation.job_id, timeout=60).values()
+    assert len(fresh) == len(pids)
+
+
 def waits_in_a_named_function(seconds: float, until: str = "") -> int:
     """Waits `seconds`, or (`until`) until that file exists, at most `seconds`."""
 
