@@ -8,7 +8,7 @@ between runs once open (`warm`).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,6 +17,7 @@ from slurmrun.launcher.attempts import run_launch
 from slurmrun.launcher.boundary import hide_internal_frames
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.dryrun import DryRun, describe_call, plan_dry_run
+from slurmrun.launcher.mapping import check_map, run_map
 from slurmrun.launcher.options import LaunchOptions, Options, option_names
 from slurmrun.launcher.plan import make_plan
 from slurmrun.launcher.warm import Warm
@@ -90,6 +91,68 @@ class Launcher(Options):
             hide_internal_frames(exc)  # the user's call line and the worker's traceback
             if sys.version_info < (3, 11):
                 raise exc  # noqa: TRY201 - 3.10's bare raise would bring the whole traceback back
+            raise
+
+    def map(
+        self,
+        func: Callable[[Any], T],
+        items: Iterable[Any],
+        *,
+        workers_per_item: int = 1,
+        retries: int = 0,
+        item_timeout: float | None = None,
+    ) -> list[T]:
+        """Calls ``func(item)`` once per item, on every slot of the allocation at once.
+
+        Each item runs in a world of its own: a slot of ``workers_per_item`` workers of one
+        node (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``MASTER_PORT`` of that world, the
+        launcher's backend over it alone), with only its own GPUs in ``CUDA_VISIBLE_DEVICES``
+        and its share of the node's cores (``OMP_NUM_THREADS``). Items wait in a queue for a
+        free slot; a slot's worker runs item after item. On a warm launcher (``with``), later
+        maps reuse the agents. docs/sweeps.md says more.
+
+        Args:
+            func: the function; its one argument is an item (shipped with cloudpickle).
+            items: the items (each pickled before anything starts).
+            workers_per_item: the workers of a slot (1 in this version).
+            retries: how many times a failed item (it raised, its worker died, it ran past
+                `item_timeout`) is tried again, on another slot where one is alive.
+            item_timeout: seconds an item may run; past them its worker is killed (its slot
+                takes no more items) and the item fails. None: no limit.
+
+        Returns:
+            Each item's return value, in the items' order.
+
+        Raises:
+            MapFailedError: items failed after their retries; the others ran to the end, and
+                its ``results`` holds every item's value or exception (remote traceback kept).
+            OptionsValueError, OptionsTypeError: bad options or arguments, before anything
+                starts.
+            AgentFailedError: an agent died, went silent, or never started.
+
+        Example:
+            >>> import slurmrun
+            >>> slurmrun.Launcher(workers_per_host=2).map(lambda x: x * x, range(4))
+            [0, 1, 4, 9]
+        """
+        try:
+            call = check_map(
+                self,
+                func,
+                items,
+                workers_per_item=workers_per_item,
+                retries=retries,
+                item_timeout=item_timeout,
+            )
+            plan = replace(make_plan(self), title=f"map of {run_title(func, (), {})}")
+            if self._warm is not None:
+                return run_map(self, self._warm, plan, call)
+            with self:  # a cold map is a warm launcher used once
+                return run_map(self, self._opened(), plan, call)
+        except BaseException as exc:
+            hide_internal_frames(exc)
+            if sys.version_info < (3, 11):
+                raise exc  # noqa: TRY201 - as in `run`
             raise
 
     def stacks(self, timeout: float = 10.0) -> StackReport | None:

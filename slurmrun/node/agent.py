@@ -42,7 +42,7 @@ from slurmrun.node.proctitle import node_name
 from slurmrun.node.relay import Relay, WorkerLink
 from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
-from slurmrun.node.supervisor import RunWorkers, no_stacks
+from slurmrun.node.supervisor import RunWorkers, ToWorker, no_stacks
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
 from slurmrun.slurm.job import agent_auto_workers
 from slurmrun.slurm.step import step_id
@@ -185,10 +185,10 @@ class Agent:
             self.runs.end(message.run, message.keep, message.after_sigterm)
         elif isinstance(message, protocol.AskStacks):
             self._stacks(message)
-        elif isinstance(message, protocol.DebugInput | protocol.DebugComplete):
+        elif isinstance(message, ToWorker):  # a debugger's line, a map's item
             current = self.current
             if current is not None and current.start.run == message.run:
-                current.debug_input(message, bytes(frame.body))
+                current.pass_on(message, bytes(frame.body))
 
     def _stacks(self, ask: protocol.AskStacks) -> None:
         """Answers ASK_STACKS on a thread of its own (it waits for the workers' answers)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from slurmrun import protocol
 from slurmrun.errors import signal_name
 from slurmrun.logs import WorkerLog, run_header
+from slurmrun.map_messages import Item, ItemCancel
 from slurmrun.node.kept import adopt, servable
 from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
@@ -38,6 +39,8 @@ DRAIN_TIMEOUT = 2.0
 # Once the strays were ended: how long the output threads may take to see the end.
 READER_JOIN = 2.0
 _POLL = 0.05
+# What the launcher sends to one worker through its agent (`RunWorkers.pass_on`).
+ToWorker = protocol.DebugInput | protocol.DebugComplete | Item | ItemCancel
 
 
 def exit_description(exitcode: int | None) -> tuple[str, str | None]:
@@ -200,7 +203,8 @@ class RunWorkers:
                 done = True
                 break
             for worker in self._exited(live):
-                if self._judge(worker):
+                # A map's slot that died is the launcher's to retry elsewhere: the others go on.
+                if self._judge(worker) and not self.start.workers_per_item:
                     failed = True
         if not done:
             self.stop(lag())
@@ -253,13 +257,21 @@ class RunWorkers:
 
         answer_stacks(self.workers, self.launcher, ask)
 
-    def debug_input(
-        self, message: protocol.DebugInput | protocol.DebugComplete, line: bytes
-    ) -> None:
-        """Passes a line the user typed (or Tab's question) to worker `message.local_rank`."""
-        if self.spawned.is_set() and 0 <= message.local_rank < len(self.workers):
-            with contextlib.suppress(OSError):  # it exited: the launcher hears of that
-                self.workers[message.local_rank].conn.send(message.header(), line)
+    def pass_on(self, message: ToWorker, body: bytes) -> None:
+        """Passes a message of the launcher on to worker `message.local_rank`.
+
+        A line the user typed (or Tab's question) for its debugger, a map's item; a map's
+        ITEM_CANCEL kills the worker's process group instead (its item ran too long, and may
+        hold the GIL in C code: the worker could not end itself).
+        """
+        if not self.spawned.is_set() or not 0 <= message.local_rank < len(self.workers):
+            return
+        worker = self.workers[message.local_rank]
+        if isinstance(message, ItemCancel):
+            _signal_group(worker.process, signal.SIGKILL)
+            return
+        with contextlib.suppress(OSError):  # it exited: the launcher hears of that
+            worker.conn.send(message.header(), body)
 
     def forward_signal(self, signum: int) -> None:
         """Passes a signal from SLURM (e.g. ``--signal=USR1@60``) on to every live worker."""

@@ -1,0 +1,176 @@
+"""`Launcher.map`'s running: its checks, its one run (`MapRun`), and its outcome.
+
+A map is one attempt on the launcher's agents (a warm launcher's, or new ones for a cold
+call), whose run is a `slurmrun.launcher.map_run.MapRun`: the workers run the node's slot
+loop (`slurmrun.map_messages.SLOT_LOOP`), each slot in a world of its own, and the items go
+to the slots as they free up. The values come back in the items' order, or
+`slurmrun.MapFailedError` holds every item's value or exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from slurmrun.errors import MapFailedError, OptionsTypeError, OptionsValueError
+from slurmrun.events import Trace
+from slurmrun.launcher.checks import check_call
+from slurmrun.launcher.map_run import MapRun
+from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
+from slurmrun.map_messages import SLOT_LOOP
+from slurmrun.pickling import dumps_inband
+
+if TYPE_CHECKING:
+    from slurmrun.launcher.options import Options
+    from slurmrun.launcher.plan import Plan
+    from slurmrun.launcher.pool import AgentPool
+    from slurmrun.launcher.run_setup import Call, Output, Watching
+
+__all__ = ["MapCall", "check_map", "run_map"]
+
+# A failure's message lists this many failed items; `MapFailedError.results` holds them all.
+LISTED = 5
+
+
+class MapCall:
+    """A checked map: the slot loop's pickled call, each item pickled, and how to run them."""
+
+    def __init__(
+        self,
+        payload: bytes,
+        items: list[bytes],
+        *,
+        workers_per_item: int,
+        retries: int,
+        item_timeout: float | None,
+    ) -> None:
+        self.payload = payload
+        self.items = items
+        self.workers_per_item = workers_per_item
+        self.retries = retries
+        self.item_timeout = item_timeout
+
+
+def check_map(
+    cfg: Options,
+    func: Callable[[Any], Any],
+    items: Iterable[Any],
+    *,
+    workers_per_item: int,
+    retries: int,
+    item_timeout: float | None,
+) -> MapCall:
+    """Checks a map's options and arguments and pickles them, before anything starts.
+
+    Raises:
+        OptionsValueError, OptionsTypeError: what is wrong, and what to do.
+    """
+    if not callable(func):
+        raise OptionsTypeError(f"func must be callable, got {type(func).__name__}")
+    if isinstance(items, str | bytes) or not isinstance(items, Iterable):
+        raise OptionsTypeError(
+            f"items must be an iterable of the items (a list, a range), got {type(items).__name__}"
+        )
+    if not _is_int(workers_per_item) or workers_per_item < 1:
+        raise OptionsValueError(f"workers_per_item must be an int >= 1, got {workers_per_item!r}")
+    if workers_per_item != 1:
+        raise OptionsValueError(
+            f"workers_per_item={workers_per_item}: this version runs maps of one worker per "
+            "item only (workers_per_item=1); for items of several workers, run them with "
+            "Launcher.run one after another"
+        )
+    if not _is_int(retries) or retries < 0:
+        raise OptionsValueError(f"retries must be an int >= 0, got {retries!r}")
+    if item_timeout is not None and (
+        not isinstance(item_timeout, int | float)
+        or isinstance(item_timeout, bool)
+        or not 0 < item_timeout < float("inf")
+    ):
+        raise OptionsValueError(
+            f"item_timeout must be a positive number of seconds or None, got {item_timeout!r}"
+        )
+    if cfg.keep_workers:
+        raise OptionsValueError(
+            "keep_workers=True: a map's slots keep their workers from item to item already; "
+            "use a launcher without keep_workers for maps"
+        )
+    payload = check_call(cfg, SLOT_LOOP, (func, workers_per_item, cfg.backend, cfg.timeout), {})
+    pickled = []
+    for index, item in enumerate(items):
+        try:
+            pickled.append(dumps_inband(item))
+        except Exception as e:
+            raise OptionsTypeError(
+                f"item {index} ({type(item).__name__}) could not be pickled to send to a "
+                f"worker: {type(e).__name__}: {e}. Items must be picklable by cloudpickle."
+            ) from e
+    return MapCall(
+        payload,
+        pickled,
+        workers_per_item=workers_per_item,
+        retries=retries,
+        item_timeout=None if item_timeout is None else float(item_timeout),
+    )
+
+
+def run_map(cfg: Options, warm: Warm, plan: Plan, call: MapCall) -> list[Any]:
+    """Runs a checked map on the agents `warm` keeps (or new ones); its values in order.
+
+    Raises:
+        MapFailedError: items failed (every item has its outcome in ``results``).
+        Exception: what a run raises when the map itself fails (an agent lost, Ctrl-C).
+    """
+    warm.check_unchanged(cfg, plan)
+    if not call.items:
+        return []
+    trace = Trace(cfg.on_event)
+    runs: list[MapRun] = []
+
+    def make(pool: AgentPool, run_call: Call, output: Output, watching: Watching) -> MapRun:
+        slots_call = replace(
+            run_call, backend=None, keep_workers=False, workers_per_item=call.workers_per_item
+        )
+        runs.append(
+            MapRun(
+                pool,
+                slots_call,
+                output,
+                watching,
+                items=call.items,
+                per_item=call.workers_per_item,
+                retries=call.retries,
+                item_timeout=call.item_timeout,
+            )
+        )
+        return runs[-1]
+
+    error: BaseException | None = None
+    try:
+        with sigterm_as_exit():
+            run_attempt(cfg, warm, plan, call.payload, 0, trace, make)
+    except BaseException as e:
+        error = e
+        raise
+    finally:
+        trace.finish(error)
+    outcomes = runs[-1].outcomes()
+    failed = sorted(runs[-1].book.failed)
+    if failed:
+        raise MapFailedError(_failure_message(outcomes, failed), results=outcomes, failed=failed)
+    return outcomes
+
+
+def _failure_message(outcomes: list[Any], failed: list[int]) -> str:
+    lines = [f"{len(failed)} of {len(outcomes)} items failed (their exceptions: .results)"]
+    for index in failed[:LISTED]:
+        error = outcomes[index]
+        text = str(error).splitlines()[0] if str(error) else ""
+        lines.append(f"  item {index}: {type(error).__name__}: {text}")
+    if len(failed) > LISTED:
+        lines.append(f"  ... and {len(failed) - LISTED} more")
+    return "\n".join(lines)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

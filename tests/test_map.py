@@ -1,0 +1,141 @@
+"""`Launcher.map` on localhost (CPU slots): values in the items' order, every slot used, each
+item in a world of its own; a raising, a dying and a hung item are retried on another slot or
+recorded in `MapFailedError.results`, and the other items run to the end; nothing is left."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+import slurmrun
+from tests.test_warm import gone
+
+OPTIONS = {"workers_per_host": 3, "backend": "gloo", "timeout": 60}
+
+
+def where(item: int) -> tuple[int, int, str, str, str, int]:
+    time.sleep(0.05)  # long enough that every slot gets items
+    import torch.distributed as dist
+
+    env = os.environ
+    return (
+        item * item,
+        os.getpid(),
+        env["RANK"],
+        env["WORLD_SIZE"],
+        env["MASTER_PORT"],
+        dist.get_world_size(),
+    )
+
+
+def test_values_come_in_order_from_every_slot_each_in_its_own_world() -> None:
+    values = slurmrun.Launcher(**OPTIONS).map(where, range(12))
+    assert [v[0] for v in values] == [i * i for i in range(12)]
+    pids = {v[1] for v in values}
+    assert len(pids) == 3, "every slot ran items"
+    assert {v[2:4] for v in values} == {("0", "1")}, "each item's world is its slot's alone"
+    assert {v[5] for v in values} == {1}
+    assert len({v[4] for v in values}) == 3, "each slot has its own MASTER_PORT"
+    assert gone(pids)
+
+
+def fail_on_2(item: int) -> int:
+    if item == 2:
+        raise ValueError(f"item {item} fails on {os.getpid()}")
+    return item
+
+
+def fail_once(item: tuple[int, str]) -> int:
+    """Fails the first time it runs item 1 (a file says it ran), and says where it ran."""
+    index, marker = item
+    if index == 1 and not os.path.exists(marker):
+        Path(marker).write_text(str(os.getpid()))
+        raise KeyError("first try")
+    return os.getpid()
+
+
+def test_a_raising_item_is_retried_then_recorded_and_the_others_run() -> None:
+    with pytest.raises(slurmrun.MapFailedError, match="1 of 5 items failed") as info:
+        slurmrun.Launcher(**OPTIONS).map(fail_on_2, range(5), retries=1)
+    results = info.value.results
+    assert info.value.failed == [2]
+    assert [results[i] for i in (0, 1, 3, 4)] == [0, 1, 3, 4]
+    error = results[2]
+    assert isinstance(error, ValueError)
+    assert isinstance(error.__cause__, slurmrun_remote())
+    assert "in fail_on_2" in str(error.__cause__), "the remote traceback is kept"
+
+
+def slurmrun_remote() -> type:
+    from slurmrun.errors import RemoteTraceback
+
+    return RemoteTraceback
+
+
+def test_a_retried_item_runs_again_on_another_slot(tmp_path: Path) -> None:
+    marker = str(tmp_path / "tried")
+    values = slurmrun.Launcher(**OPTIONS).map(fail_once, [(i, marker) for i in range(3)], retries=1)
+    assert values[1] != int(Path(marker).read_text()), "retried on another slot"
+
+
+def exit_on_1(item: int) -> int:
+    if item == 1:
+        os._exit(3)
+    time.sleep(0.1)
+    return os.getpid()
+
+
+def test_an_item_whose_worker_dies_is_recorded_and_its_slot_retires() -> None:
+    with pytest.raises(slurmrun.MapFailedError) as info:
+        slurmrun.Launcher(**OPTIONS).map(exit_on_1, range(8))
+    results = info.value.results
+    assert info.value.failed == [1]
+    assert isinstance(results[1], slurmrun.WorkerFailedError)
+    assert "exited with code 3" in str(results[1])
+    pids = {r for i, r in enumerate(results) if i != 1}
+    assert len(pids) == 2, "the other two slots ran the other items"
+    assert gone(pids)
+
+
+def hang_on_0(item: int) -> int:
+    if item == 0:
+        time.sleep(600)
+    return item
+
+
+def test_an_item_past_its_timeout_is_killed_and_recorded() -> None:
+    start = time.monotonic()
+    with pytest.raises(slurmrun.MapFailedError) as info:
+        slurmrun.Launcher(**OPTIONS).map(hang_on_0, range(4), item_timeout=1.0, retries=1)
+    assert time.monotonic() - start < 20
+    assert info.value.failed == [0]
+    assert isinstance(info.value.results[0], slurmrun.ItemTimeoutError)
+    assert info.value.results[1:] == [1, 2, 3]
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+def test_a_warm_launcher_maps_again_on_the_same_agents() -> None:
+    with slurmrun.Launcher(**OPTIONS) as launcher:
+        assert launcher.map(abs, [-1, -2]) == [1, 2]
+        assert launcher.map(abs, [-3]) == [3]
+        assert launcher.map(abs, []) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"workers_per_item": 0}, slurmrun.OptionsValueError),
+        ({"retries": -1}, slurmrun.OptionsValueError),
+        ({"item_timeout": 0}, slurmrun.OptionsValueError),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_starts(
+    kwargs: dict[str, object], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        slurmrun.Launcher(**OPTIONS).map(abs, [1], **kwargs)  # type: ignore[arg-type]
+    assert not psutil.Process().children(recursive=True)
