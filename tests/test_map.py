@@ -5,6 +5,9 @@ recorded in `MapFailedError.results`, and the other items run to the end; nothin
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -139,3 +142,38 @@ def test_bad_arguments_are_refused_before_anything_starts(
     with pytest.raises(error):
         slurmrun.Launcher(**OPTIONS).map(abs, [1], **kwargs)  # type: ignore[arg-type]
     assert not psutil.Process().children(recursive=True)
+
+
+def note_pid_then_sleep(item: tuple[int, str]) -> None:
+    index, folder = item
+    Path(folder, f"{index}.pid").write_text(str(os.getpid()))
+    time.sleep(600)
+
+
+def test_ctrl_c_stops_every_slot_and_leaves_nothing(tmp_path: Path) -> None:
+    script = tmp_path / "map.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parents[1])!r})\n"
+        "import slurmrun\n"
+        "from tests.test_map import OPTIONS, note_pid_then_sleep\n"
+        "try:\n"
+        f"    slurmrun.Launcher(**OPTIONS).map(note_pid_then_sleep, [(i, {str(tmp_path)!r})"
+        " for i in range(9)])\n"
+        "except KeyboardInterrupt:\n"
+        "    print('KeyboardInterrupt raised', flush=True)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("*.pid"))) < 3:
+        assert time.monotonic() < deadline, "the slots never started"
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    launched = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert b"KeyboardInterrupt raised" in out, err
+    assert sorted(p.name for p in tmp_path.glob("*.pid")) == ["0.pid", "1.pid", "2.pid"]
+    assert gone(launched), "every agent and worker ended"
