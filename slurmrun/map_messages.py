@@ -13,6 +13,8 @@ READY once its world is made, then runs each ITEM it is given and sends back its
                 <---------- ITEM (NO_MORE) ------            the loop returns: RESULT
                             ITEM_CANCEL <-------  (an item past its timeout: the agent kills
                                                    that worker's process group)
+                            SLOT_RESTART <------  (a slot's worker died: the agent forks it
+                                                   again, which says ITEM_READY once more)
 
 The agent forwards the worker's frames as it forwards every other (stamped with the run and
 the local rank), and passes ITEM on to the worker named by its local rank. `slurmrun.protocol`
@@ -36,6 +38,7 @@ __all__ = [
     "ItemRaised",
     "ItemReady",
     "ItemValue",
+    "SlotRestart",
 ]
 
 NO_MORE = -1  # an ITEM's index when the map has no more items for the slot
@@ -74,6 +77,15 @@ class ItemCancel(Message):
     """Launcher -> agent: kill worker `local_rank` (its item ran past the map's timeout)."""
 
     kind: ClassVar[str] = "item_cancel"
+    run: int
+    local_rank: int
+
+
+@dataclass(frozen=True)
+class SlotRestart(Message):
+    """Launcher -> agent: fork worker `local_rank` again (it died; its slot takes more items)."""
+
+    kind: ClassVar[str] = "slot_restart"
     run: int
     local_rank: int
 

@@ -92,16 +92,35 @@ def exit_on_1(item: int) -> int:
     return os.getpid()
 
 
-def test_an_item_whose_worker_dies_is_recorded_and_its_slot_retires() -> None:
+def test_an_item_whose_worker_dies_is_recorded_and_its_slot_starts_again() -> None:
     with pytest.raises(slurmrun.MapFailedError) as info:
-        slurmrun.Launcher(**OPTIONS).map(exit_on_1, range(8))
+        slurmrun.Launcher(**OPTIONS).map(exit_on_1, range(12))
     results = info.value.results
     assert info.value.failed == [1]
     assert isinstance(results[1], slurmrun.WorkerFailedError)
     assert "exited with code 3" in str(results[1])
     pids = {r for i, r in enumerate(results) if i != 1}
-    assert len(pids) == 2, "the other two slots ran the other items"
+    # (the dead worker ran item 1 only: without a restart, two pids)
+    assert len(pids) == 3, "the two other slots, and the dead one's new worker, ran the others"
     assert gone(pids)
+
+
+def exit_on_first_tries(item: tuple[int, str]) -> int:
+    """Kills its worker the first two times it runs item 0 (files count the tries)."""
+    index, folder = item
+    tries = len(list(Path(folder).glob(f"{index}.*")))
+    Path(folder, f"{index}.{tries}").write_text(str(os.getpid()))
+    if index == 0 and tries < 2:
+        os._exit(1)
+    return os.getpid()
+
+
+def test_one_slot_alone_survives_its_deaths_and_retries_the_item(tmp_path: Path) -> None:
+    options = {**OPTIONS, "workers_per_host": 1}
+    items = [(i, str(tmp_path)) for i in range(3)]
+    values = slurmrun.Launcher(**options).map(exit_on_first_tries, items, retries=2)
+    assert len(set(values)) <= 3
+    assert len({p.read_text() for p in tmp_path.glob("0.*")}) == 3, "a new worker each try"
 
 
 def hang_on_0(item: int) -> int:

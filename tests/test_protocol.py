@@ -115,6 +115,7 @@ def test_every_kind_round_trips_through_its_header() -> None:
         protocol.Bridge(channel=4),
         map_messages.Item(run=3, local_rank=1, index=map_messages.NO_MORE),
         map_messages.ItemCancel(run=3, local_rank=1),
+        map_messages.SlotRestart(run=3, local_rank=1),
         map_messages.ItemReady(local_rank=1, run=3),
         map_messages.ItemValue(index=7, local_rank=1, run=3),
         map_messages.ItemRaised(index=7, exc_type="KeyError", message="m", traceback="t", run=3),

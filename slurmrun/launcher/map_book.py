@@ -24,13 +24,16 @@ class Slot:
     ready: bool = False  # it said ITEM_READY: its world is made
     item: int | None = None  # the item it runs
     since: float = 0.0  # when it was given that item
-    retired: bool = False  # a worker of it died (or was killed): it takes no more items
+    retired: bool = False  # its worker died before it was ready: it takes no more items
     told_no_more: bool = False  # it was sent NO_MORE: its workers return
+    killing: bool = False  # its item ran past the timeout: its worker is being killed
+    restarts: int = 0  # how many times its worker was forked again after a death
 
     @property
     def idle(self) -> bool:
         """Whether it can take an item now."""
-        return self.ready and self.item is None and not self.retired and not self.told_no_more
+        busy = self.item is not None or self.killing or self.told_no_more
+        return self.ready and not busy and not self.retired
 
 
 _PENDING = object()  # an item with no outcome yet

@@ -4,9 +4,10 @@ Every worker runs the node's slot loop (`slurmrun.map_messages`); this run hands
 out from the queue of a `MapBook`, one to each slot that is idle, and takes each item's value
 or exception back. A failed item (it raised, its worker died, it ran past ``item_timeout``)
 goes back to the queue for another slot while it has tries left. A slot whose worker died, or
-was killed for its item's timeout, is retired for the rest of the map (its node's other
-slots go on: the agent tolerates the death in a map's run). Once every item has its outcome,
-each slot is told there are no more; its worker returns, and the run ends as any run.
+was killed for its item's timeout, is started again by its agent (`SLOT_RESTART`; its node's
+other slots go on meanwhile), unless it died before it was ready: then it retires. Once every
+item has its outcome, each slot is told there are no more; its worker returns, and the run
+ends as any run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from slurmrun.launcher.failures import WorkerPlace, worker_died, worker_error
 from slurmrun.launcher.map_book import MapBook, Slot, SlotKey
 from slurmrun.launcher.run import Run
 from slurmrun.launcher.share import PoolAgent
-from slurmrun.map_messages import NO_MORE, Item, ItemCancel, ItemRaised, ItemReady, ItemValue
+from slurmrun.map_messages import (
+    NO_MORE,
+    Item,
+    ItemCancel,
+    ItemRaised,
+    ItemReady,
+    ItemValue,
+    SlotRestart,
+)
 from slurmrun.pickling import loads
 from slurmrun.result import LaunchResult
 from slurmrun.transport import Frame
@@ -129,20 +138,32 @@ class MapRun(Run):
             self.book.failed_on(index, slot.key, error)
 
     def _slot_died(self, slot: Slot, died: protocol.Died) -> None:
-        """A worker of `slot` died: its item fails (unless its timeout killed it); it retires."""
+        """A worker of `slot` died: its item fails (unless its timeout failed it already).
+
+        A slot that was ready is started again while items are left (its agent forks the
+        worker again, which says ITEM_READY once more); one that died making its world
+        retires, so that a slot that cannot start is not started forever.
+        """
         self.watch.sessions.rank_ended((slot.key[0], died.local_rank))
-        if not slot.retired:
-            slot.retired = True
-            self._results_left -= 1  # its result will never come
         if slot.item is not None:
             self._failed(slot, worker_died(self._where(slot), died))
+        slot.killing = False
+        if slot.ready and not slot.retired and not self.book.finished:
+            slot.ready = False
+            slot.restarts += 1
+            restart = SlotRestart(run=self.id, local_rank=slot.key[1])
+            self.pool.send(self._shares[slot.key[0]].agent, restart.header())
+        elif not slot.retired:
+            slot.retired = True
+            self._results_left -= 1  # its result will never come
 
     def _time_out(self, slot: Slot, now: float) -> None:
-        """Kills `slot`'s workers (by their agent) and fails its item; the slot retires."""
+        """Kills `slot`'s workers (by their agent) and fails its item (`_slot_died` follows)."""
         agent = self._shares[slot.key[0]].agent
         cancel = ItemCancel(run=self.id, local_rank=slot.key[1])
         self.pool.send(agent, cancel.header())
         seconds = now - slot.since
+        slot.killing = True
         self._failed(
             slot,
             ItemTimeoutError(
@@ -150,9 +171,6 @@ class MapRun(Run):
                 f"{self._where(slot)}: its worker was killed"
             ),
         )
-        if not slot.retired:
-            slot.retired = True
-            self._results_left -= 1  # killed: its result will never come
 
     def _where(self, slot: Slot) -> WorkerPlace:
         share = self._shares[slot.key[0]]

@@ -40,6 +40,7 @@ from slurmrun.node.launcher_silence import wait_for_launcher
 from slurmrun.node.link import LauncherConnection, say
 from slurmrun.node.proctitle import node_name
 from slurmrun.node.relay import Relay, WorkerLink
+from slurmrun.node.slot_workers import SlotWorkers
 from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
 from slurmrun.node.supervisor import RunWorkers, ToWorker, no_stacks
@@ -247,7 +248,7 @@ class Agent:
     def _workers(self, start: protocol.Start, links: list[WorkerLink] | None = None) -> RunWorkers:
         if self.spawner is None:
             raise SpawnError("workers cannot start here (the agent's hello said why)")
-        return RunWorkers(
+        return (SlotWorkers if start.workers_per_item else RunWorkers)(  # a map's, or a run's
             start=start,
             spawner=self.spawner,
             hostname=self.hostname,

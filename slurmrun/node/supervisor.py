@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from slurmrun import protocol
 from slurmrun.errors import signal_name
 from slurmrun.logs import WorkerLog, run_header
-from slurmrun.map_messages import Item, ItemCancel
+from slurmrun.map_messages import Item, ItemCancel, SlotRestart
 from slurmrun.node.kept import adopt, servable
 from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
@@ -32,7 +32,14 @@ from slurmrun.node.worker import WorkerSpec, place_of
 from slurmrun.transport import Connection
 from slurmrun.waiting import wait_readable
 
-__all__ = ["RunWorkers", "exit_description", "no_stacks", "stop_workers"]
+__all__ = [
+    "RunWorkers",
+    "ToWorker",
+    "exit_description",
+    "no_stacks",
+    "signal_group",
+    "stop_workers",
+]
 
 # Once a worker exited: how long its result and last output may take to be forwarded.
 DRAIN_TIMEOUT = 2.0
@@ -40,7 +47,7 @@ DRAIN_TIMEOUT = 2.0
 READER_JOIN = 2.0
 _POLL = 0.05
 # What the launcher sends to one worker through its agent (`RunWorkers.pass_on`).
-ToWorker = protocol.DebugInput | protocol.DebugComplete | Item | ItemCancel
+ToWorker = protocol.DebugInput | protocol.DebugComplete | Item | ItemCancel | SlotRestart
 
 
 def exit_description(exitcode: int | None) -> tuple[str, str | None]:
@@ -60,7 +67,7 @@ def no_stacks(launcher: Connection, ask: protocol.AskStacks, why: str) -> None:
         launcher.send(answer.header())
 
 
-def _signal_group(process: WorkerProcess, signum: int) -> None:
+def signal_group(process: WorkerProcess, signum: int) -> None:
     """Signals a live worker's process group: the worker and what it started and did not move.
 
     The worker leads the group (the spawner gave it a session of its own, which it cannot
@@ -196,6 +203,7 @@ class RunWorkers:
         failed = done = False
         keep = self.start.keep
         while not ended() and not failed:
+            self._between()
             live = [w for w in self.workers if not w.judged]
             if all(keep and w.stays for w in live):
                 with contextlib.suppress(OSError):  # the launcher is gone: nobody waits
@@ -203,11 +211,17 @@ class RunWorkers:
                 done = True
                 break
             for worker in self._exited(live):
-                # A map's slot that died is the launcher's to retry elsewhere: the others go on.
-                if self._judge(worker) and not self.start.workers_per_item:
+                if self._judge(worker) and self._ends_run(worker):
                     failed = True
         if not done:
             self.stop(lag())
+
+    def _between(self) -> None:
+        """What a kind of run does on each turn of `supervise` (a map's: `node.slot_workers`)."""
+
+    def _ends_run(self, worker: WorkerLink) -> bool:
+        """Whether `worker`'s death (reported) ends the run: it does, but in a map's run."""
+        return True
 
     def _exited(self, live: list[WorkerLink]) -> list[WorkerLink]:
         """Those of `live` that exited, waiting up to `_POLL` for one to, or for a final frame."""
@@ -260,18 +274,12 @@ class RunWorkers:
     def pass_on(self, message: ToWorker, body: bytes) -> None:
         """Passes a message of the launcher on to worker `message.local_rank`.
 
-        A line the user typed (or Tab's question) for its debugger, a map's item; a map's
-        ITEM_CANCEL kills the worker's process group instead (its item ran too long, and may
-        hold the GIL in C code: the worker could not end itself).
+        A line the user typed (or Tab's question) for its debugger, a map's item (a map's
+        other orders: `slurmrun.node.slot_workers`).
         """
-        if not self.spawned.is_set() or not 0 <= message.local_rank < len(self.workers):
-            return
-        worker = self.workers[message.local_rank]
-        if isinstance(message, ItemCancel):
-            _signal_group(worker.process, signal.SIGKILL)
-            return
-        with contextlib.suppress(OSError):  # it exited: the launcher hears of that
-            worker.conn.send(message.header(), body)
+        if self.spawned.is_set() and 0 <= message.local_rank < len(self.workers):
+            with contextlib.suppress(OSError):  # it exited: the launcher hears of that
+                self.workers[message.local_rank].conn.send(message.header(), body)
 
     def forward_signal(self, signum: int) -> None:
         """Passes a signal from SLURM (e.g. ``--signal=USR1@60``) on to every live worker."""
@@ -341,7 +349,7 @@ def stop_workers(
     ending = slurm_ending.is_set() or (bool(alive) and lag > 0 and slurm_ending.wait(lag))
     if not ending:
         for process in alive:
-            _signal_group(process, signal.SIGTERM)
+            signal_group(process, signal.SIGTERM)
     start = time.monotonic()
     for process in alive:
         while process.is_alive():
@@ -353,7 +361,7 @@ def stop_workers(
             process.join(timeout=min(left, _POLL))
     for process in alive:
         if process.is_alive():
-            _signal_group(process, signal.SIGKILL)
+            signal_group(process, signal.SIGKILL)
             process.join(timeout=5.0)
 
 
