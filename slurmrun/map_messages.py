@@ -7,7 +7,9 @@ READY once its world is made, then runs each ITEM it is given and sends back its
 (ITEM_VALUE) or its exception (ITEM_RAISED), until an ITEM with no index (`NO_MORE`)::
 
     worker (slot)          agent                 launcher
-    ITEM_READY  ---------------------------------->          (once; the agent forwards it)
+    ITEM_READY  ---------------------------------->          (once; rank 0's with its port)
+                <---------- ITEM <---------------  ITEM (WORLD: the port, to ranks > 0 of a
+                                                   slot of several workers, once all are ready)
                 <---------- ITEM <---------------  ITEM      (the item pickled in the body)
     ITEM_VALUE or ITEM_RAISED -------------------->          (one per item)
                 <---------- ITEM (NO_MORE) ------            the loop returns: RESULT
@@ -32,6 +34,7 @@ from slurmrun.messages import Message, clip
 __all__ = [
     "NO_MORE",
     "SLOT_LOOP",
+    "WORLD",
     "ByName",
     "Item",
     "ItemCancel",
@@ -42,6 +45,7 @@ __all__ = [
 ]
 
 NO_MORE = -1  # an ITEM's index when the map has no more items for the slot
+WORLD = -2  # an ITEM's index that gives a slot's rank > 0 its world's port (`Item.port`)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ class Item(Message):
     kind: ClassVar[str] = "item"
     run: int
     local_rank: int
-    index: int  # NO_MORE: return
+    index: int  # NO_MORE: return; WORLD: join the slot's world at `port`
+    port: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,7 @@ class ItemReady(Message):
     """Worker -> launcher: the slot's world is made; it takes items."""
 
     kind: ClassVar[str] = "item_ready"
+    port: int = 0  # rank 0's: its world's MASTER_PORT (its store listens there)
     local_rank: int = -1
     run: int = 0
 

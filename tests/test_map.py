@@ -196,3 +196,26 @@ def test_ctrl_c_stops_every_slot_and_leaves_nothing(tmp_path: Path) -> None:
     assert b"KeyboardInterrupt raised" in out, err
     assert sorted(p.name for p in tmp_path.glob("*.pid")) == ["0.pid", "1.pid", "2.pid"]
     assert gone(launched), "every agent and worker ended"
+
+
+def reduce_ranks(item: int) -> tuple[int, str, str, int, int]:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    if item == 1 and dist.get_rank() == 1:
+        raise ValueError("rank 1 of item 1")  # rank 0 waits in the next all_reduce
+    dist.all_reduce(t)
+    return item, os.environ["RANK"], os.environ["WORLD_SIZE"], int(t.item()), os.getpid()
+
+
+def test_items_of_two_workers_run_in_worlds_of_two_and_a_rank_failure_restarts_the_slot() -> None:
+    options = {**OPTIONS, "workers_per_host": 4}
+    with pytest.raises(slurmrun.MapFailedError) as info:
+        slurmrun.Launcher(**options).map(reduce_ranks, range(6), workers_per_item=2)
+    assert info.value.failed == [1]
+    assert "rank 1 of item 1" in str(info.value.results[1])
+    values = [v for i, v in enumerate(info.value.results) if i != 1]
+    assert [v[:4] for v in values] == [(i, "0", "2", 6) for i in (0, 2, 3, 4, 5)]
+    assert len({v[4] for v in values}) >= 2, "both slots ran items"

@@ -114,7 +114,8 @@ class Launcher(Options):
         Args:
             func: the function; its one argument is an item (shipped with cloudpickle).
             items: the items (each pickled before anything starts).
-            workers_per_item: the workers of a slot (1 in this version).
+            workers_per_item: the workers of a slot, all on one node; an item's value is
+                its rank 0's, and its failure the first error of a rank (or a death).
             retries: how many times a failed item (it raised, its worker died, it ran past
                 `item_timeout`) is tried again, on another slot where one is alive.
             item_timeout: seconds an item may run; past them its worker is killed (its slot

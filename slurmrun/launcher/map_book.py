@@ -8,7 +8,7 @@ map's run. `slurmrun.launcher.map_run` moves them as the slots' messages come.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["MapBook", "Slot", "SlotKey"]
@@ -18,22 +18,66 @@ SlotKey = tuple[int, int]  # (node rank, local rank of the slot's first worker)
 
 @dataclass
 class Slot:
-    """One slot of a map's run: `per_item` workers of one node, from `key`'s local rank on."""
+    """One slot of a map's run: `size` workers of one node, from `key`'s local rank on."""
 
     key: SlotKey
-    ready: bool = False  # it said ITEM_READY: its world is made
+    size: int = 1
+    port: int = 0  # its world's MASTER_PORT, as its rank 0 said
+    ready_ranks: set[int] = field(default_factory=set)  # those whose ITEM_READY came
     item: int | None = None  # the item it runs
     since: float = 0.0  # when it was given that item
-    retired: bool = False  # its worker died before it was ready: it takes no more items
+    answers: dict[int, Any] = field(default_factory=dict)  # by rank: its item's value frame
+    dead: set[int] = field(default_factory=set)  # its ranks whose worker died
+    retired: bool = False  # its workers died before it was ready: it takes no more items
     told_no_more: bool = False  # it was sent NO_MORE: its workers return
-    killing: bool = False  # its item ran past the timeout: its worker is being killed
-    restarts: int = 0  # how many times its worker was forked again after a death
+    killing: bool = False  # its workers are being killed (a timeout, a failure, a death)
+    restarts: int = 0  # how many times its workers were forked again
+
+    @property
+    def ready(self) -> bool:
+        """Whether every worker of it made the slot's world."""
+        return len(self.ready_ranks) == self.size
 
     @property
     def idle(self) -> bool:
         """Whether it can take an item now."""
         busy = self.item is not None or self.killing or self.told_no_more
         return self.ready and not busy and not self.retired
+
+    @property
+    def local_ranks(self) -> range:
+        """Its workers' local ranks."""
+        return range(self.key[1], self.key[1] + self.size)
+
+    def became_ready(self, rank: int, port: int) -> bool:
+        """Worker `rank` said ITEM_READY (rank 0 with its world's port); True: now all did."""
+        if rank == 0:
+            self.port = port
+        was = self.ready
+        self.ready_ranks.add(rank)
+        return self.ready and not was
+
+    def begin(self, index: int, now: float) -> None:
+        """It runs item `index` from `now` on."""
+        self.item, self.since = index, now
+        self.answers.clear()
+
+    def answered(self, rank: int, outcome: Any) -> bool:
+        """Worker `rank` answered the item; True: every worker did."""
+        self.answers[rank] = outcome
+        return len(self.answers) == self.size
+
+    def died(self, rank: int) -> bool:
+        """Worker `rank` died; True: every worker of it is dead."""
+        self.dead.add(rank)
+        return len(self.dead) == self.size
+
+    def restarted(self) -> None:
+        """Its workers are forked again: it is ready once each says so."""
+        self.ready_ranks.clear()
+        self.dead.clear()
+        self.killing = False
+        self.restarts += 1
 
 
 _PENDING = object()  # an item with no outcome yet

@@ -23,6 +23,7 @@ from slurmrun.launcher.run import Run
 from slurmrun.launcher.share import PoolAgent
 from slurmrun.map_messages import (
     NO_MORE,
+    WORLD,
     Item,
     ItemCancel,
     ItemRaised,
@@ -53,11 +54,16 @@ class MapRun(Run):
 
     def _hand_out(self) -> None:
         super()._hand_out()
+        size = self.per_item
         for node_rank, share in self._shares.items():
-            for first in range(0, share.workers - share.workers % self.per_item, self.per_item):
-                self.slots[node_rank, first] = Slot((node_rank, first))
+            for first in range(0, share.workers - share.workers % size, size):
+                self.slots[node_rank, first] = Slot((node_rank, first), size)
         if not self.slots:
-            self.book.give_up(lambda index: RuntimeError("the map's run has no slot"))
+            counts = sorted({share.workers for share in self._shares.values()})
+            raise RuntimeError(
+                f"no node runs workers_per_item={size} workers (they run {counts}): the map "
+                "has no slot. Ask for fewer workers per item, or more workers per host."
+            )
 
     # ------------------------------------------------------------------ messages
     def on_message(
@@ -75,15 +81,22 @@ class MapRun(Run):
             super().on_message(agent, message, frame, now)
             return
         self.watch.heard(now)
+        rank = message.local_rank - first
         if isinstance(message, ItemReady):
-            slot.ready = True
+            if slot.became_ready(rank, message.port) and slot.size > 1:
+                self._send(slot, WORLD, port=slot.port, ranks=range(1, slot.size))
         elif isinstance(message, ItemValue) and slot.item == message.index:
-            self._settle_value(slot, message.index, frame)
+            if slot.answered(rank, frame):
+                self._settle(slot)
         elif isinstance(message, ItemRaised) and slot.item == message.index:
-            error = _as_error(message)
-            self._failed(slot, worker_error(self._where(slot), error, frame))
+            error = worker_error(self._where(slot, rank), _as_error(message), frame)
+            if slot.answered(rank, error):
+                self._settle(slot)
+            else:  # the others may wait for it in a collective forever
+                self._fail_item(slot, error)
+                self._kill(slot)
         elif isinstance(message, protocol.Died):
-            self._slot_died(slot, message)
+            self._slot_died(slot, rank, message)
         self._feed(now)
 
     def on_tick(self, now: float) -> None:
@@ -110,16 +123,38 @@ class MapRun(Run):
                 continue
             index = self.book.next_for(slot.key, alone=len(alive) == 1)
             if index is not None:
-                slot.item, slot.since = index, now
+                slot.begin(index, now)
                 self._send(slot, index, self.items[index])
 
-    def _send(self, slot: Slot, index: int, body: bytes = b"") -> None:
+    def _send(
+        self,
+        slot: Slot,
+        index: int,
+        body: bytes = b"",
+        *,
+        port: int = 0,
+        ranks: range | None = None,
+    ) -> None:
+        """Sends ITEM `index` to the slot's workers (`ranks` of it: all)."""
         agent = self._shares[slot.key[0]].agent
-        item = Item(run=self.id, local_rank=slot.key[1], index=index)
-        self.pool.send(agent, item.header(), body)
+        for rank in range(slot.size) if ranks is None else ranks:
+            local_rank = slot.key[1] + rank
+            item = Item(run=self.id, local_rank=local_rank, index=index, port=port)
+            self.pool.send(agent, item.header(), body)
 
-    def _settle_value(self, slot: Slot, index: int, frame: Frame) -> None:
+    def _settle(self, slot: Slot) -> None:
+        """Every worker of the slot answered its item: the first error, or rank 0's value."""
+        index = slot.item
+        errors = [slot.answers[r] for r in sorted(slot.answers)]
+        errors = [e for e in errors if isinstance(e, BaseException)]
+        if index is None:
+            return
+        if errors:
+            self._fail_item(slot, errors[0])
+            return
         slot.item = None
+        frame = slot.answers[0]
+        slot.answers.clear()
         try:
             value = loads(frame.body, frame.buffers)
         except Exception as e:
@@ -132,49 +167,61 @@ class MapRun(Run):
             return
         self.book.succeeded(index, value)
 
-    def _failed(self, slot: Slot, error: BaseException) -> None:
+    def _fail_item(self, slot: Slot, error: BaseException) -> None:
         index, slot.item = slot.item, None
         if index is not None:
             self.book.failed_on(index, slot.key, error)
 
-    def _slot_died(self, slot: Slot, died: protocol.Died) -> None:
-        """A worker of `slot` died: its item fails (unless its timeout failed it already).
+    def _kill(self, slot: Slot) -> None:
+        """Has the slot's live workers killed by their agent (`_slot_died` follows for each)."""
+        if slot.killing:
+            return
+        slot.killing = True
+        agent = self._shares[slot.key[0]].agent
+        for rank in range(slot.size):
+            if rank not in slot.dead:
+                cancel = ItemCancel(run=self.id, local_rank=slot.key[1] + rank)
+                self.pool.send(agent, cancel.header())
 
-        A slot that was ready is started again while items are left (its agent forks the
-        worker again, which says ITEM_READY once more); one that died making its world
-        retires, so that a slot that cannot start is not started forever.
+    def _slot_died(self, slot: Slot, rank: int, died: protocol.Died) -> None:
+        """A worker of `slot` died: its item fails (unless it failed already), the others die.
+
+        Once all are dead, a slot that was ready is started again while items are left (its
+        agent forks the workers again, which say ITEM_READY once more); one that died making
+        its world retires, so that a slot that cannot start is not started forever.
         """
-        self.watch.sessions.rank_ended((slot.key[0], died.local_rank))
+        self.watch.sessions.rank_ended((slot.key[0], slot.key[1] + rank))
         if slot.item is not None:
-            self._failed(slot, worker_died(self._where(slot), died))
-        slot.killing = False
+            self._fail_item(slot, worker_died(self._where(slot, rank), died))
+        if not slot.died(rank):
+            self._kill(slot)  # its world is broken: the others may wait in it forever
+            return
         if slot.ready and not slot.retired and not self.book.finished:
-            slot.ready = False
-            slot.restarts += 1
-            restart = SlotRestart(run=self.id, local_rank=slot.key[1])
-            self.pool.send(self._shares[slot.key[0]].agent, restart.header())
+            slot.restarted()
+            agent = self._shares[slot.key[0]].agent
+            for local_rank in slot.local_ranks:
+                restart = SlotRestart(run=self.id, local_rank=local_rank)
+                self.pool.send(agent, restart.header())
         elif not slot.retired:
             slot.retired = True
-            self._results_left -= 1  # its result will never come
+            self._results_left -= slot.size  # their results will never come
 
     def _time_out(self, slot: Slot, now: float) -> None:
         """Kills `slot`'s workers (by their agent) and fails its item (`_slot_died` follows)."""
-        agent = self._shares[slot.key[0]].agent
-        cancel = ItemCancel(run=self.id, local_rank=slot.key[1])
-        self.pool.send(agent, cancel.header())
         seconds = now - slot.since
-        slot.killing = True
-        self._failed(
+        where = self._where(slot, 0)
+        self._fail_item(
             slot,
             ItemTimeoutError(
                 f"item ran {seconds:.1f} s, past item_timeout={self.item_timeout:g} s, on "
-                f"{self._where(slot)}: its worker was killed"
+                f"{where}: its slot's workers were killed"
             ),
         )
+        self._kill(slot)
 
-    def _where(self, slot: Slot) -> WorkerPlace:
+    def _where(self, slot: Slot, rank: int) -> WorkerPlace:
         share = self._shares[slot.key[0]]
-        local_rank = slot.key[1]
+        local_rank = slot.key[1] + rank
         return WorkerPlace(share.hostname, local_rank, share.rank_offset + local_rank, None)
 
     # ------------------------------------------------------------------ the end

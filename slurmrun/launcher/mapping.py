@@ -74,11 +74,13 @@ def check_map(
         )
     if not _is_int(workers_per_item) or workers_per_item < 1:
         raise OptionsValueError(f"workers_per_item must be an int >= 1, got {workers_per_item!r}")
-    if workers_per_item != 1:
+    counts = cfg.workers_per_host
+    known = [counts] if isinstance(counts, int) else counts if isinstance(counts, list) else []
+    if known and max(known) < workers_per_item:
         raise OptionsValueError(
-            f"workers_per_item={workers_per_item}: this version runs maps of one worker per "
-            "item only (workers_per_item=1); for items of several workers, run them with "
-            "Launcher.run one after another"
+            f"workers_per_item={workers_per_item}, but no host runs that many workers "
+            f"(workers_per_host={counts!r}): a slot's workers are on one node. Ask for fewer "
+            "workers per item, or more workers per host."
         )
     if not _is_int(retries) or retries < 0:
         raise OptionsValueError(f"retries must be an int >= 0, got {retries!r}")

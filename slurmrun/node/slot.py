@@ -76,8 +76,12 @@ def serve(func: Callable[[Any], Any], per_item: int, backend: str | None, timeou
         return  # a worker left over when the node's workers are not a multiple of per_item
     conn = agent
     _enter_slot(place)
-    grouped = _join_group(backend, timeout)
-    conn.send(ItemReady().header())
+    store, port = _world_port(place, backend, timeout)
+    conn.send(ItemReady(port=port).header())
+    if place.rank > 0:  # rank 0's port, which the launcher passes on once all are ready
+        port = Item.from_header(items.get().header).port
+    os.environ["MASTER_PORT"] = str(port)
+    grouped = _join_group(place, backend, timeout, store, port)
     while True:
         frame = items.get()
         index = Item.from_header(frame.header).index
@@ -123,10 +127,10 @@ def _send_raised(conn: Connection, index: int, exc: BaseException) -> None:
 
 
 def _enter_slot(place: SlotPlace) -> None:
-    """The slot's world in this worker's environment, GPUs and cores (module docstring)."""
-    with socket.socket() as sock:  # the slot's MASTER_PORT, free now (a world of one)
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    """The slot's world in this worker's environment, GPUs and cores (module docstring).
+
+    ``MASTER_PORT`` is set once rank 0 made it (`_world_port`).
+    """
     slot_place = worker_env.RankPlace(
         rank=place.rank,
         local_rank=place.rank,
@@ -134,7 +138,7 @@ def _enter_slot(place: SlotPlace) -> None:
         local_world_size=place.per_item,
         node_rank=0,
         master_addr="127.0.0.1",
-        master_port=port,
+        master_port=0,
         tasks_per_node=str(place.per_item),
     )
     values, _ = worker_env.worker_changes(
@@ -147,14 +151,45 @@ def _enter_slot(place: SlotPlace) -> None:
     with contextlib.suppress(AttributeError, OSError):  # sched_*affinity: Linux only
         cpus = place.cpus(sorted(os.sched_getaffinity(0)))
         os.sched_setaffinity(0, cpus)
-        os.environ["OMP_NUM_THREADS"] = str(len(cpus))
+        threads = max(1, len(cpus) // place.per_item)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
         torch = sys.modules.get("torch")
         if torch is not None:
-            torch.set_num_threads(len(cpus))
+            torch.set_num_threads(threads)
 
 
-def _join_group(backend: str | None, timeout: float) -> bool:
-    """The slot's own process group (a world of one: an in-memory store); whether one was made."""
+def _world_port(place: SlotPlace, backend: str | None, timeout: float) -> tuple[Any, int]:
+    """Rank 0's store of the slot's world (listening) and its port; a free port without one.
+
+    Other ranks: none, and 0 (they learn the port from the launcher).
+    """
+    if place.rank > 0:
+        return None, 0
+    if backend is None or place.per_item == 1:  # no store to serve: a port the function may use
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return None, int(sock.getsockname()[1])
+    import torch.distributed as dist  # noqa: PLC0415 - preloaded by the spawner
+
+    store = dist.TCPStore(  # type: ignore[attr-defined]  # public; torch's stubs miss it
+        "127.0.0.1",
+        0,
+        place.per_item,
+        is_master=True,
+        timeout=timedelta(seconds=timeout),
+        wait_for_workers=False,
+    )
+    return store, int(store.port)
+
+
+def _join_group(
+    place: SlotPlace, backend: str | None, timeout: float, store: Any, port: int
+) -> bool:
+    """The slot's own process group; whether one was made.
+
+    A world of one needs no store of TCP (an in-memory one); in a larger one, rank 0 serves
+    the store on `port` (`_world_port`) and the others reach it there.
+    """
     if backend is None:
         return False
     import torch  # noqa: PLC0415 - preloaded by the spawner
@@ -163,13 +198,16 @@ def _join_group(backend: str | None, timeout: float) -> bool:
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(place.rank)
+    wait = timedelta(seconds=timeout)
+    if place.per_item == 1:
+        store = dist.HashStore()  # type: ignore[attr-defined]  # public; torch's stubs miss it
+    elif store is None:
+        store = dist.TCPStore(  # type: ignore[attr-defined]  # public; torch's stubs miss it
+            "127.0.0.1", port, place.per_item, is_master=False, timeout=wait
+        )
     dist.init_process_group(
-        backend=backend,
-        store=dist.HashStore(),  # type: ignore[attr-defined]  # public; torch's stubs miss it
-        rank=0,
-        world_size=1,
-        timeout=timedelta(seconds=timeout),
+        backend=backend, store=store, rank=place.rank, world_size=place.per_item, timeout=wait
     )
     return True
 

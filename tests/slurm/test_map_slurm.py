@@ -2,7 +2,8 @@
 on the 6 slots, each item in its own world (RANK 0 of WORLD_SIZE 1, its own MASTER_PORT), bound
 to one GPU that no item overlapping it in time on its node saw, every slot used, the values in
 the items' order; an item that raises once is retried on another slot, and one whose worker
-dies is recorded while the others run to the end."""
+dies is recorded while the others run to the end; items of 2 workers run in worlds of 2 with
+both GPUs of their node."""
 
 from __future__ import annotations
 
@@ -39,8 +40,19 @@ def flaky(k):
     time.sleep(0.1)
     return os.getpid()
 
+def pair(k):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    env = os.environ
+    return [env["SLURMD_NODENAME"], env["RANK"], env["WORLD_SIZE"], env["CUDA_VISIBLE_DEVICES"],
+            int(t.item())]
+
 with slurmrun.Launcher(backend="gloo", timeout=60) as launcher:
     print("MAP " + json.dumps(launcher.map(item, range(12))), flush=True)
+    print("PAIRS " + json.dumps(launcher.map(pair, range(6), workers_per_item=2)), flush=True)
     try:
         launcher.map(flaky, range(10), retries=1)
     except slurmrun.MapFailedError as e:
@@ -62,9 +74,9 @@ def test_items_run_on_every_slot_each_in_its_own_world_and_gpu(
     lines = {
         x.split(" ", 1)[0]: json.loads(x.split(" ", 1)[1])
         for x in cp.stdout.splitlines()
-        if x.startswith(("MAP ", "FAILED "))
+        if x.startswith(("MAP ", "PAIRS ", "FAILED "))
     }
-    assert set(lines) == {"MAP", "FAILED"}, cp.stdout + cp.stderr
+    assert set(lines) == {"MAP", "PAIRS", "FAILED"}, cp.stdout + cp.stderr
     values = lines["MAP"]
     assert [v["k"] for v in values] == list(range(12))
     assert {(v["rank"], v["world"], v["local"]) for v in values} == {("0", "1", "0")}
@@ -79,6 +91,9 @@ def test_items_run_on_every_slot_each_in_its_own_world_and_gpu(
             overlap = a["k"] < b["k"] and a["start"] < b["end"] and b["start"] < a["end"]
             if overlap and a["node"] == b["node"]:
                 assert a["gpus"] != b["gpus"], f"items {a['k']} and {b['k']} shared a GPU"
+    pairs = lines["PAIRS"]  # slots of 2 workers: one a node, with both of its GPUs
+    assert [p[1:] for p in pairs] == [["0", "2", "0,1", 3]] * 6
+    assert {p[0] for p in pairs} <= {"node1", "node2", "node3"}
     failed, results = lines["FAILED"]
     assert failed == [5]
     assert results[5] == "WorkerFailedError"
