@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 import slurmrun
+from slurmrun import events
 from tests.test_warm import gone
 
 OPTIONS = {"workers_per_host": 3, "backend": "gloo", "timeout": 60}
@@ -219,3 +220,17 @@ def test_items_of_two_workers_run_in_worlds_of_two_and_a_rank_failure_restarts_t
     values = [v for i, v in enumerate(info.value.results) if i != 1]
     assert [v[:4] for v in values] == [(i, "0", "2", 6) for i in (0, 2, 3, 4, 5)]
     assert len({v[4] for v in values}) >= 2, "both slots ran items"
+
+
+def test_each_item_says_when_it_started_finished_failed_and_was_retried() -> None:
+    seen: list[events.Event] = []
+    with pytest.raises(slurmrun.MapFailedError):
+        slurmrun.Launcher(**OPTIONS, on_event=seen.append).map(fail_on_2, range(4), retries=1)
+    kinds = [e.kind for e in seen]
+    assert kinds[0] == "launch_started" and kinds[-1] == "launch_finished"
+    started = [e for e in seen if isinstance(e, events.ItemStarted)]
+    assert sorted((e.index, e.attempt) for e in started) == [(0, 1), (1, 1), (2, 1), (2, 2), (3, 1)]
+    assert sorted(e.index for e in seen if isinstance(e, events.ItemFinished)) == [0, 1, 3]
+    failed = [(e.index, e.error, e.retried) for e in seen if isinstance(e, events.ItemFailed)]
+    assert failed == [(2, "ValueError", True), (2, "ValueError", False)]
+    assert all(e.host == "localhost" for e in started)

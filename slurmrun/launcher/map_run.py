@@ -12,11 +12,13 @@ ends as any run.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrun import protocol
 from slurmrun.errors import ItemTimeoutError
+from slurmrun.events import Event, ItemFailed, ItemFinished, ItemStarted
 from slurmrun.launcher.failures import WorkerPlace, worker_died, worker_error
 from slurmrun.launcher.map_book import MapBook, Slot, SlotKey
 from slurmrun.launcher.run import Run
@@ -125,6 +127,9 @@ class MapRun(Run):
             if index is not None:
                 slot.begin(index, now)
                 self._send(slot, index, self.items[index])
+                self._emit(
+                    ItemStarted(index=index, **self._at(slot), attempt=self.book.tries[index])
+                )
 
     def _send(
         self,
@@ -152,7 +157,6 @@ class MapRun(Run):
         if errors:
             self._fail_item(slot, errors[0])
             return
-        slot.item = None
         frame = slot.answers[0]
         slot.answers.clear()
         try:
@@ -163,14 +167,31 @@ class MapRun(Run):
                 f"{type(e).__name__}: {e}. Return types that the launcher's Python can import."
             )
             error.__cause__ = e
-            self.book.failed_on(index, slot.key, error)
+            self._fail_item(slot, error)
             return
+        slot.item = None
         self.book.succeeded(index, value)
+        seconds = time.monotonic() - slot.since
+        self._emit(ItemFinished(index=index, **self._at(slot), seconds=seconds))
 
     def _fail_item(self, slot: Slot, error: BaseException) -> None:
         index, slot.item = slot.item, None
-        if index is not None:
-            self.book.failed_on(index, slot.key, error)
+        if index is None:
+            return
+        retried = self.book.failed_on(index, slot.key, error)
+        message = str(error).splitlines()[0] if str(error) else ""
+        name = type(error).__name__
+        self._emit(
+            ItemFailed(index=index, **self._at(slot), error=name, message=message, retried=retried)
+        )
+
+    def _at(self, slot: Slot) -> dict[str, Any]:
+        """An item event's `host` and `local_rank`: the slot's."""
+        return {"host": self._shares[slot.key[0]].hostname, "local_rank": slot.key[1]}
+
+    def _emit(self, event: Event) -> None:
+        if self.watching.trace is not None:
+            self.watching.trace.emit(event)
 
     def _kill(self, slot: Slot) -> None:
         """Has the slot's live workers killed by their agent (`_slot_died` follows for each)."""

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from slurmrun.errors import MapFailedError, OptionsTypeError, OptionsValueError
-from slurmrun.events import Trace
+from slurmrun.events import LaunchStarted, Trace
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.map_run import MapRun
 from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
@@ -127,6 +127,9 @@ def run_map(cfg: Options, warm: Warm, plan: Plan, call: MapCall) -> list[Any]:
     if not call.items:
         return []
     trace = Trace(cfg.on_event)
+    counts = plan.workers_per_host
+    world_size = None if counts is None else sum(counts)
+    trace.emit(LaunchStarted(hosts=tuple(plan.hostnames), world_size=world_size))
     runs: list[MapRun] = []
 
     def make(pool: AgentPool, run_call: Call, output: Output, watching: Watching) -> MapRun:
