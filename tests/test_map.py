@@ -141,11 +141,16 @@ def test_an_item_past_its_timeout_is_killed_and_recorded() -> None:
     assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
 
 
-def test_a_warm_launcher_maps_again_on_the_same_agents() -> None:
+def test_a_warm_launcher_maps_and_runs_again_on_the_same_agents_after_a_failed_map() -> None:
     with slurmrun.Launcher(**OPTIONS) as launcher:
         assert launcher.map(abs, [-1, -2]) == [1, 2]
+        agents = {p.pid for p in psutil.Process().children()}
+        with pytest.raises(slurmrun.MapFailedError):
+            launcher.map(exit_on_1, range(3))
+        assert launcher.run(os.getpid).values() != []
         assert launcher.map(abs, [-3]) == [3]
         assert launcher.map(abs, []) == []
+        assert {p.pid for p in psutil.Process().children()} == agents
 
 
 @pytest.mark.parametrize(
