@@ -239,3 +239,24 @@ def test_each_item_says_when_it_started_finished_failed_and_was_retried() -> Non
     failed = [(e.index, e.error, e.retried) for e in seen if isinstance(e, events.ItemFailed)]
     assert failed == [(2, "ValueError", True), (2, "ValueError", False)]
     assert all(e.host == "localhost" for e in started)
+
+
+def keep(value: int) -> int:
+    slurmrun.worker_state()["value"] = value
+    return os.getpid()
+
+
+def kept() -> object:
+    return slurmrun.worker_state().get("value")
+
+
+def test_a_map_on_a_keep_workers_launcher_ends_the_kept_workers_and_the_next_run_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with slurmrun.Launcher(**OPTIONS, keep_workers=True) as launcher:
+        launcher.run(keep, (7,))
+        assert launcher.map(abs, [-1, -2, -3]) == [1, 2, 3]
+        assert launcher.run(kept).values() == [None, None, None]
+        assert launcher.run(kept).values() == [None, None, None]
+    assert caplog.text.count("has new workers on localhost") == 1, caplog.text
+    assert "came after run" in caplog.text

@@ -92,11 +92,6 @@ def check_map(
         raise OptionsValueError(
             f"item_timeout must be a positive number of seconds or None, got {item_timeout!r}"
         )
-    if cfg.keep_workers:
-        raise OptionsValueError(
-            "keep_workers=True: a map's slots keep their workers from item to item already; "
-            "use a launcher without keep_workers for maps"
-        )
     payload = check_call(cfg, SLOT_LOOP, (func, workers_per_item, cfg.backend, cfg.timeout), {})
     pickled = []
     for index, item in enumerate(items):

@@ -35,7 +35,7 @@ from slurmrun import protocol, variables
 from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff, client_handshake
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.node.health_check import healthy
-from slurmrun.node.kept import KeptWorkers, lost_after
+from slurmrun.node.kept import KeptWorkers, ended_by, lost_after
 from slurmrun.node.launcher_silence import wait_for_launcher
 from slurmrun.node.link import LauncherConnection, say
 from slurmrun.node.proctitle import node_name
@@ -270,6 +270,7 @@ class Agent:
             if start.keep and not why:
                 return kept.links, ""
             self._workers(kept.start, kept.links).finish()
+            self.lost = "" if start.keep else ended_by(start.run, kept.start.run)  # (a map's)
         return None, why if start.keep else ""
 
     def forward_signal(self, signum: int) -> None:
