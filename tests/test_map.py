@@ -16,6 +16,8 @@ import pytest
 
 import slurmrun
 from slurmrun import events
+from slurmrun.launcher.map_book import MapBook
+from slurmrun.launcher.map_progress import Progress, progress_line
 from tests.test_warm import gone
 
 OPTIONS = {"workers_per_host": 3, "backend": "gloo", "timeout": 60}
@@ -260,3 +262,29 @@ def test_a_map_on_a_keep_workers_launcher_ends_the_kept_workers_and_the_next_run
         assert launcher.run(kept).values() == [None, None, None]
     assert caplog.text.count("has new workers on localhost") == 1, caplog.text
     assert "came after run" in caplog.text
+
+
+def test_the_progress_line_counts_items_and_says_when_the_map_should_end() -> None:
+    book = MapBook(10, retries=0)
+    for _ in range(4):
+        book.next_for((0, 0), alone=True)
+    book.succeeded(0, "a")
+    book.failed_on(1, (0, 0), ValueError())
+    said: list[str] = []
+    progress = Progress(said.append, started=100.0)
+    progress.tick(book, 2, 104.0)
+    assert said == [], "not before EVERY seconds"
+    progress.tick(book, 2, 106.0)
+    assert said == [
+        "slurmrun: map of 10 items on 2 slots: 1 done, 2 running, 1 failed, 6 queued, 6.0 s, "
+        "about 24 s left"
+    ]
+    final = progress_line(book, 2, 7.0, final=True)
+    assert final == "slurmrun: map of 10 items on 2 slots: 1 done, 1 failed, 7.0 s"
+
+
+def test_a_map_off_a_terminal_says_only_its_last_line(capfd: pytest.CaptureFixture[str]) -> None:
+    slurmrun.Launcher(**OPTIONS).map(abs, range(3))
+    err = capfd.readouterr().err
+    assert "slurmrun: map of 3 items on 3 slots: 3 done, 0 failed" in err
+    assert "running" not in err

@@ -140,6 +140,11 @@ class MapBook:
         """Whether every item has its outcome."""
         return self._left == 0
 
+    @property
+    def left(self) -> int:
+        """How many items have no outcome yet."""
+        return self._left
+
     def _settle(self, index: int, outcome: Any) -> None:
         if self.outcomes[index] is _PENDING:
             self._left -= 1

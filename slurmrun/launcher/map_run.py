@@ -21,6 +21,7 @@ from slurmrun.errors import ItemTimeoutError
 from slurmrun.events import Event, ItemFailed, ItemFinished, ItemStarted
 from slurmrun.launcher.failures import WorkerPlace, worker_died, worker_error
 from slurmrun.launcher.map_book import MapBook, Slot, SlotKey
+from slurmrun.launcher.map_progress import Progress
 from slurmrun.launcher.run import Run
 from slurmrun.launcher.share import PoolAgent
 from slurmrun.map_messages import (
@@ -48,6 +49,7 @@ class MapRun(Run):
     per_item: int = 1
     retries: int = 0
     item_timeout: float | None = None
+    progress: Progress = field(default_factory=lambda: Progress(None))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -108,6 +110,7 @@ class MapRun(Run):
                 if slot.item is not None and now - slot.since > self.item_timeout:
                     self._time_out(slot, now)
             self._feed(now)
+        self.progress.tick(self.book, len(self.slots), now)
         super().on_tick(now)
 
     # ------------------------------------------------------------------ slots

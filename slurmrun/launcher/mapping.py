@@ -9,6 +9,9 @@ to the slots as they free up. The values come back in the items' order, or
 
 from __future__ import annotations
 
+import logging
+import sys
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -16,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 from slurmrun.errors import MapFailedError, OptionsTypeError, OptionsValueError
 from slurmrun.events import LaunchStarted, Trace
 from slurmrun.launcher.checks import check_call
+from slurmrun.launcher.map_progress import Progress, progress_line
 from slurmrun.launcher.map_run import MapRun
-from slurmrun.launcher.warm import Warm, run_attempt, sigterm_as_exit
+from slurmrun.launcher.warm import Warm, run_attempt, say, sigterm_as_exit
+from slurmrun.logs import log_level
 from slurmrun.map_messages import SLOT_LOOP
 from slurmrun.pickling import dumps_inband
 
@@ -141,9 +146,12 @@ def run_map(cfg: Options, warm: Warm, plan: Plan, call: MapCall) -> list[Any]:
                 per_item=call.workers_per_item,
                 retries=call.retries,
                 item_timeout=call.item_timeout,
+                progress=Progress(say if shown and sys.stderr.isatty() else None),
             )
         )
         return runs[-1]
+
+    shown = cfg.log_handlers is None and log_level() <= logging.INFO
 
     error: BaseException | None = None
     try:
@@ -154,8 +162,12 @@ def run_map(cfg: Options, warm: Warm, plan: Plan, call: MapCall) -> list[Any]:
         raise
     finally:
         trace.finish(error)
-    outcomes = runs[-1].outcomes()
-    failed = sorted(runs[-1].book.failed)
+    run = runs[-1]
+    if shown:
+        seconds = time.monotonic() - run.progress.started
+        say(progress_line(run.book, len(run.slots), seconds, final=True))
+    outcomes = run.outcomes()
+    failed = sorted(run.book.failed)
     if failed:
         raise MapFailedError(_failure_message(outcomes, failed), results=outcomes, failed=failed)
     return outcomes
