@@ -8,6 +8,7 @@ map's run. `slurmrun.launcher.map_run` moves them as the slots' messages come.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,10 +91,14 @@ class MapBook:
         count: how many items.
         retries: how many times a failed item is tried again (on another slot where one is
             alive), before its failure is its outcome.
+        on_settle: called with each item's index and outcome once it has one (`Launcher.imap`).
     """
 
-    def __init__(self, count: int, retries: int) -> None:
+    def __init__(
+        self, count: int, retries: int, on_settle: Callable[[int, Any], None] | None = None
+    ) -> None:
         self.retries = retries
+        self.on_settle = on_settle  # called with each item's index and outcome, once
         self.queue: deque[int] = deque(range(count))
         self.tries = [0] * count
         self.outcomes: list[Any] = [_PENDING] * count
@@ -146,6 +151,9 @@ class MapBook:
         return self._left
 
     def _settle(self, index: int, outcome: Any) -> None:
-        if self.outcomes[index] is _PENDING:
-            self._left -= 1
+        if self.outcomes[index] is not _PENDING:
+            return
+        self._left -= 1
         self.outcomes[index] = outcome
+        if self.on_settle is not None:
+            self.on_settle(index, outcome)

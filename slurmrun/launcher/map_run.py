@@ -12,7 +12,9 @@ ends as any run.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,10 +52,13 @@ class MapRun(Run):
     retries: int = 0
     item_timeout: float | None = None
     progress: Progress = field(default_factory=lambda: Progress(None))
+    on_settle: Callable[[int, Any], None] | None = None  # `MapBook.on_settle`
+    stop: threading.Event | None = None  # set by another thread: the run ends at once
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.book = MapBook(len(self.items), self.retries)
+        self.book = MapBook(len(self.items), self.retries, self.on_settle)
+        self.stopped = False  # `StopMap`: the run ends, whatever is left
         self.slots: dict[SlotKey, Slot] = {}
 
     def _hand_out(self) -> None:
@@ -104,7 +109,11 @@ class MapRun(Run):
         self._feed(now)
 
     def on_tick(self, now: float) -> None:
-        """Kills the workers of items past `item_timeout` (their items fail), then as `Run`."""
+        """Kills the workers of items past `item_timeout` (their items fail), then as `Run`.
+
+        A `stop` set ends the run (`Launcher.imap`'s consumer stopped).
+        """
+        self.stopped = self.stopped or (self.stop is not None and self.stop.is_set())
         if not self.ending and self.item_timeout is not None:
             for slot in self.slots.values():
                 if slot.item is not None and now - slot.since > self.item_timeout:
@@ -250,7 +259,7 @@ class MapRun(Run):
 
     # ------------------------------------------------------------------ the end
     def _finished(self) -> bool:
-        return self.book.finished and super()._finished()
+        return self.stopped or (self.book.finished and super()._finished())
 
     def _collect(self) -> LaunchResult[Any]:
         """Nothing: the slots return nothing (a retired slot's worker, not even that)."""

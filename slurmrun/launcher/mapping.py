@@ -9,10 +9,13 @@ to the slots as they free up. The values come back in the items' order, or
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +28,7 @@ from slurmrun.launcher.warm import Warm, run_attempt, say, sigterm_as_exit
 from slurmrun.logs import log_level
 from slurmrun.map_messages import SLOT_LOOP
 from slurmrun.pickling import dumps_inband
+from slurmrun.titles import run_title
 
 if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
@@ -32,7 +36,7 @@ if TYPE_CHECKING:
     from slurmrun.launcher.pool import AgentPool
     from slurmrun.launcher.run_setup import Call, Output, Watching
 
-__all__ = ["MapCall", "check_map", "run_map"]
+__all__ = ["MapCall", "check_map", "iter_map", "map_title", "run_map"]
 
 # A failure's message lists this many failed items; `MapFailedError.results` holds them all.
 LISTED = 5
@@ -57,11 +61,15 @@ class MapCall:
         self.item_timeout = item_timeout
 
 
-def check_map(
+def map_title(func: Callable[..., Any]) -> str:
+    """What a map runs, for its workers' log files and process names."""
+    return f"map of {run_title(func, (), {})}"
+
+
+def check_map(  # noqa: PLR0917 - `Launcher.map`'s arguments
     cfg: Options,
     func: Callable[[Any], Any],
     items: Iterable[Any],
-    *,
     workers_per_item: int,
     retries: int,
     item_timeout: float | None,
@@ -116,8 +124,18 @@ def check_map(
     )
 
 
-def run_map(cfg: Options, warm: Warm, plan: Plan, call: MapCall) -> list[Any]:
+def run_map(  # noqa: PLR0917 - private: `Launcher.map` and `imap` call it
+    cfg: Options,
+    warm: Warm,
+    plan: Plan,
+    call: MapCall,
+    on_settle: Callable[[int, Any], None] | None = None,
+    stop: threading.Event | None = None,
+) -> list[Any]:
     """Runs a checked map on the agents `warm` keeps (or new ones); its values in order.
+
+    `on_settle` is called (on the map's thread) with each item's index and outcome once it
+    has one, and `stop` set ends the map at once (`iter_map`).
 
     Raises:
         MapFailedError: items failed (every item has its outcome in ``results``).
@@ -147,6 +165,8 @@ def run_map(cfg: Options, warm: Warm, plan: Plan, call: MapCall) -> list[Any]:
                 retries=call.retries,
                 item_timeout=call.item_timeout,
                 progress=Progress(say if shown and sys.stderr.isatty() else None),
+                on_settle=on_settle,
+                stop=stop,
             )
         )
         return runs[-1]
@@ -163,6 +183,8 @@ def run_map(cfg: Options, warm: Warm, plan: Plan, call: MapCall) -> list[Any]:
     finally:
         trace.finish(error)
     run = runs[-1]
+    if run.stopped:
+        return run.outcomes()  # (nobody reads them: `iter_map`'s consumer stopped)
     if shown:
         seconds = time.monotonic() - run.progress.started
         say(progress_line(run.book, len(run.slots), seconds, final=True))
@@ -186,3 +208,53 @@ def _failure_message(outcomes: list[Any], failed: list[int]) -> str:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+_END = object()  # the map's thread is done
+# How long a stopped map's thread may take to end its run (its workers' grace and more).
+STOP_WAIT = 60.0
+
+MapOn = Callable[[Callable[[int, Any], None], threading.Event], object]
+
+
+def iter_map(run: MapOn) -> Iterator[tuple[int, Any]]:
+    """`Launcher.imap`: each value as it comes, from ``run(on_settle, stop)`` on a thread.
+
+    Stopping early (``break``, Ctrl-C, an exception in the loop's body) sets `stop`, which
+    ends the map's run (its workers are stopped as at the end of any run), and waits for it.
+
+    Raises:
+        MapFailedError, Exception: what the map raised, once every value was yielded.
+    """
+    settled: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            run(lambda *got: settled.put(got), stop)
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            settled.put(_END)
+
+    thread = threading.Thread(target=target, name="slurmrun-map", daemon=True)
+    thread.start()
+    try:
+        with sigterm_as_exit():
+            while (got := _next(settled)) is not _END:
+                index, outcome = got
+                if not isinstance(outcome, BaseException):
+                    yield index, outcome
+    finally:
+        stop.set()
+        thread.join(STOP_WAIT)
+    if errors:
+        raise errors[0]
+
+
+def _next(settled: queue.SimpleQueue[Any]) -> Any:
+    """The next thing the map's thread put, waiting in short steps (Ctrl-C gets through)."""
+    while True:
+        with contextlib.suppress(queue.Empty):
+            return settled.get(timeout=0.1)
