@@ -160,6 +160,7 @@ def test_a_warm_launcher_maps_and_runs_again_on_the_same_agents_after_a_failed_m
         ({"workers_per_item": 0}, slurmrun.OptionsValueError),
         ({"retries": -1}, slurmrun.OptionsValueError),
         ({"item_timeout": 0}, slurmrun.OptionsValueError),
+        ({"workers_per_item": 4}, slurmrun.OptionsValueError),  # hosts run 3
     ],
 )
 def test_bad_arguments_are_refused_before_anything_starts(
@@ -313,3 +314,10 @@ def test_leaving_imap_early_ends_the_map_and_its_workers() -> None:
         assert launcher.map(abs, [-1]) == [1], "the launcher takes the next map"
     assert time.monotonic() - start < 30
     assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+def test_workers_left_over_by_the_slots_run_no_item() -> None:
+    options = {**OPTIONS, "workers_per_host": 3}
+    values = slurmrun.Launcher(**options).map(reduce_ranks, [0, 2, 3], workers_per_item=2)
+    assert [v[:4] for v in values] == [(i, "0", "2", 6) for i in (0, 2, 3)]
+    assert len({v[4] for v in values}) == 1, "one slot of two; the third worker ran nothing"
