@@ -25,6 +25,9 @@ from slurmrun.node.worker import WorkerSpec, place_of
 __all__ = ["SlotWorkers"]
 
 _WAIT = 0.05  # how often a node whose workers all exited looks for a restart or the run's end
+# How long a message for a worker waits for the run's workers to be forked (they are: the
+# launcher sends one only after that worker said ITEM_READY).
+SPAWN_WAIT = 30.0
 
 
 @dataclass
@@ -43,8 +46,12 @@ class SlotWorkers(RunWorkers):
         super().spawn(func_payload, kept, fresh_why)
 
     def pass_on(self, message: ToWorker, body: bytes) -> None:
-        """Kills a worker (ITEM_CANCEL), restarts a dead one (SLOT_RESTART), or passes on."""
-        if not self.spawned.is_set() or not 0 <= message.local_rank < len(self.workers):
+        """Kills a worker (ITEM_CANCEL), restarts a dead one (SLOT_RESTART), or passes on.
+
+        A worker's first ITEM can come while the supervising thread still hands the call to
+        the others (this one asked for it already): it waits for that, not dropped.
+        """
+        if not self.spawned.wait(SPAWN_WAIT) or not 0 <= message.local_rank < len(self.workers):
             return
         if isinstance(message, ItemCancel):
             # Its item may hold the GIL in C code: the worker could not end itself.
