@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from slurmrun.errors import (
         AgentFailedError,
         HangError,
+        ItemTimeoutError,
+        MapFailedError,
         NodeUnhealthyError,
         OptionsError,
         OptionsTypeError,
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "AgentFailedError": "slurmrun.errors",
     "HangError": "slurmrun.errors",
+    "ItemTimeoutError": "slurmrun.errors",
+    "MapFailedError": "slurmrun.errors",
     "NodeUnhealthyError": "slurmrun.errors",
     "LaunchResult": "slurmrun.result",
     "OptionsError": "slurmrun.errors",
@@ -74,8 +78,10 @@ _EXPORTS = {
 __all__ = [
     "AgentFailedError",
     "HangError",
+    "ItemTimeoutError",
     "LaunchResult",
     "Launcher",
+    "MapFailedError",
     "NodeUnhealthyError",
     "OptionsError",
     "OptionsTypeError",

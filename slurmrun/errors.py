@@ -9,8 +9,10 @@ from typing import Any
 __all__ = [
     "AgentFailedError",
     "HangError",
+    "ItemTimeoutError",
     "JobFolderTamperedError",
     "JobKeyError",
+    "MapFailedError",
     "NodeUnhealthyError",
     "OptionsError",
     "OptionsTypeError",
@@ -161,6 +163,29 @@ class NodeUnhealthyError(AgentFailedError):
     An `AgentFailedError` of that node: with ``min_hosts`` or spares (``hosts``), the restart
     leaves it out, as a lost host. The message names the node, the command and its output.
     """
+
+
+class MapFailedError(RuntimeError):
+    """Items of a `Launcher.map` failed (raised, died, or ran past ``item_timeout``).
+
+    Raised once every item has its outcome: the others ran to the end.
+
+    Attributes:
+        results: every item's value, or for a failed item its last exception (a worker's
+            exception rebuilt, with the remote traceback as its ``__cause__``; a
+            `WorkerFailedError` for a worker that died; an `ItemTimeoutError`), in the
+            items' order.
+        failed: the indices of the failed items, in order.
+    """
+
+    def __init__(self, message: str, *, results: list[object], failed: list[int]) -> None:
+        super().__init__(message)
+        self.results = results
+        self.failed = failed
+
+
+class ItemTimeoutError(TimeoutError):
+    """An item of a `Launcher.map` ran longer than ``item_timeout``: its worker was killed."""
 
 
 class JobFolderTamperedError(RuntimeError):

@@ -39,6 +39,9 @@ __all__ = [
     "AgentConnected",
     "AgentFailed",
     "Event",
+    "ItemFailed",
+    "ItemFinished",
+    "ItemStarted",
     "JsonLinesWriter",
     "LaunchFinished",
     "LaunchStarted",
@@ -245,6 +248,64 @@ class Straggler(Event):
     hot_frames: tuple[str, ...]
     seconds: float
     report_file: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemStarted(Event):
+    """A map's item was given to a slot (`Launcher.map`).
+
+    Attributes:
+        index: the item's place in the items.
+        host: the slot's node.
+        local_rank: the local rank of the slot's first worker.
+        attempt: 1 for its first try, 2 for its first retry, ...
+    """
+
+    kind: ClassVar[str] = "item_started"
+    index: int
+    host: str
+    local_rank: int
+    attempt: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemFinished(Event):
+    """A map's item returned.
+
+    Attributes:
+        index: the item's place in the items.
+        host: the slot's node.
+        local_rank: the local rank of the slot's first worker.
+        seconds: from its start on that slot to its value's arrival.
+    """
+
+    kind: ClassVar[str] = "item_finished"
+    index: int
+    host: str
+    local_rank: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class ItemFailed(Event):
+    """A map's item raised, its worker died, or it ran past ``item_timeout``.
+
+    Attributes:
+        index: the item's place in the items.
+        host: the slot's node.
+        local_rank: the local rank of the slot's first worker.
+        error: the exception's type name.
+        message: its first line.
+        retried: it waits in the queue for another try (else it failed for good).
+    """
+
+    kind: ClassVar[str] = "item_failed"
+    index: int
+    host: str
+    local_rank: int
+    error: str
+    message: str
+    retried: bool
 
 
 @dataclass(frozen=True, kw_only=True)

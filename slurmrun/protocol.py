@@ -47,8 +47,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-# The machinery, re-exported: the contract is read from here.
-from slurmrun.messages import KINDS as KINDS
+from slurmrun import map_messages as map_messages  # a map's kinds (`Launcher.map`) in KINDS
+from slurmrun.messages import KINDS as KINDS  # the machinery, re-exported
 from slurmrun.messages import TEXT_LIMIT as TEXT_LIMIT
 from slurmrun.messages import Message as Message
 from slurmrun.messages import ProtocolError as ProtocolError

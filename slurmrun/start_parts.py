@@ -62,6 +62,9 @@ class RunStart(Surroundings):
     # A shell command each agent runs before it forks fresh workers (`Launcher.health_check`,
     # `slurmrun.node.health_check`); None: none.
     health_check: str | None = None
+    # A map's run (`Launcher.map`, `slurmrun.map_messages`): its workers are slots of this many;
+    # a worker's death ends its slot only, not the run. 0: an ordinary run.
+    workers_per_item: int = 0
 
     @functools.cached_property
     def shared_fields(self) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from slurmrun import protocol
+from slurmrun import map_messages, protocol
 
 
 def _run_part() -> protocol.RunStart:
@@ -113,6 +113,12 @@ def test_every_kind_round_trips_through_its_header() -> None:
         protocol.Join(session=2, node_rank=1),
         protocol.Join(session=2, node_rank=-1, stream=4),
         protocol.Bridge(channel=4),
+        map_messages.Item(run=3, local_rank=1, index=map_messages.NO_MORE),
+        map_messages.ItemCancel(run=3, local_rank=1),
+        map_messages.SlotRestart(run=3, local_rank=1),
+        map_messages.ItemReady(local_rank=1, run=3),
+        map_messages.ItemValue(index=7, local_rank=1, run=3),
+        map_messages.ItemRaised(index=7, exc_type="KeyError", message="m", traceback="t", run=3),
     ]
     assert {type(m) for m in messages} | {protocol.Start, protocol.Hello} == set(
         protocol.KINDS.values()

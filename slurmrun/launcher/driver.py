@@ -8,7 +8,8 @@ between runs once open (`warm`).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,8 +18,9 @@ from slurmrun.launcher.attempts import run_launch
 from slurmrun.launcher.boundary import hide_internal_frames
 from slurmrun.launcher.checks import check_call
 from slurmrun.launcher.dryrun import DryRun, describe_call, plan_dry_run
+from slurmrun.launcher.mapping import MapCall, check_map, iter_map, map_title, run_map
 from slurmrun.launcher.options import LaunchOptions, Options, option_names
-from slurmrun.launcher.plan import make_plan
+from slurmrun.launcher.plan import Plan, make_plan
 from slurmrun.launcher.warm import Warm
 from slurmrun.result import LaunchResult
 from slurmrun.titles import run_title
@@ -91,6 +93,95 @@ class Launcher(Options):
             if sys.version_info < (3, 11):
                 raise exc  # noqa: TRY201 - 3.10's bare raise would bring the whole traceback back
             raise
+
+    def map(
+        self,
+        func: Callable[[Any], T],
+        items: Iterable[Any],
+        *,
+        workers_per_item: int = 1,
+        retries: int = 0,
+        item_timeout: float | None = None,
+    ) -> list[T]:
+        """Calls ``func(item)`` once per item, on every slot of the allocation at once.
+
+        Each item runs in a world of its own: a slot of ``workers_per_item`` workers of one
+        node (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and ``MASTER_PORT`` of that world, the
+        launcher's backend over it alone), with only its own GPUs in ``CUDA_VISIBLE_DEVICES``
+        and its share of the node's cores (``OMP_NUM_THREADS``). Items wait in a queue for a
+        free slot; a slot's worker runs item after item. On a warm launcher (``with``), later
+        maps reuse the agents. docs/sweeps.md says more.
+
+        Args:
+            func: the function; its one argument is an item (shipped with cloudpickle).
+            items: the items (each pickled before anything starts).
+            workers_per_item: the workers of a slot, all on one node; an item's value is
+                its rank 0's, and its failure the first error of a rank (or a death).
+            retries: how many times a failed item (it raised, its worker died, it ran past
+                `item_timeout`) is tried again, on another slot where one is alive.
+            item_timeout: seconds an item may run; past them its slot's workers are killed
+                (and started again) and the item fails. None: no limit.
+
+        Returns:
+            Each item's return value, in the items' order.
+
+        Raises:
+            MapFailedError: items failed after their retries; the others ran to the end, and
+                its ``results`` holds every item's value or exception (remote traceback kept).
+            OptionsValueError, OptionsTypeError: bad options or arguments, before anything
+                starts.
+            AgentFailedError: an agent died, went silent, or never started.
+
+        Example:
+            >>> import slurmrun
+            >>> slurmrun.Launcher(workers_per_host=2).map(lambda x: x * x, range(4))
+            [0, 1, 4, 9]
+        """
+        try:
+            call = check_map(self, func, items, workers_per_item, retries, item_timeout)
+            return self._map(replace(make_plan(self), title=map_title(func)), call)
+        except BaseException as exc:
+            hide_internal_frames(exc)
+            if sys.version_info < (3, 11):
+                raise exc  # noqa: TRY201 - as in `run`
+            raise
+
+    def imap(
+        self,
+        func: Callable[[Any], T],
+        items: Iterable[Any],
+        *,
+        workers_per_item: int = 1,
+        retries: int = 0,
+        item_timeout: float | None = None,
+    ) -> Iterator[tuple[int, T]]:
+        """`map`, whose values come as they are ready: ``(index, value)`` pairs.
+
+        The arguments are `map`'s, checked before anything starts. The map runs on a thread
+        of its own while you read; leaving the loop early (``break``, Ctrl-C, an exception)
+        ends it, workers stopped. Failed items are not yielded: once every value was, a
+        `MapFailedError` holds every item's outcome, as `map` raises it.
+
+        Example:
+            >>> import slurmrun
+            >>> sorted(slurmrun.Launcher(workers_per_host=2).imap(abs, [-1, -2]))
+            [(0, 1), (1, 2)]
+        """
+        call = check_map(self, func, items, workers_per_item, retries, item_timeout)
+        plan = replace(make_plan(self), title=map_title(func))
+        return iter_map(lambda on_settle, stop: self._map(plan, call, on_settle, stop))
+
+    def _map(
+        self,
+        plan: Plan,
+        call: MapCall,
+        on_settle: Callable[[int, Any], None] | None = None,
+        stop: threading.Event | None = None,
+    ) -> list[Any]:
+        if self._warm is not None:
+            return run_map(self, self._warm, plan, call, on_settle, stop)
+        with self:  # a cold map is a warm launcher used once
+            return run_map(self, self._opened(), plan, call, on_settle, stop)
 
     def stacks(self, timeout: float = 10.0) -> StackReport | None:
         """Every rank's Python stacks (all threads) during a run, from another thread.

@@ -34,6 +34,7 @@ class Call:
         local_master: rank 0's store is reached at 127.0.0.1 (the agents are local).
         keep_workers: the workers of a successful run serve the next (`Launcher.keep_workers`).
         health_check: the command each node runs before its fresh workers start (None: none).
+        workers_per_item: a map's run, of slots of this many workers (`Launcher.map`); 0: not.
     """
 
     payload: bytes
@@ -45,6 +46,7 @@ class Call:
     local_master: bool = False
     keep_workers: bool = False
     health_check: str | None = None
+    workers_per_item: int = 0
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import shutil
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +42,10 @@ if TYPE_CHECKING:
     from slurmrun.launcher.options import Options
     from slurmrun.stacks.report import StackReport
 
-__all__ = ["Warm", "run_attempt", "sigterm_as_exit"]
+__all__ = ["MakeRun", "Warm", "run_attempt", "sigterm_as_exit"]
+
+# What makes one attempt's run of what it is given: `Run`, or a map's.
+MakeRun = Callable[[AgentPool, Call, Output, Watching], Run]
 
 log = logging.getLogger("slurmrun")
 
@@ -263,16 +266,25 @@ def explained(e: AgentFailedError, pool: AgentPool, plan: Plan) -> AgentFailedEr
     return plan.agents.explain(e, pool.starter, plan.hostnames, pool.log_dir)
 
 
-def run_attempt(  # noqa: PLR0917 - private, called once
-    cfg: Options, warm: Warm, plan: Plan, payload: bytes, attempt: int, trace: Trace
+def run_attempt(  # noqa: PLR0917 - private, called twice
+    cfg: Options,
+    warm: Warm,
+    plan: Plan,
+    payload: bytes,
+    attempt: int,
+    trace: Trace,
+    make: MakeRun = Run,
 ) -> LaunchResult[Any]:
-    """One attempt: a run on the kept agents (new ones if there are none, or they broke)."""
+    """One attempt: a run on the kept agents (new ones if there are none, or they broke).
+
+    `make` makes the run of what it is given (a map's: `slurmrun.launcher.mapping`).
+    """
     # once per run: what new agents start with, and what changed since
     env = user_env(cfg.default_env_vars, cfg.extra_env_vars)
     pool = warm.ready_pool(cfg, plan, env, trace)
     trace.mark("agents_connected")
     try:
-        return _run(cfg, plan, pool, payload, attempt, trace, warm.env_changes(env))
+        return _run(cfg, plan, pool, payload, attempt, trace, warm.env_changes(env), make)
     except AgentFailedError as e:
         raise explained(e, pool, plan) from e.__cause__
     finally:
@@ -288,6 +300,7 @@ def _run(  # noqa: PLR0917 - private, called once
     attempt: int,
     trace: Trace,
     env_changes: tuple[dict[str, str], list[str]],
+    make: MakeRun,
 ) -> LaunchResult[Any]:
     log_dir = pool.log_dir
     kept = log_dir.path if log_dir is not None and log_dir.keep else None
@@ -322,5 +335,4 @@ def _run(  # noqa: PLR0917 - private, called once
         show_ranks=cfg.show_ranks,
     )
     watching = Watching(trace, cfg.stall_timeout, cfg.stragglers, cfg.hang_timeout)
-    run = Run(pool, call, output, watching)
-    return run.run()
+    return make(pool, call, output, watching).run()

@@ -35,14 +35,15 @@ from slurmrun import protocol, variables
 from slurmrun.authentication import AuthenticationError, HandshakeBrokeOff, client_handshake
 from slurmrun.environment import FORWARDED_SIGNALS
 from slurmrun.node.health_check import healthy
-from slurmrun.node.kept import KeptWorkers, lost_after
+from slurmrun.node.kept import KeptWorkers, ended_by, lost_after
 from slurmrun.node.launcher_silence import wait_for_launcher
 from slurmrun.node.link import LauncherConnection, say
 from slurmrun.node.proctitle import node_name
 from slurmrun.node.relay import Relay, WorkerLink
+from slurmrun.node.slot_workers import SlotWorkers
 from slurmrun.node.spawner import Spawner, SpawnError
 from slurmrun.node.store_port import StorePort
-from slurmrun.node.supervisor import RunWorkers, no_stacks
+from slurmrun.node.supervisor import RunWorkers, ToWorker, no_stacks
 from slurmrun.protocol import HEARTBEATS_PER_TIMEOUT
 from slurmrun.slurm.job import agent_auto_workers
 from slurmrun.slurm.step import step_id
@@ -185,10 +186,10 @@ class Agent:
             self.runs.end(message.run, message.keep, message.after_sigterm)
         elif isinstance(message, protocol.AskStacks):
             self._stacks(message)
-        elif isinstance(message, protocol.DebugInput | protocol.DebugComplete):
+        elif isinstance(message, ToWorker):  # a debugger's line, a map's item
             current = self.current
             if current is not None and current.start.run == message.run:
-                current.debug_input(message, bytes(frame.body))
+                current.pass_on(message, bytes(frame.body))
 
     def _stacks(self, ask: protocol.AskStacks) -> None:
         """Answers ASK_STACKS on a thread of its own (it waits for the workers' answers)."""
@@ -247,7 +248,7 @@ class Agent:
     def _workers(self, start: protocol.Start, links: list[WorkerLink] | None = None) -> RunWorkers:
         if self.spawner is None:
             raise SpawnError("workers cannot start here (the agent's hello said why)")
-        return RunWorkers(
+        return (SlotWorkers if start.workers_per_item else RunWorkers)(  # a map's, or a run's
             start=start,
             spawner=self.spawner,
             hostname=self.hostname,
@@ -270,6 +271,7 @@ class Agent:
             if start.keep and not why:
                 return kept.links, ""
             self._workers(kept.start, kept.links).finish()
+            self.lost = "" if start.keep else ended_by(start.run, kept.start.run)  # (a map's)
         return None, why if start.keep else ""
 
     def forward_signal(self, signum: int) -> None:

@@ -3,7 +3,8 @@
 A worker's inbox thread (``slurmrun-inbox``) reads its control connection while the function
 runs: STOP (or the connection closing: the agent is gone) ends the worker at once, ASK_STACKS
 is answered with every thread's stack (`slurmrun.stacks.report.capture`), DEBUG_INPUT goes to the
-debugger (`slurmrun.node.debugger`), and FUNC (the next run, for a kept worker) waits in a
+debugger (`slurmrun.node.debugger`), a map's ITEM goes to its slot's loop
+(`slurmrun.node.slot`), and FUNC (the next run, for a kept worker) waits in a
 queue for the main thread (`next_call`).
 
 A worker whose threads cannot run (C code holding the GIL) cannot answer ASK_STACKS itself:
@@ -24,7 +25,8 @@ import threading
 from typing import TYPE_CHECKING
 
 from slurmrun import protocol
-from slurmrun.node import debugger
+from slurmrun.map_messages import Item
+from slurmrun.node import debugger, slot
 from slurmrun.stacks import stacks_signal
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ def next_call() -> Frame:
 
 def watch_agent(conn: Connection) -> None:
     """Starts the inbox thread of this worker (see the module's docstring)."""
+    slot.agent = conn  # a map's slot sends its items' values on it
     threading.Thread(target=_read, args=(conn,), name=INBOX_THREAD, daemon=True).start()
 
 
@@ -85,6 +88,8 @@ def _read(conn: Connection) -> None:
                     debugger.give_input(line, given.run)
                 case protocol.DebugComplete() as asked:
                     debugger.give_completion(asked)
+                case Item():
+                    slot.items.put(frame)  # a map's item, for its slot's loop
     except (OSError, EOFError, protocol.ProtocolError, queue.Full):
         pass
     os.kill(os.getpid(), signal.SIGKILL)

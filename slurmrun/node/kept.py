@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from slurmrun import protocol
 from slurmrun.node.relay import WorkerLink
 
-__all__ = ["FIXED", "KeptWorkers", "adopt", "is_stopped", "lost_after", "servable"]
+__all__ = ["FIXED", "KeptWorkers", "adopt", "ended_by", "is_stopped", "lost_after", "servable"]
 
 # What a worker took from its first run's START and keeps: a run that differs needs new ones.
 FIXED = (
@@ -87,6 +87,14 @@ def lost_after(run: int) -> str:
     return (
         f"run {run} did not end with every worker's result (it failed or was stopped, or a "
         "worker ended its process group), so its workers were ended"
+    )
+
+
+def ended_by(run: int, kept_run: int) -> str:
+    """Why a run has new workers: run `run`, which kept none (a map's), ended `kept_run`'s."""
+    return (
+        f"run {run} (a map, or a run without keep_workers) came after run {kept_run} and "
+        "ended the workers it had kept"
     )
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from slurmrun import protocol
 from slurmrun.errors import signal_name
 from slurmrun.logs import WorkerLog, run_header, worker_log_path
+from slurmrun.map_messages import Item, ItemCancel, SlotRestart
 from slurmrun.node.kept import adopt, servable
 from slurmrun.node.link import say
 from slurmrun.node.relay import Relay, WorkerLink
@@ -31,7 +32,14 @@ from slurmrun.node.worker import WorkerSpec, place_of
 from slurmrun.transport import Connection
 from slurmrun.waiting import wait_readable
 
-__all__ = ["RunWorkers", "exit_description", "no_stacks", "stop_workers"]
+__all__ = [
+    "RunWorkers",
+    "ToWorker",
+    "exit_description",
+    "no_stacks",
+    "signal_group",
+    "stop_workers",
+]
 
 # Once a worker exited: how long its result and last output may take to be forwarded.
 DRAIN_TIMEOUT = 2.0
@@ -41,6 +49,8 @@ READER_JOIN = 2.0
 # worker's death woke it; waited for this long, so that the death is told as SLURM's doing.
 STEP_SIGTERM_WAIT = 0.5
 _POLL = 0.05
+# What the launcher sends to one worker through its agent (`RunWorkers.pass_on`).
+ToWorker = protocol.DebugInput | protocol.DebugComplete | Item | ItemCancel | SlotRestart
 
 
 def exit_description(exitcode: int | None) -> tuple[str, str | None]:
@@ -60,7 +70,7 @@ def no_stacks(launcher: Connection, ask: protocol.AskStacks, why: str) -> None:
         launcher.send(answer.header())
 
 
-def _signal_group(process: WorkerProcess, signum: int) -> None:
+def signal_group(process: WorkerProcess, signum: int) -> None:
     """Signals a live worker's process group: the worker and what it started and did not move.
 
     The worker leads the group (the spawner gave it a session of its own, which it cannot
@@ -209,6 +219,7 @@ class RunWorkers:
         failed = done = False
         keep = self.start.keep
         while not ended() and not failed:
+            self._between()
             live = [w for w in self.workers if not w.judged]
             if all(keep and w.stays for w in live):
                 with contextlib.suppress(OSError):  # the launcher is gone: nobody waits
@@ -216,10 +227,17 @@ class RunWorkers:
                 done = True
                 break
             for worker in self._exited(live):
-                if self._judge(worker):
+                if self._judge(worker) and self._ends_run(worker):
                     failed = True
         if not done:
             self.stop(lag())
+
+    def _between(self) -> None:
+        """What a kind of run does on each turn of `supervise` (a map's: `node.slot_workers`)."""
+
+    def _ends_run(self, worker: WorkerLink) -> bool:
+        """Whether `worker`'s death (reported) ends the run: it does, but in a map's run."""
+        return True
 
     def _exited(self, live: list[WorkerLink]) -> list[WorkerLink]:
         """Those of `live` that exited, waiting up to `_POLL` for one to, or for a final frame."""
@@ -271,13 +289,15 @@ class RunWorkers:
 
         answer_stacks(self.workers, self.launcher, ask)
 
-    def debug_input(
-        self, message: protocol.DebugInput | protocol.DebugComplete, line: bytes
-    ) -> None:
-        """Passes a line the user typed (or Tab's question) to worker `message.local_rank`."""
+    def pass_on(self, message: ToWorker, body: bytes) -> None:
+        """Passes a message of the launcher on to worker `message.local_rank`.
+
+        A line the user typed (or Tab's question) for its debugger, a map's item (a map's
+        other orders: `slurmrun.node.slot_workers`).
+        """
         if self.spawned.is_set() and 0 <= message.local_rank < len(self.workers):
             with contextlib.suppress(OSError):  # it exited: the launcher hears of that
-                self.workers[message.local_rank].conn.send(message.header(), line)
+                self.workers[message.local_rank].conn.send(message.header(), body)
 
     def forward_signal(self, signum: int) -> None:
         """Passes a signal from SLURM (e.g. ``--signal=USR1@60``) on to every live worker."""
@@ -347,7 +367,7 @@ def stop_workers(
     ending = slurm_ending.is_set() or (bool(alive) and lag > 0 and slurm_ending.wait(lag))
     if not ending:
         for process in alive:
-            _signal_group(process, signal.SIGTERM)
+            signal_group(process, signal.SIGTERM)
     start = time.monotonic()
     for process in alive:
         while process.is_alive():
@@ -359,7 +379,7 @@ def stop_workers(
             process.join(timeout=min(left, _POLL))
     for process in alive:
         if process.is_alive():
-            _signal_group(process, signal.SIGKILL)
+            signal_group(process, signal.SIGKILL)
             process.join(timeout=5.0)
 
 

@@ -91,3 +91,16 @@ def debug_here(launcher: slurmrun.Launcher) -> None:
 
 # Events are built whole: a forgotten field is an error (the ignore would be unused otherwise).
 stalled = slurmrun.events.Stalled(seconds=1.0, summary="")  # type: ignore[call-arg]
+
+squares = slurmrun.Launcher(workers_per_host=2).map(double, [1, 2, 3], retries=1)
+assert_type(squares, list[int])
+for index, value in slurmrun.Launcher().imap(double, range(3), item_timeout=60):
+    assert_type(index, int)
+    assert_type(value, int)
+try:
+    pass
+except slurmrun.MapFailedError as e:
+    assert_type(e.results, list[object])
+    assert_type(e.failed, list[int])
+    timed_out = [r for r in e.results if isinstance(r, slurmrun.ItemTimeoutError)]
+    assert_type(timed_out, list[slurmrun.ItemTimeoutError])

@@ -1,0 +1,102 @@
+"""`Launcher.map` on the real 3-node SLURM test cluster with fake GPUs (2 per node): 12 items
+on the 6 slots, each item in its own world (RANK 0 of WORLD_SIZE 1, its own MASTER_PORT), bound
+to one GPU that no item overlapping it in time on its node saw, every slot used, the values in
+the items' order; an item that raises once is retried on another slot, and one whose worker
+dies is recorded while the others run to the end; items of 2 workers run in worlds of 2 with
+both GPUs of their node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import slurmrun
+
+REPO = str(Path(slurmrun.__file__).parents[1])
+
+SCRIPT = """
+import json, os, time
+import slurmrun
+
+MARKERS = {markers!r}
+
+def item(k):
+    start = time.time()
+    time.sleep(0.3)
+    env = os.environ
+    return dict(k=k, node=env["SLURMD_NODENAME"], pid=os.getpid(), rank=env["RANK"],
+                world=env["WORLD_SIZE"], local=env["LOCAL_RANK"], port=env["MASTER_PORT"],
+                gpus=env.get("CUDA_VISIBLE_DEVICES"), start=start, end=time.time())
+
+def flaky(k):
+    marker = os.path.join(MARKERS, str(k))
+    if k == 3 and not os.path.exists(marker):
+        open(marker, "w").write(str(os.getpid()))
+        raise ValueError("first try of item 3")
+    if k == 5:
+        os._exit(9)
+    time.sleep(0.1)
+    return os.getpid()
+
+def pair(k):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    env = os.environ
+    return [env["SLURMD_NODENAME"], env["RANK"], env["WORLD_SIZE"], env["CUDA_VISIBLE_DEVICES"],
+            int(t.item())]
+
+with slurmrun.Launcher(backend="gloo", timeout=60) as launcher:
+    print("MAP " + json.dumps(launcher.map(item, range(12))), flush=True)
+    print("PAIRS " + json.dumps(launcher.map(pair, range(6), workers_per_item=2)), flush=True)
+    try:
+        launcher.map(flaky, range(10), retries=1)
+    except slurmrun.MapFailedError as e:
+        print("FAILED " + json.dumps([e.failed, [r if isinstance(r, int) else type(r).__name__
+                                                  for r in e.results]]), flush=True)
+"""
+
+
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
+def test_items_run_on_every_slot_each_in_its_own_world_and_gpu(
+    run_in_allocation, tmp_path: Path
+) -> None:
+    markers = tmp_path / "markers"  # every node sees this machine's filesystem
+    markers.mkdir()
+    script = SCRIPT.replace("{markers!r}", repr(str(markers)))
+    cp = run_in_allocation(
+        ["-N3", "--gpus-per-node=2"], script, timeout=120, env={"PYTHONPATH": REPO}
+    )
+    lines = {
+        x.split(" ", 1)[0]: json.loads(x.split(" ", 1)[1])
+        for x in cp.stdout.splitlines()
+        if x.startswith(("MAP ", "PAIRS ", "FAILED "))
+    }
+    assert set(lines) == {"MAP", "PAIRS", "FAILED"}, cp.stdout + cp.stderr
+    values = lines["MAP"]
+    assert [v["k"] for v in values] == list(range(12))
+    assert {(v["rank"], v["world"], v["local"]) for v in values} == {("0", "1", "0")}
+    slots = {(v["node"], v["pid"]) for v in values}
+    assert len(slots) == 6, "every slot of the allocation ran items"
+    assert {n for n, _ in slots} == {"node1", "node2", "node3"}
+    ports = {v["pid"]: v["port"] for v in values}
+    assert len(set(ports.values())) == 6 or len({(v["node"], v["port"]) for v in values}) == 6
+    assert all(v["gpus"] in ("0", "1") for v in values), "one GPU per item"
+    for a in values:
+        for b in values:
+            overlap = a["k"] < b["k"] and a["start"] < b["end"] and b["start"] < a["end"]
+            if overlap and a["node"] == b["node"]:
+                assert a["gpus"] != b["gpus"], f"items {a['k']} and {b['k']} shared a GPU"
+    pairs = lines["PAIRS"]  # slots of 2 workers: one a node, with both of its GPUs
+    assert [p[1:] for p in pairs] == [["0", "2", "0,1", 3]] * 6
+    assert {p[0] for p in pairs} <= {"node1", "node2", "node3"}
+    failed, results = lines["FAILED"]
+    assert failed == [5]
+    assert results[5] == "WorkerFailedError"
+    retried_on = int(Path(markers, "3").read_text())
+    assert isinstance(results[3], int) and results[3] != retried_on, "retried on another slot"
+    assert all(isinstance(r, int) for i, r in enumerate(results) if i != 5)
