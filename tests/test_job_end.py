@@ -109,11 +109,11 @@ def test_stopping_a_worker_signals_it_once():
     arrived in between (a loaded machine). So for a stray that leads a group. A realtime
     signal, blocked, is never merged: every send is counted."""
     from slurmrun.node.spawner import WorkerProcess, _signal_stray
-    from slurmrun.node.supervisor import _signal_group
+    from slurmrun.node.supervisor import signal_group
 
     reaped_r, reaped_w = os.pipe()  # the spawner's status pipe: never written while it lives
     try:
-        sent = _counted(lambda pid, s: _signal_group(WorkerProcess(pid, reaped_r), s))
+        sent = _counted(lambda pid, s: signal_group(WorkerProcess(pid, reaped_r), s))
     finally:
         os.close(reaped_w)
         os.close(reaped_r)

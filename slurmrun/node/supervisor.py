@@ -139,7 +139,7 @@ class RunWorkers:
             self.workers = kept
             for worker in kept:
                 adopt(worker, start, self._wake_up)
-                self._open_log(worker)
+                open_log(worker, self.start, self.hostname, self._header)
         else:
             self._fork_all()
         func = protocol.Func(run=start.run).header()
@@ -183,29 +183,12 @@ class RunWorkers:
         worker = WorkerLink(spec.place.local_rank, process, Connection(pairs[0][0]), pairs[3][0])
         worker.run = self.start.run
         worker.outputs = [mine for mine, _ in pairs[1:3]]
-        self._open_log(worker)
+        open_log(worker, self.start, self.hostname, self._header)
         forward = self.start.forward_ranks
         worker.forward = forward is None or worker.local_rank in forward
         worker.wake = self._wake_up
         self.relay.start(worker)
         return worker
-
-    def _open_log(self, worker: WorkerLink) -> None:
-        """Begins the run's part of `worker`'s log file, which exists from now on.
-
-        A kept worker whose run logs elsewhere (a later launcher's folder: a reservation's
-        next script) writes there from now on.
-        """
-        start = self.start
-        if start.log_dir is None:
-            return
-        name = start.log_name or self.hostname
-        path = worker_log_path(start.log_dir, name, worker.local_rank)
-        if worker.log is None or worker.log.path != path:
-            if worker.log is not None:
-                worker.log.close()
-            worker.log = WorkerLog(start.log_dir, name, worker.local_rank, start.log_level)
-        worker.log.begin(self._header)
 
     # ------------------------------------------------------------------ watch
     def supervise(self, ended: Callable[[], bool], lag: Callable[[], float]) -> None:
@@ -350,6 +333,23 @@ class RunWorkers:
         self._wake_r.close()
         self._wake_w.close()
         return kept
+
+
+def open_log(worker: WorkerLink, start: protocol.Start, hostname: str, header: bytes) -> None:
+    """Begins the run's part of `worker`'s log file (`header`), which exists from now on.
+
+    A kept worker whose run logs elsewhere (a later launcher's folder: a reservation's next
+    script) writes there from now on.
+    """
+    if start.log_dir is None:
+        return
+    name = start.log_name or hostname
+    path = worker_log_path(start.log_dir, name, worker.local_rank)
+    if worker.log is None or worker.log.path != path:
+        if worker.log is not None:
+            worker.log.close()
+        worker.log = WorkerLog(start.log_dir, name, worker.local_rank, start.log_level)
+    worker.log.begin(header)
 
 
 def stop_workers(
