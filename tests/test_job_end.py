@@ -42,6 +42,18 @@ except BaseException as e:
 """
 
 
+def _worker_and_agent(
+    tmp_path: Path, driver: subprocess.Popen[str]
+) -> tuple[psutil.Process, psutil.Process]:
+    """The worker that wrote its pid to ``ready`` (waited for), and its agent."""
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "ready").exists() or not (tmp_path / "ready").read_text():
+        assert time.monotonic() < deadline and driver.poll() is None, "no worker started"
+        time.sleep(0.05)
+    worker = psutil.Process(int((tmp_path / "ready").read_text()))
+    return worker, worker.parent().parent()  # worker <- spawner <- agent
+
+
 @pytest.mark.parametrize("slurm_signals", [True, False], ids=["slurm-too", "launcher-only"])
 def test_a_sigtermed_launcher_in_a_step_leaves_its_workers_one_sigterm(tmp_path, slurm_signals):
     (tmp_path / "driver.py").write_text(DRIVER)
@@ -50,12 +62,7 @@ def test_a_sigtermed_launcher_in_a_step_leaves_its_workers_one_sigterm(tmp_path,
         del env[name]
     driver = subprocess.Popen([sys.executable, "driver.py"], cwd=tmp_path, env=env)
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "ready").exists() or not (tmp_path / "ready").read_text():
-            assert time.monotonic() < deadline and driver.poll() is None, "no worker started"
-            time.sleep(0.05)
-        worker = psutil.Process(int((tmp_path / "ready").read_text()))
-        agent = worker.parent().parent()  # worker <- spawner <- agent
+        worker, agent = _worker_and_agent(tmp_path, driver)
         driver.send_signal(signal.SIGTERM)
         if slurm_signals:  # SLURM's own SIGTERM to the step's processes, a moment later
             time.sleep(0.3)
@@ -150,12 +157,7 @@ def test_a_worker_sigtermed_a_moment_before_its_agent_is_told_as_slurm_ending_th
         [sys.executable, "driver.py"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
     )
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "ready").exists() or not (tmp_path / "ready").read_text():
-            assert time.monotonic() < deadline and driver.poll() is None, "no worker started"
-            time.sleep(0.05)
-        worker = psutil.Process(int((tmp_path / "ready").read_text()))
-        agent = worker.parent().parent()  # worker <- spawner <- agent
+        worker, agent = _worker_and_agent(tmp_path, driver)
         worker.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         with contextlib.suppress(psutil.NoSuchProcess):  # the old code had ended the run
