@@ -516,7 +516,7 @@ def test_a_requeued_run_outlives_slurms_sigterm_and_ends_with_the_script_around_
     assert "the next command ran" not in out
 
 
-GOLDEN = Path(__file__).parent / "golden" / "slurm"
+SLURM_GOLDEN = Path(__file__).parent / "golden" / "slurm"
 FAKE_SCONTROL = """#!/bin/sh
 case "$1 $2" in
   "show job") cat {folder}/job.txt ;;
@@ -540,9 +540,9 @@ def test_a_preempted_run_ends_its_batch_script_where_slurm_requeues_it_then(
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     now = time.strftime("%Y-%m-%dT%H:%M:%S")  # SLURM prints local time
-    job = (GOLDEN / version / "job_cpu.txt").read_text()
+    job = (SLURM_GOLDEN / version / "job_cpu.txt").read_text()
     (tmp_path / "job.txt").write_text(job.replace("PreemptTime=None", f"PreemptTime={now}"))
-    fake = FAKE_SCONTROL.format(folder=tmp_path, golden=GOLDEN / version)
+    fake = FAKE_SCONTROL.format(folder=tmp_path, golden=SLURM_GOLDEN / version)
     for name, text in (
         ("scontrol", fake),
         ("scancel", f'#!/bin/sh\necho "scancel $*" >> {tmp_path}/asked\n'),
