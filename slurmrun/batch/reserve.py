@@ -8,13 +8,10 @@ was attached for `idle_timeout` seconds.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
-import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from slurmrun.batch.folder import base_folder, check_folder
 from slurmrun.batch.job_resources import job_resources
 from slurmrun.launcher.agents.starters import package_pythonpath
+from slurmrun.launcher.closing import interrupts_held
 from slurmrun.private import private_umask
 from slurmrun.reservations import ReservationRecord
 from slurmrun.slurm.cluster import check_slurm
@@ -30,7 +28,6 @@ from slurmrun.slurm.pending import job_wait
 from slurmrun.slurm.queue import FINAL_STATES, query_states
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from types import TracebackType
 
     from typing_extensions import Self, Unpack  # typing's from Python 3.11
@@ -120,7 +117,7 @@ def reserve(
     job_id = ""
     try:
         # A Ctrl-C in the middle would lose a job that was submitted: it is raised after.
-        with private_umask(), interrupts_deferred():
+        with private_umask(), interrupts_held():
             base.mkdir(mode=0o700, parents=True, exist_ok=True)
             check_folder(base)
             done = subprocess.run(
@@ -138,26 +135,9 @@ def reserve(
     return Reservation(job_id, base)
 
 
-@contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """A Ctrl-C (SIGINT) in the block is raised at its end, not in the middle.
-
-    Only in the main thread (where Python raises it); elsewhere a no-op. Children started in
-    the block should start a session of their own, so that a terminal's Ctrl-C misses them.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
-
 def _scancel(job_id: str) -> subprocess.CompletedProcess[str]:
     """``scancel job_id``, whole even when a Ctrl-C comes meanwhile (it is raised after)."""
-    with interrupts_deferred():
+    with interrupts_held():
         return subprocess.run(
             ["scancel", job_id], capture_output=True, text=True, timeout=30, check=False,
             start_new_session=True,
