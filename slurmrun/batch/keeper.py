@@ -90,14 +90,18 @@ class Keeper:
     channels: int = 0
     record: ReservationRecord | None = None  # rewritten when a launcher comes or goes
 
-    def _note(self, attached: str) -> None:
-        """Says in the record who is attached (`slurmrun jobs` shows it), until the end."""
+    def _rewrite(self, change: Callable[[ReservationRecord], ReservationRecord]) -> None:
+        """Rewrites the record (`slurmrun jobs` reads it) as `change` makes it, until the end."""
         with self.lock:  # never after `end`: the record may be removed then
             if self.record is not None and not self.done.is_set():
-                idle = 0.0 if attached else time.time()
-                self.record = replace(self.record, attached=attached, idle_since=idle)
+                self.record = change(self.record)
                 with contextlib.suppress(OSError):
                     self.record.write()
+
+    def _note(self, attached: str) -> None:
+        """Says in the record who is attached (`slurmrun jobs` shows it)."""
+        idle = 0.0 if attached else time.time()
+        self._rewrite(lambda record: replace(record, attached=attached, idle_since=idle))
 
     def lose(self, link: AgentLink, why: str) -> None:
         """Agent `link` is gone: the reservation goes on with the others, and ends with the last.
@@ -116,11 +120,7 @@ class Keeper:
             self.end(why)
             return
         say(f"{why}; going on with {', '.join(live)}")
-        with self.lock:
-            if self.record is not None and not self.done.is_set():
-                self.record = replace(self.record, lost={**self.record.lost, link.hostname: why})
-                with contextlib.suppress(OSError):
-                    self.record.write()
+        self._rewrite(lambda record: replace(record, lost={**record.lost, link.hostname: why}))
 
     def end(self, why: str) -> None:
         """The reservation ends (the first reason is kept); no launcher attaches from now on."""
