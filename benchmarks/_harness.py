@@ -210,3 +210,22 @@ def ratio(a: float | None, b: float | None) -> float | None:
 def mem_available_bytes() -> int:
     """Memory the kernel says is available now."""
     return int(psutil.virtual_memory().available)
+
+
+def render(headers: list[str], rows: list[list[str]]) -> str:
+    """A markdown table."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def record(path: str, entry: dict[str, Any]) -> None:
+    """Puts `entry` into the `recorded` list of a results file, replacing one of its title.
+
+    Written as benchmarks/results/latest.json is kept: indent 2, a newline at the end.
+    """
+    with open(path) as f:
+        data = json.load(f)
+    kept = [e for e in data.get("recorded", []) if e.get("title") != entry["title"]]
+    data["recorded"] = [*kept, entry]
+    with open(path, "w") as f:
+        f.write(json.dumps(data, indent=2) + "\n")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import MARK, emit
+from _harness import MARK, emit, record, render
 
 TITLE = "Reserve once, iterate (issue 48): the targets, beside salloc and a launcher inside it"
 HEARTBEAT = 5.0  # the reservation's heartbeat_timeout
@@ -240,21 +240,6 @@ def report(base: dict[str, Any], res: dict[str, Any]) -> tuple[list[list[str]], 
                res["idle_gone_s"], IDLE + 15, ms(res["idle_gone_s"]), " s"),
     ]  # fmt: skip
     return rows, targets
-
-
-def render(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def record(path: str, entry: dict[str, Any]) -> None:
-    """Puts `entry` into the results file's `recorded` list, replacing one of its title."""
-    with open(path) as f:
-        data = json.load(f)
-    kept = [e for e in data.get("recorded", []) if e.get("title") != entry["title"]]
-    data["recorded"] = [*kept, entry]
-    with open(path, "w") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
 
 
 def main() -> None:

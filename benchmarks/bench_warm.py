@@ -46,7 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _harness import REPO, Run, emit, run_measured
+from _harness import REPO, Run, emit, record, render, run_measured
 
 TOOLS = ("monarch", "slurmrun", "slurmrun-kept")
 CASES = ("trivial", "trivial-gloo", "transformers", "torch", "state")
@@ -292,22 +292,6 @@ def row(case: str, tool: str, run: Run | str) -> list[str]:
         fmt(statistics.median(later)),
         fmt(p90(later)),
     ]
-
-
-def render(headers: list[str], rows: list[list[str]]) -> str:
-    """A markdown table."""
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def record(path: str, entry: dict[str, Any]) -> None:
-    """Puts `entry` into the `recorded` list of a results file, replacing one of its title."""
-    with open(path) as f:
-        data = json.load(f)
-    kept = [e for e in data.get("recorded", []) if e.get("title") != entry["title"]]
-    data["recorded"] = [*kept, entry]
-    with open(path, "w") as f:
-        json.dump(data, f, indent=1)
 
 
 def versions(python: str, packages: Sequence[str]) -> dict[str, str]:
