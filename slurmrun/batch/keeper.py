@@ -9,6 +9,10 @@ the reserving user only), and the keeper carries frames between them and the age
 (`slurmrun.batch.keeper_links`). A launcher that goes (its connection ends, or falls silent
 for the heartbeat timeout) ends its session: its run ends on every node. With no launcher
 attached for `idle_timeout` seconds the keeper ends the job, and says so in the job's log.
+
+Outside a job (no ``SLURM_JOB_ID``), ``--job-id NAME`` names the record, and the agents start
+as a launch's would there (localhost): kept workers across launchers on a machine without
+SLURM, as the GPU suite runs them.
 """
 
 from __future__ import annotations
@@ -400,15 +404,23 @@ def _attach_address(first: str) -> str:
     return address_toward(first)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """The keeper: starts the agents, serves launchers, ends the job when idle."""
+def _arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m slurmrun.batch.keeper")
     parser.add_argument("--folder", required=True)
     parser.add_argument("--idle-timeout", type=float, required=True)
     parser.add_argument("--heartbeat-timeout", type=float, default=15.0)
     parser.add_argument("--connect-timeout", type=float, default=300.0)
+    parser.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID"))
     args = parser.parse_args(argv)
-    job_id = os.environ["SLURM_JOB_ID"]
+    if not args.job_id:
+        parser.error("--job-id is needed outside a SLURM job (SLURM_JOB_ID is not set)")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The keeper: starts the agents, serves launchers, ends the job when idle."""
+    args = _arguments(argv)
+    job_id: str = args.job_id
     job_dir = Path(args.folder) / job_id
     os.environ[LOG_DIR_VAR] = str(job_dir / "logs")
     cfg = Options(heartbeat_timeout=args.heartbeat_timeout, timeout=args.connect_timeout)
