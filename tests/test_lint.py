@@ -52,7 +52,10 @@ def _imported_modules(path: Path) -> set[str]:
     return {name for name in names if name.startswith("slurmrun")}
 
 
-@pytest.mark.parametrize(("side", "other"), [("launcher", "node"), ("node", "launcher")])
+@pytest.mark.parametrize(
+    ("side", "other"),
+    [("launcher", "node"), ("node", "launcher"), ("batch", "node"), ("cli", "node")],
+)
 def test_one_side_of_a_launch_imports_nothing_of_the_other(side: str, other: str) -> None:
     """They meet only on the ground floor (protocol, transport, ...): the wire is the contract."""
     crossing = {

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.node.launcher_silence import STOPPED_WAIT, host_answers
+from slurmrun.peer_acks import STOPPED_WAIT, host_answers
 from slurmrun.transport import Connection, Frame
 from slurmrun.waiting import wait_readable
 

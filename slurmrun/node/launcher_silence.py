@@ -13,19 +13,13 @@ stopped gets its run back when it goes on.
 from __future__ import annotations
 
 import socket
-import struct
 import time
 
 from slurmrun.node.link import say
+from slurmrun.peer_acks import STOPPED_WAIT, host_answers
 from slurmrun.waiting import wait_readable
 
 __all__ = ["STOPPED_WAIT", "wait_for_launcher"]
-
-# How long a stopped launcher (its host answers, it sends nothing) keeps its agents.
-STOPPED_WAIT = 3600.0
-# struct tcp_info (linux/tcp.h): tcpi_last_ack_recv, ms since the peer last acknowledged.
-_TCP_INFO_SIZE = 104
-_LAST_ACK_RECV = 56
 
 
 def wait_for_launcher(sock: socket.socket, silence: float, hostname: str) -> None:
@@ -54,21 +48,3 @@ def wait_for_launcher(sock: socket.socket, silence: float, hostname: str) -> Non
             say(hostname, f"the launcher goes on after {time.monotonic() - since:.0f} s")
             return
     raise BlockingIOError(f"the launcher sent nothing for {silence:g} s")
-
-
-def host_answers(sock: socket.socket, within: float) -> bool:
-    """Whether the peer's host acknowledged what was sent on `sock` in the last `within` s.
-
-    False where the kernel does not say (no TCP_INFO: not Linux).
-    """
-    option = getattr(socket, "TCP_INFO", None)
-    if option is None:
-        return False
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, option, _TCP_INFO_SIZE)
-    except OSError:
-        return False
-    if len(info) < _LAST_ACK_RECV + 4:
-        return False
-    (last_ack_ms,) = struct.unpack_from("I", info, _LAST_ACK_RECV)
-    return bool(last_ack_ms < within * 1000)
