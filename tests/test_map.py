@@ -321,3 +321,66 @@ def test_workers_left_over_by_the_slots_run_no_item() -> None:
     values = slurmrun.Launcher(**options).map(reduce_ranks, [0, 2, 3], workers_per_item=2)
     assert [v[:4] for v in values] == [(i, "0", "2", 6) for i in (0, 2, 3)]
     assert len({v[4] for v in values}) == 1, "one slot of two; the third worker ran nothing"
+
+
+def kill_my_agent(item: tuple[int, str, bool]) -> int:
+    """Item 0 kills its node's agent (once, or `every` time it runs); the others nap.
+
+    Returns its agent's pid; each agent killed leaves a file named by its pid.
+    """
+    index, folder, every = item
+    agent = next(p for p in psutil.Process().parents() if p.name() == "slurmrun-agent")
+    if index == 0 and (every or not list(Path(folder).glob("*.killed"))):
+        Path(folder, f"{agent.pid}.killed").write_text("")
+        os.kill(agent.pid, signal.SIGKILL)
+        time.sleep(30)
+    time.sleep(0.3)
+    return agent.pid
+
+
+LOSING = {"backend": None, "timeout": 60, "workers_per_host": 2, "max_restarts": 1}
+
+
+def test_a_lost_nodes_items_run_on_the_others_without_using_their_retries(tmp_path: Path) -> None:
+    hosts = ["localhost", "localhost"]
+    items = [(i, str(tmp_path), False) for i in range(8)]
+    start = time.monotonic()
+    launcher = slurmrun.Launcher(**LOSING, hostnames=hosts, min_hosts=1)  # type: ignore[arg-type]
+    values = launcher.map(kill_my_agent, items)  # retries=0: the node's loss is not the item's
+    assert time.monotonic() - start < 30
+    (killed,) = [int(p.name.split(".")[0]) for p in tmp_path.glob("*.killed")]
+    assert values[0] != killed, "item 0 ran again on the other node"
+    assert len(values) == 8 and all(isinstance(v, int) for v in values)
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+def test_below_min_hosts_a_lost_node_fails_the_map_and_the_results_keep_what_finished(
+    tmp_path: Path,
+) -> None:
+    hosts = ["localhost", "localhost"]
+    items = [(i, str(tmp_path), False) for i in range(1, 4)] + [(0, str(tmp_path), False)]
+    options = {**LOSING, "workers_per_host": 1}  # two slots: items 1 and 2 first, then 3 and 0
+    launcher = slurmrun.Launcher(**options, hostnames=hosts, min_hosts=2)  # type: ignore[arg-type]
+    with pytest.raises(slurmrun.MapFailedError, match=r"lost node.*min_hosts=2") as info:
+        launcher.map(kill_my_agent, items)
+    results = info.value.results
+    assert [type(r) for r in results[:2]] == [int, int], "what finished before the loss is kept"
+    assert info.value.failed == [2, 3], results
+    assert all(isinstance(r, slurmrun.AgentFailedError) for r in results[2:]), results
+    assert isinstance(info.value.__cause__, slurmrun.AgentFailedError)
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+def test_an_item_that_kills_every_node_it_runs_on_fails_after_its_second_node(
+    tmp_path: Path,
+) -> None:
+    hosts = ["localhost"] * 3
+    items = [(0, str(tmp_path), True)] + [(i, str(tmp_path), False) for i in range(1, 6)]
+    options = {**LOSING, "workers_per_host": 1}
+    launcher = slurmrun.Launcher(**options, hostnames=hosts, min_hosts=1)  # type: ignore[arg-type]
+    with pytest.raises(slurmrun.MapFailedError) as info:
+        launcher.map(kill_my_agent, items)
+    assert info.value.failed == [0]
+    assert isinstance(info.value.results[0], slurmrun.AgentFailedError)
+    assert len(list(tmp_path.glob("*.killed"))) == 2, "a free try elsewhere, then retries=0"
+    assert all(isinstance(r, int) for r in info.value.results[1:]), "the others ran to the end"

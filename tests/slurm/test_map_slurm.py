@@ -3,16 +3,23 @@ on the 6 slots, each item in its own world (RANK 0 of WORLD_SIZE 1, its own MAST
 to one GPU that no item overlapping it in time on its node saw, every slot used, the values in
 the items' order; an item that raises once is retried on another slot, and one whose worker
 dies is recorded while the others run to the end; items of 2 workers run in worlds of 2 with
-both GPUs of their node."""
+both GPUs of their node. A node lost mid-map (node2's slurmd and every process on it killed):
+its items run on node1 and node3, and the map ends with every value (`min_hosts=2`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import slurmrun
+from tests.slurm.test_elastic_slurm import _batch_job, _result
+from tests.slurm.test_faults_slurm import (  # the fixture checks node2 is back after each test
+    LOST_NODE,
+    lost_node_restorer,  # noqa: F401
+)
 
 REPO = str(Path(slurmrun.__file__).parents[1])
 
@@ -100,3 +107,63 @@ def test_items_run_on_every_slot_each_in_its_own_world_and_gpu(
     retried_on = int(Path(markers, "3").read_text())
     assert isinstance(results[3], int) and results[3] != retried_on, "retried on another slot"
     assert all(isinstance(r, int) for i, r in enumerate(results) if i != 5)
+
+
+LOST_SCRIPT = r"""
+import contextlib, json, os, signal, subprocess, time
+import slurmrun
+
+LOST = @LOST@
+
+
+def item(k):
+    start = time.time()
+    time.sleep(0.5)
+    return [k, os.environ["SLURMD_NODENAME"], start, time.time()]
+
+
+def lose(node):  # node1 (the batch host) kills node2's slurmd and every process of its netns
+    for _ in range(100):
+        pids = subprocess.run(
+            ["ip", "netns", "pids", f"{os.environ['SLURMRUN_TEST_NETNS_PREFIX']}{node}"],
+            capture_output=True, text=True, check=False,
+        ).stdout.split()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.05)
+
+
+out = {"values": {}}
+options = dict(workers_per_host=2, backend=None, timeout=60, heartbeat_timeout=5,
+               min_hosts=2, max_restarts=1)
+try:
+    for index, value in slurmrun.Launcher(**options).imap(item, range(24)):
+        out["values"][index] = value
+        if value[1] == LOST and "lost_at" not in out:
+            lose(LOST)
+            out["lost_at"] = time.time()
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.usefixtures("lost_node_restorer")
+def test_a_lost_nodes_items_run_on_the_other_nodes_and_the_map_ends_whole(
+    run_cmd: Any, slurm_cluster: Any, tmp_path: Path
+) -> None:
+    output = _batch_job(
+        run_cmd, slurm_cluster, tmp_path, LOST_SCRIPT.replace("@LOST@", repr(LOST_NODE))
+    )
+    out = _result(output)
+    assert "error" not in out, output[-3000:]
+    values = out["values"]
+    assert sorted(int(i) for i in values) == list(range(24)), output[-3000:]
+    lost_at = out["lost_at"]
+    after = [v for v in values.values() if v[2] > lost_at]
+    assert after, "items ran after the loss"
+    assert {v[1] for v in after} <= {"node1", "node3"}, after
+    assert f"the map lost node {LOST_NODE}" in output, output[-3000:]
