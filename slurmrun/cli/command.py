@@ -198,7 +198,7 @@ def parse_launcher(
     Raises:
         UsageError: an option is unknown, a flag has a value, or a value is missing or bad.
     """
-    own = ["--help", "--version", "--dry-run"] if prog == "slurmrun" else ["--help"]
+    own = ["--help", "--version", "--dry-run", "--map"] if prog == "slurmrun" else ["--help"]
     try:
         values = parse_values(args, own)
     except BadOption as e:

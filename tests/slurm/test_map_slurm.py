@@ -167,3 +167,32 @@ def test_a_lost_nodes_items_run_on_the_other_nodes_and_the_map_ends_whole(
     assert after, "items ran after the loss"
     assert {v[1] for v in after} <= {"node1", "node3"}, after
     assert f"the map lost node {LOST_NODE}" in output, output[-3000:]
+
+
+CLI_SCRIPT = """
+import os, subprocess, sys
+
+with open("args.txt", "w") as f:
+    f.write("".join(f"--n {n}\\n" for n in range(12)))
+with open("train.py", "w") as f:
+    f.write(
+        "import os, sys, time\\n"
+        "time.sleep(0.5)\\n"
+        "n = sys.argv[sys.argv.index('--n') + 1]\\n"
+        "with open(f'run{n}.txt', 'w') as f:\\n"
+        "    f.write(os.environ['SLURMD_NODENAME'] + ' ' + os.environ['CUDA_VISIBLE_DEVICES'])\\n"
+    )
+sys.exit(subprocess.call([sys.executable, "-m", "slurmrun", "--map", "args.txt", "train.py"]))
+"""
+
+
+def test_the_command_runs_a_script_once_per_line_on_every_gpu(
+    run_in_allocation, tmp_path: Path
+) -> None:
+    cp = run_in_allocation(
+        ["-N3", "--gpus-per-node=2"], CLI_SCRIPT, timeout=120, env={"PYTHONPATH": REPO}
+    )
+    runs = [(tmp_path / f"run{n}.txt").read_text().split() for n in range(12)]
+    assert {node for node, _ in runs} == {"node1", "node2", "node3"}, runs
+    assert {gpus for _, gpus in runs} == {"0", "1"}, "one GPU a run"
+    assert "slurmrun: 12 items, 12 done, 0 failed:" in cp.stderr, cp.stderr
