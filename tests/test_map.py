@@ -384,3 +384,33 @@ def test_an_item_that_kills_every_node_it_runs_on_fails_after_its_second_node(
     assert isinstance(info.value.results[0], slurmrun.AgentFailedError)
     assert len(list(tmp_path.glob("*.killed"))) == 2, "a free try elsewhere, then retries=0"
     assert all(isinstance(r, int) for r in info.value.results[1:]), "the others ran to the end"
+
+
+def noisy(item: int) -> int:
+    """Writes bytes of its own to stdout (a line left open, a byte that is no UTF-8) and stderr."""
+    time.sleep(0.2)  # every slot gets items
+    sys.stdout.write(f"out {item}\nopen")
+    sys.stdout.flush()
+    os.write(1, b"\xff")
+    os.write(2, f"err {item}\n".encode())
+    print(f" end {item}", flush=True)
+    return item
+
+
+def test_each_items_output_is_in_a_file_of_its_own_and_the_terminal_shows_the_ranks_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    slurmrun.Launcher(**OPTIONS, show_ranks="all").map(noisy, range(6))
+    (launch_dir,) = tmp_path.glob("20*")
+    for item in range(6):
+        written = (launch_dir / "items" / f"{item}.log").read_bytes()
+        err = f"err {item}\n".encode()
+        assert err in written, written
+        out = f"out {item}\nopen\xff end {item}\n".encode("latin-1")
+        assert written.replace(err, b"", 1) == out, "byte for byte"
+    shown = capfd.readouterr().err
+    assert all(f"err {item}" in shown for item in range(6)), "--ranks all: every slot's lines"
+    slurmrun.Launcher(**OPTIONS).map(noisy, range(6))
+    shown = capfd.readouterr().err
+    assert 0 < sum(f"err {item}" in shown for item in range(6)) < 6, "rank 0's slot's alone"
