@@ -414,3 +414,18 @@ def test_each_items_output_is_in_a_file_of_its_own_and_the_terminal_shows_the_ra
     slurmrun.Launcher(**OPTIONS).map(noisy, range(6))
     shown = capfd.readouterr().err
     assert 0 < sum(f"err {item}" in shown for item in range(6)) < 6, "rank 0's slot's alone"
+
+
+def threads(item: int) -> tuple[str, int]:
+    import torch
+
+    return os.environ["OMP_NUM_THREADS"], torch.get_num_threads()
+
+
+def test_a_users_omp_num_threads_is_kept_in_every_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert slurmrun.Launcher(**OPTIONS).map(threads, range(3)) == [("3", 3)] * 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cores = len(os.sched_getaffinity(0))
+    share = cores // 3 if cores >= 3 else cores  # the slot's share of the cores (all if fewer)
+    assert slurmrun.Launcher(**OPTIONS).map(threads, range(3)) == [(str(share), share)] * 3
