@@ -20,6 +20,7 @@ from tests.slurm.test_faults_slurm import (  # the fixture checks node2 is back 
     LOST_NODE,
     lost_node_restorer,  # noqa: F401
 )
+from tests.slurm.test_reserve_slurm import _reserve, config  # noqa: F401 - a fixture
 
 REPO = str(Path(slurmrun.__file__).parents[1])
 
@@ -196,3 +197,60 @@ def test_the_command_runs_a_script_once_per_line_on_every_gpu(
     assert {node for node, _ in runs} == {"node1", "node2", "node3"}, runs
     assert {gpus for _, gpus in runs} == {"0", "1"}, "one GPU a run"
     assert "slurmrun: 12 items, 12 done, 0 failed:" in cp.stderr, cp.stderr
+
+
+def on_a_gpu(k: int) -> list[object]:
+    import os
+    import time
+
+    time.sleep(0.3)
+    print(f"item {k}")
+    env = os.environ
+    return [k, env["SLURMD_NODENAME"], env["WORLD_SIZE"], env["CUDA_VISIBLE_DEVICES"]]
+
+
+@pytest.mark.usefixtures("config")
+def test_a_warm_launcher_maps_on_a_reservations_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_processes: Any
+) -> None:
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path / "logs"))
+    reservation = _reserve(tmp_path, nodes=2, gpus_per_node=2, time_min=3, idle_timeout=120)
+    with reservation:
+        reservation.wait(60)
+        with slurmrun.Launcher(job=reservation.job_id, timeout=60, backend=None) as launcher:
+            values = launcher.map(on_a_gpu, range(8))
+            again = launcher.map(on_a_gpu, range(4))  # on the same agents
+    assert [v[0] for v in values] == list(range(8))
+    assert {(v[1], v[3]) for v in values} == {(n, g) for n in ("node1", "node2") for g in "01"}
+    assert {v[2] for v in values} == {"1"}
+    assert [v[0] for v in again] == list(range(4))
+    (first,) = (tmp_path / "logs").glob("20*")
+    assert (first / "items" / "7.log").read_text() == "item 7\n"
+    assert node_processes() == {}
+
+
+def sweep(count: int) -> list[Any]:
+    """A submitted job's function that maps (it runs once: on the job's first node)."""
+    return slurmrun.Launcher(backend=None, timeout=60).map(on_a_gpu, range(count))
+
+
+def test_a_submitted_jobs_function_maps_on_every_gpu_of_the_job(tmp_path: Path) -> None:
+    once = slurmrun.Launcher(hosts=1, max_restarts=1, workers_per_host=1, backend=None)
+    job = slurmrun.submit(
+        sweep,
+        (12,),
+        launcher=once,
+        nodes=3,
+        gpus_per_node=2,
+        folder=tmp_path / "%j",
+        time_min=3,
+        slurm_parameters={"job_name": "slurmrun-test"},
+    )
+    try:
+        (values,) = job.result(timeout=120, poll=0.5).values()
+    except TimeoutError:
+        job.cancel()
+        pytest.fail(f"{job.job_id} did not finish within 120 s:\n{job.logs(0)}")
+    assert [v[0] for v in values] == list(range(12))
+    gpus = {(v[1], v[3]) for v in values}
+    assert gpus == {(n, g) for n in ("node1", "node2", "node3") for g in "01"}, values
