@@ -15,6 +15,7 @@ lost, its ``results`` holding what finished.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 
 from slurmrun.errors import AgentFailedError, ReservationRequeuedError, VersionMismatchError
 from slurmrun.launcher.map_book import Slot
@@ -47,10 +48,11 @@ def retire(slots: list[Slot], workers: int, answered: set[int]) -> int:
     return len(waited)
 
 
+@dataclass(frozen=True)
 class LostNode:
     """A node lost during a map, and whether the map goes on without it.
 
-    Args:
+    Attributes:
         label: the node's label (its host, with its place if the host is named twice).
         error: its agent's failure.
         left: the map's nodes not lost.
@@ -58,14 +60,11 @@ class LostNode:
         min_hosts: `Launcher.min_hosts`.
     """
 
-    def __init__(
-        self, label: str, error: AgentFailedError, left: int, nodes: int, min_hosts: int | None
-    ) -> None:
-        self.label = label
-        self.error = error
-        self.left = left
-        self.nodes = nodes
-        self.min_hosts = min_hosts
+    label: str
+    error: AgentFailedError
+    left: int
+    nodes: int
+    min_hosts: int | None
 
     @property
     def fatal(self) -> bool:
