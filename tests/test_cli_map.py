@@ -74,3 +74,42 @@ def test_a_bad_args_file_is_refused_before_anything_starts(
     assert f"slurmrun: error: {message}" in out.stderr
     assert not list(tmp_path.glob("run*.json")), "nothing ran"
     assert not (tmp_path / "logs").exists(), "nothing started"
+
+
+FLAKY = """
+import os, sys
+n = sys.argv[-1]
+if not os.path.exists(f"tried{n}"):
+    open(f"tried{n}", "w").close()
+    sys.exit(5)
+open(f"run{n}.json", "w").write("{}")
+"""
+
+
+def test_map_options_give_the_maps_retries(tmp_path: Path) -> None:
+    _write(tmp_path / "flaky.py", FLAKY)
+    (tmp_path / "args.txt").write_text("0\n1\n")
+    args = ["--map", "args.txt", "--retries", "1", "--item-timeout", "60", "--workers-per-item"]
+    out = _slurmrun([*args, "1", "--workers-per-host", "2", "flaky.py"], tmp_path)
+    assert out.returncode == 0, out.stderr  # each failed once, then ran again
+    assert sorted(p.name for p in tmp_path.glob("run*.json")) == ["run0.json", "run1.json"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--retries", "1"], "--retries goes with --map ARGS_FILE"),
+        (["--map", "args.txt", "--retries", "x"], "--retries: 'x' is not a whole number"),
+        (["--map", "args.txt", "--item-timeout", "0"], "--item-timeout: give a number of seconds"),
+        (["--map", "args.txt", "--map", "args.txt"], "--map is given twice"),
+    ],
+)
+def test_bad_map_options_are_refused_before_anything_starts(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    _write(tmp_path / "train.py", SCRIPT)
+    (tmp_path / "args.txt").write_text("--n 0\n")
+    out = _slurmrun([*args, "train.py"], tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert f"slurmrun: error: {message}" in out.stderr
+    assert not (tmp_path / "logs").exists(), "nothing started"

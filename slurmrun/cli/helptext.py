@@ -60,6 +60,12 @@ OWN_OPTIONS = [
         "end a table of each run's slot, time and exit status. Exit status: the first "
         "failed run's (docs/sweeps.md)",
     ),
+    ("--workers-per-item N", "with --map: the workers of each run, all on one node (default 1)"),
+    ("--retries N", "with --map: how many times a failed run is tried again (default 0)"),
+    (
+        "--item-timeout SECONDS",
+        "with --map: a run that takes longer is killed, and fails with status 124",
+    ),
 ]
 HELP_COLUMN = 24  # where an option's help starts when its name is short enough
 MAX_WIDTH = 100

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.cli.command import UsageError, check_target, parse_launcher, split_command
 from slurmrun.cli.helptext import help_text, usage_text
-from slurmrun.cli.map_command import ArgsLine, map_file, read_args_file, run_map_command
+from slurmrun.cli.map_command import MAP_OPTIONS, Sweep, read_sweep, run_map_command
 from slurmrun.cli.script import ScriptExit, run_script
 from slurmrun.errors import OptionsError, RemoteTraceback, WorkerFailedError
 from slurmrun.variables import PRELOAD_VAR
@@ -46,7 +46,7 @@ def main(argv: list[str]) -> int:
         N; 130 on Ctrl-C; 2 for bad options (``slurmrun: error: ...``, as argparse).
     """
     try:
-        cmd = split_command(argv, own={"--map": True})
+        cmd = split_command(argv, own=MAP_OPTIONS)
     except UsageError as e:
         return usage_error(str(e))
     # Only before the script: `slurmrun train.py --help` gives --help to the script.
@@ -57,11 +57,10 @@ def main(argv: list[str]) -> int:
     try:
         launcher = parse_launcher(cmd.launcher_args, words=cmd.words)
         check_target(cmd)
-        path = map_file(cmd.own_args)
-        lines = None if path is None else read_args_file(path)
+        sweep = read_sweep(cmd.own_args)
     except UsageError as e:
         return usage_error(str(e))
-    return run_command(launcher, cmd, lines)
+    return run_command(launcher, cmd, sweep)
 
 
 def usage_error(message: str) -> int:
@@ -70,26 +69,26 @@ def usage_error(message: str) -> int:
     return 2
 
 
-def run_command(launcher: Launcher, cmd: Command, lines: list[ArgsLine] | None = None) -> int:
+def run_command(launcher: Launcher, cmd: Command, sweep: Sweep | None = None) -> int:
     """Runs (or, for ``--dry-run``, shows) the script on every worker; returns the exit status.
 
-    With `lines` (``--map``'s), the script runs once per line instead, packed on the slots
-    (`slurmrun.cli.map_command`).
+    With a `sweep` (``--map``'s), the script runs once per line of its file instead, packed
+    on the slots (`slurmrun.cli.map_command`).
     """
     target = cmd.target if cmd.module else os.path.abspath(cmd.target)
     func_args = (target, cmd.script_args)
     func_kwargs = {"module": cmd.module}
     if cmd.dry_run:
-        return _dry_run(launcher, func_args, func_kwargs, lines)
+        return _dry_run(launcher, func_args, func_kwargs, sweep)
     # Workers need torch (the script imports it) even without a pre-initialised group: the
     # spawner imports it once per node, before forking them.
     os.environ.setdefault(PRELOAD_VAR, "torch")
     try:
         status = 0
-        if lines is None:
+        if sweep is None:
             launcher.run(run_script, func_args, func_kwargs)
         else:
-            status = run_map_command(launcher, cmd, target, lines)
+            status = run_map_command(launcher, cmd, target, sweep)
     except OptionsError as e:  # checked before anything starts
         return usage_error(str(e))
     except KeyboardInterrupt:
@@ -110,7 +109,7 @@ def _dry_run(
     launcher: Launcher,
     func_args: tuple[Any, ...],
     func_kwargs: dict[str, Any],
-    lines: list[ArgsLine] | None,
+    sweep: Sweep | None,
 ) -> int:
     """Prints the plan, or (status 1) the one-line error that `run` would raise before starting."""
     try:
@@ -124,8 +123,8 @@ def _dry_run(
         what = f"{shlex.join(['-m', target, *args])} (module mode: as python -m would"
     else:
         what = f"{shlex.join([target, *args])} (script mode: as python would"
-    if lines is not None:
-        what += f", once per line of --map's file: {len(lines)} items, packed on the slots"
+    if sweep is not None:
+        what += f", once per line of --map's file: {len(sweep.lines)} items, packed on the slots"
     print(dataclasses.replace(plan, workers_run=f"{what}, sys.argv set)"))
     return 0
 

@@ -1,5 +1,7 @@
 """``slurmrun --map ARGS_FILE [OPTIONS] SCRIPT [ARGS...]``: the script once per line of a file.
 
+``--workers-per-item``, ``--retries`` and ``--item-timeout`` are `Launcher.map`'s options.
+
 Each line of ARGS_FILE is split as a shell would (`shlex`, ``#`` starts a comment; blank and
 comment-only lines are skipped) and its words are appended to the script's arguments: each
 line is one item of a `slurmrun.Launcher.map`, run by `slurmrun.cli.script.run_item` in a
@@ -28,7 +30,15 @@ if TYPE_CHECKING:
     from slurmrun.cli.command import Command
     from slurmrun.launcher.driver import Launcher
 
-__all__ = ["ArgsLine", "item_status", "map_file", "read_args_file", "run_map_command"]
+__all__ = [
+    "MAP_OPTIONS",
+    "ArgsLine",
+    "Sweep",
+    "item_status",
+    "read_args_file",
+    "read_sweep",
+    "run_map_command",
+]
 
 # The status of an item past its timeout, as timeout(1) exits.
 TIMEOUT_STATUS = 124
@@ -44,18 +54,71 @@ class ArgsLine:
     words: list[str]
 
 
-def map_file(own_args: list[str]) -> str | None:
-    """``--map``'s file among the command's own options (`Command.own_args`); None: no map.
+# The command's own options of a map (each takes a value), for `split_command`.
+MAP_OPTIONS = {"--map": True, "--workers-per-item": True, "--retries": True, "--item-timeout": True}
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """``--map``'s runs: the lines of its file, and the map's options (`Launcher.map`'s)."""
+
+    lines: list[ArgsLine]
+    workers_per_item: int = 1
+    retries: int = 0
+    item_timeout: float | None = None
+
+
+def read_sweep(own_args: list[str]) -> Sweep | None:
+    """``--map``'s file read and its options checked (`Command.own_args`); None: no map.
 
     Raises:
-        UsageError: ``--map`` without a file, or given twice.
+        UsageError: an option given twice or without a value, a bad number, a map's option
+            without ``--map``, or a bad file (`read_args_file`).
     """
-    given = [arg for arg in own_args if arg.split("=", 1)[0] == "--map"]
-    if len(given) > 1:
-        raise UsageError("--map is given twice: name one ARGS_FILE")
-    if given and "=" not in given[0]:
-        raise UsageError("--map needs a value: ARGS_FILE, one line of arguments per run")
-    return given[0].split("=", 1)[1] if given else None
+    given: dict[str, str] = {}
+    for arg in own_args:
+        name, has_value, value = arg.partition("=")
+        if name not in MAP_OPTIONS:
+            continue
+        if name in given:
+            raise UsageError(f"{name} is given twice: give it once")
+        if not has_value:
+            raise UsageError(f"{name} needs a value")
+        given[name] = value
+    if "--map" not in given:
+        if given:
+            raise UsageError(
+                f"{next(iter(given))} goes with --map ARGS_FILE: it is an option of a map's "
+                "runs (one per line of ARGS_FILE)"
+            )
+        return None
+    return Sweep(
+        read_args_file(given["--map"]),
+        workers_per_item=_whole(given, "--workers-per-item", 1, least=1),
+        retries=_whole(given, "--retries", 0, least=0),
+        item_timeout=_seconds(given.get("--item-timeout")),
+    )
+
+
+def _whole(given: dict[str, str], name: str, default: int, *, least: int) -> int:
+    text = given.get(name)
+    if text is None:
+        return default
+    if not text.strip().isdigit() or int(text) < least:
+        raise UsageError(f"{name}: {text!r} is not a whole number of at least {least}")
+    return int(text)
+
+
+def _seconds(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise UsageError(f"--item-timeout: give a number of seconds above 0, not {text!r}")
+    return seconds
 
 
 def read_args_file(path: str) -> list[ArgsLine]:
@@ -128,17 +191,24 @@ def item_status(outcome: object) -> int:
     return 1
 
 
-def run_map_command(launcher: Launcher, cmd: Command, target: str, lines: list[ArgsLine]) -> int:
+def run_map_command(launcher: Launcher, cmd: Command, target: str, sweep: Sweep) -> int:
     """Runs the script once per line (`Launcher.map`); returns the command's status.
 
     Raises:
         Exception: what the map raises when it fails as a whole (`MapFailedError` aside).
     """
+    lines = sweep.lines
     rows = _Rows(len(lines))
     own_group = launcher.backend is None  # the script makes its own: ended after each item
     func = functools.partial(run_item, target, cmd.script_args, cmd.module, own_group)
     try:
-        dataclasses.replace(launcher, on_event=rows).map(func, [x.words for x in lines])
+        dataclasses.replace(launcher, on_event=rows).map(
+            func,
+            [x.words for x in lines],
+            workers_per_item=sweep.workers_per_item,
+            retries=sweep.retries,
+            item_timeout=sweep.item_timeout,
+        )
         outcomes: list[object] = [None] * len(lines)
     except MapFailedError as e:
         outcomes = e.results
