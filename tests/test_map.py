@@ -429,3 +429,26 @@ def test_a_users_omp_num_threads_is_kept_in_every_slot(monkeypatch: pytest.Monke
     cores = len(os.sched_getaffinity(0))
     share = cores // 3 if cores >= 3 else cores  # the slot's share of the cores (all if fewer)
     assert slurmrun.Launcher(**OPTIONS).map(threads, range(3)) == [(str(share), share)] * 3
+
+
+def stop_my_agent_once(item: tuple[int, str]) -> int:
+    """Item 0 stops its node's agent (SIGSTOP: silent, as a hung node) the first time."""
+    index, folder = item
+    agent = next(p for p in psutil.Process().parents() if p.name() == "slurmrun-agent")
+    if index == 0 and not list(Path(folder).glob("*.stopped")):
+        Path(folder, f"{agent.pid}.stopped").write_text("")
+        agent.suspend()
+        time.sleep(30)
+    time.sleep(0.3)
+    return agent.pid
+
+
+def test_a_silent_nodes_items_run_on_the_others(tmp_path: Path) -> None:
+    options = {**LOSING, "workers_per_host": 1, "heartbeat_timeout": 2.0}
+    launcher = slurmrun.Launcher(**options, hostnames=["localhost"] * 2, min_hosts=1)  # type: ignore[arg-type]
+    start = time.monotonic()
+    values = launcher.map(stop_my_agent_once, [(i, str(tmp_path)) for i in range(4)])
+    assert time.monotonic() - start < 20
+    (stopped,) = [int(p.name.split(".")[0]) for p in tmp_path.glob("*.stopped")]
+    assert values[0] != stopped, "item 0 ran again on the node that answers"
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
