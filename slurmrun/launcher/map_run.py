@@ -12,7 +12,6 @@ ends as any run. A node lost during the map retires its slots (`slurmrun.launche
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -265,8 +264,6 @@ class MapRun(Run):
             return True  # its connection's end, after its silence: the same loss
         share = self._shares[rank]
         share.agent.closed = True  # nothing more is waited for or judged of it
-        with contextlib.suppress(OSError):
-            share.agent.conn.close()
         left = len(self._shares) - len(self.lost) - 1
         loss = LostNode(self.labels[rank], error, left, len(self._shares), self.min_hosts)
         self.lost[rank] = loss
