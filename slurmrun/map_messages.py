@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from slurmrun.messages import Message, clip
 
 __all__ = [
+    "ITEMS_FOLDER",
     "NO_MORE",
     "SLOT_LOOP",
     "WORLD",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 NO_MORE = -1  # an ITEM's index when the map has no more items for the slot
+ITEMS_FOLDER = "items"  # in the run's log folder: each item's output, <index>.log
 WORLD = -2  # an ITEM's index that gives a slot's rank > 0 its world's port (`Item.port`)
 
 

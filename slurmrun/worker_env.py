@@ -17,6 +17,9 @@ code that reads them (Lightning's ``SLURMEnvironment``, submitit's ``JobEnvironm
   CPUs, which describes the agent's task, not a worker's);
 - no PMI variables (`REMOVED_PREFIXES`): srun's MPI plugin set them for the agent's task, and
   a worker that used them would join that world as the agent;
+- not the agents' way back to their launcher (`AGENTS_OWN`: ``SLURMRUN_LAUNCHER_ADDR`` and
+  ``SLURMRUN_LAUNCHER_PORT``): a launch the worker starts itself (a submitted job's function
+  that maps) would take them for the user's choice, and listen on its launcher's port;
 - ``PYTHONBREAKPOINT`` naming slurmrun's debugger (`DEBUGGER_HOOK`), unless it is set: a
   ``breakpoint()`` then opens pdb in the launcher's terminal (a worker has none of its own).
 
@@ -32,7 +35,10 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from slurmrun.variables import LAUNCHER_ADDR_VAR, PORT_VAR
+
 __all__ = [
+    "AGENTS_OWN",
     "DEBUGGER_HOOK",
     "JOB_VARS",
     "REMOVED_PREFIXES",
@@ -111,6 +117,9 @@ JOB_VARS = (
     "SLURM_NTASKS_PER_GPU",
 )
 REMOVED_PREFIXES = ("PMI_", "PMIX_")
+# The agent's own: where its launcher listens (names the user may also set for a launcher of
+# theirs: a launch in a worker must not take the agent's for those).
+AGENTS_OWN = (LAUNCHER_ADDR_VAR, PORT_VAR)
 
 _COUNT_ITEM = re.compile(r"(\d+)(?:\(x(\d+)\))?")
 
@@ -257,7 +266,7 @@ def worker_changes(
         values["OMP_NUM_THREADS"] = "1"  # torchrun's default where a node runs several workers
     if "PYTHONBREAKPOINT" not in environ:
         values["PYTHONBREAKPOINT"] = DEBUGGER_HOOK
-    removed = [name for name in environ if name.startswith(REMOVED_PREFIXES)]
+    removed = [n for n in environ if n.startswith(REMOVED_PREFIXES) or n in AGENTS_OWN]
     if "SLURM_JOB_ID" not in environ:
         return values, removed
     world = str(place.world_size)

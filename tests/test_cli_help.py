@@ -50,11 +50,12 @@ def test_help_at_80_columns_matches_golden_file() -> None:
     assert max(map(len, lines)) <= 80
     usage = lines[: lines.index("")]
     assert [line.split("slurmrun ")[1].split()[0] for line in usage] == [
-        "[OPTIONS]", "[OPTIONS]", "--dry-run", "info", "submit", "status", "logs", "cancel", "jobs",
-        "reserve", "release", "stacks",
+        "[OPTIONS]", "[OPTIONS]", "--dry-run", "--map", "info", "submit", "status", "logs",
+        "cancel", "jobs", "reserve", "release", "stacks",
     ]  # fmt: skip
     options = {line.split()[0].rstrip(",") for line in lines if line.startswith("  -")}
-    assert options == {"-h", "--version", "--dry-run", *launcher_options()}
+    own = {"-h", "--version", "--dry-run", "--map", "--workers-per-item", "--retries"}
+    assert options == {*own, "--item-timeout", *launcher_options()}
     assert "`" not in text  # reST made plain: ``"auto"`` is auto, `default_env_vars` an option
     assert "--default-env-vars, among which NAME=value" in " ".join(text.split())
 

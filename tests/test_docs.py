@@ -48,7 +48,7 @@ KNOWN_PROGRAMS = {
 # Paths the commands write (they need not exist beforehand).
 OUTPUTS = {"docs/_build", "docs/", "benchmarks/results/latest.json"}
 # Scripts a reader writes; slurmrun commands run them as stubs.
-USER_SCRIPTS = {"train.py", "my_driver.py"}
+USER_SCRIPTS = {"train.py", "my_driver.py", "args.txt"}  # args.txt: --map's (one line)
 
 
 @dataclasses.dataclass(frozen=True)

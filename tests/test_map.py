@@ -321,3 +321,134 @@ def test_workers_left_over_by_the_slots_run_no_item() -> None:
     values = slurmrun.Launcher(**options).map(reduce_ranks, [0, 2, 3], workers_per_item=2)
     assert [v[:4] for v in values] == [(i, "0", "2", 6) for i in (0, 2, 3)]
     assert len({v[4] for v in values}) == 1, "one slot of two; the third worker ran nothing"
+
+
+def kill_my_agent(item: tuple[int, str, bool]) -> int:
+    """Item 0 kills its node's agent (once, or `every` time it runs); the others nap.
+
+    Returns its agent's pid; each agent killed leaves a file named by its pid.
+    """
+    index, folder, every = item
+    agent = next(p for p in psutil.Process().parents() if p.name() == "slurmrun-agent")
+    if index == 0 and (every or not list(Path(folder).glob("*.killed"))):
+        Path(folder, f"{agent.pid}.killed").write_text("")
+        os.kill(agent.pid, signal.SIGKILL)
+        time.sleep(30)
+    time.sleep(0.3)
+    return agent.pid
+
+
+LOSING = {"backend": None, "timeout": 60, "workers_per_host": 2, "max_restarts": 1}
+
+
+def test_a_lost_nodes_items_run_on_the_others_without_using_their_retries(tmp_path: Path) -> None:
+    hosts = ["localhost", "localhost"]
+    items = [(i, str(tmp_path), False) for i in range(8)]
+    start = time.monotonic()
+    launcher = slurmrun.Launcher(**LOSING, hostnames=hosts, min_hosts=1)  # type: ignore[arg-type]
+    values = launcher.map(kill_my_agent, items)  # retries=0: the node's loss is not the item's
+    assert time.monotonic() - start < 30
+    (killed,) = [int(p.name.split(".")[0]) for p in tmp_path.glob("*.killed")]
+    assert values[0] != killed, "item 0 ran again on the other node"
+    assert len(values) == 8 and all(isinstance(v, int) for v in values)
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+def test_below_min_hosts_a_lost_node_fails_the_map_and_the_results_keep_what_finished(
+    tmp_path: Path,
+) -> None:
+    hosts = ["localhost", "localhost"]
+    items = [(i, str(tmp_path), False) for i in range(1, 4)] + [(0, str(tmp_path), False)]
+    options = {**LOSING, "workers_per_host": 1}  # two slots: items 1 and 2 first, then 3 and 0
+    launcher = slurmrun.Launcher(**options, hostnames=hosts, min_hosts=2)  # type: ignore[arg-type]
+    with pytest.raises(slurmrun.MapFailedError, match=r"lost node.*min_hosts=2") as info:
+        launcher.map(kill_my_agent, items)
+    results = info.value.results
+    assert [type(r) for r in results[:2]] == [int, int], "what finished before the loss is kept"
+    assert info.value.failed == [2, 3], results
+    assert all(isinstance(r, slurmrun.AgentFailedError) for r in results[2:]), results
+    assert isinstance(info.value.__cause__, slurmrun.AgentFailedError)
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+
+
+def test_an_item_that_kills_every_node_it_runs_on_fails_after_its_second_node(
+    tmp_path: Path,
+) -> None:
+    hosts = ["localhost"] * 3
+    items = [(0, str(tmp_path), True)] + [(i, str(tmp_path), False) for i in range(1, 6)]
+    options = {**LOSING, "workers_per_host": 1}
+    launcher = slurmrun.Launcher(**options, hostnames=hosts, min_hosts=1)  # type: ignore[arg-type]
+    with pytest.raises(slurmrun.MapFailedError) as info:
+        launcher.map(kill_my_agent, items)
+    assert info.value.failed == [0]
+    assert isinstance(info.value.results[0], slurmrun.AgentFailedError)
+    assert len(list(tmp_path.glob("*.killed"))) == 2, "a free try elsewhere, then retries=0"
+    assert all(isinstance(r, int) for r in info.value.results[1:]), "the others ran to the end"
+
+
+def noisy(item: int) -> int:
+    """Writes bytes of its own to stdout (a line left open, a byte that is no UTF-8) and stderr."""
+    time.sleep(0.2)  # every slot gets items
+    sys.stdout.write(f"out {item}\nopen")
+    sys.stdout.flush()
+    os.write(1, b"\xff")
+    os.write(2, f"err {item}\n".encode())
+    print(f" end {item}", flush=True)
+    return item
+
+
+def test_each_items_output_is_in_a_file_of_its_own_and_the_terminal_shows_the_ranks_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path))
+    slurmrun.Launcher(**OPTIONS, show_ranks="all").map(noisy, range(6))
+    (launch_dir,) = tmp_path.glob("20*")
+    for item in range(6):
+        written = (launch_dir / "items" / f"{item}.log").read_bytes()
+        err = f"err {item}\n".encode()
+        assert err in written, written
+        out = f"out {item}\nopen\xff end {item}\n".encode("latin-1")
+        assert written.replace(err, b"", 1) == out, "byte for byte"
+    shown = capfd.readouterr().err
+    assert all(f"err {item}" in shown for item in range(6)), "--ranks all: every slot's lines"
+    slurmrun.Launcher(**OPTIONS).map(noisy, range(6))
+    shown = capfd.readouterr().err
+    assert 0 < sum(f"err {item}" in shown for item in range(6)) < 6, "rank 0's slot's alone"
+
+
+def threads(item: int) -> tuple[str, int]:
+    import torch
+
+    return os.environ["OMP_NUM_THREADS"], torch.get_num_threads()
+
+
+def test_a_users_omp_num_threads_is_kept_in_every_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert slurmrun.Launcher(**OPTIONS).map(threads, range(3)) == [("3", 3)] * 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cores = len(os.sched_getaffinity(0))
+    share = cores // 3 if cores >= 3 else cores  # the slot's share of the cores (all if fewer)
+    assert slurmrun.Launcher(**OPTIONS).map(threads, range(3)) == [(str(share), share)] * 3
+
+
+def stop_my_agent_once(item: tuple[int, str]) -> int:
+    """Item 0 stops its node's agent (SIGSTOP: silent, as a hung node) the first time."""
+    index, folder = item
+    agent = next(p for p in psutil.Process().parents() if p.name() == "slurmrun-agent")
+    if index == 0 and not list(Path(folder).glob("*.stopped")):
+        Path(folder, f"{agent.pid}.stopped").write_text("")
+        agent.suspend()
+        time.sleep(30)
+    time.sleep(0.3)
+    return agent.pid
+
+
+def test_a_silent_nodes_items_run_on_the_others(tmp_path: Path) -> None:
+    options = {**LOSING, "workers_per_host": 1, "heartbeat_timeout": 2.0}
+    launcher = slurmrun.Launcher(**options, hostnames=["localhost"] * 2, min_hosts=1)  # type: ignore[arg-type]
+    start = time.monotonic()
+    values = launcher.map(stop_my_agent_once, [(i, str(tmp_path)) for i in range(4)])
+    assert time.monotonic() - start < 20
+    (stopped,) = [int(p.name.split(".")[0]) for p in tmp_path.glob("*.stopped")]
+    assert values[0] != stopped, "item 0 ran again on the node that answers"
+    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]

@@ -163,3 +163,10 @@ def test_a_dry_run_shows_what_each_worker_adds():
     assert "each worker adds" in str(plan)
     values, _ = preview({"SLURM_JOB_ID": "9", "HF_TOKEN": "x"}, [2, 2])
     assert dict(values)["SLURM_TASKS_PER_NODE"] == "2(x2)"
+
+
+def test_the_agents_way_back_to_its_launcher_is_not_a_workers():
+    # A launch the worker starts (a submitted job's function that maps) would listen there.
+    environ = {"SLURMRUN_LAUNCHER_ADDR": "10.0.0.1", "SLURMRUN_LAUNCHER_PORT": "35007", "A": "1"}
+    _, removed = worker_changes(environ, _place(0, 0, [1]), None, pid=4242)
+    assert sorted(removed) == ["SLURMRUN_LAUNCHER_ADDR", "SLURMRUN_LAUNCHER_PORT"]

@@ -198,7 +198,10 @@ def parse_launcher(
     Raises:
         UsageError: an option is unknown, a flag has a value, or a value is missing or bad.
     """
-    own = ["--help", "--version", "--dry-run"] if prog == "slurmrun" else ["--help"]
+    own = ["--help"]
+    if prog == "slurmrun":  # its own options (a map's among them), for the suggestions
+        own += ["--version", "--dry-run", "--map", "--workers-per-item", "--retries"]
+        own.append("--item-timeout")
     try:
         values = parse_values(args, own)
     except BadOption as e:

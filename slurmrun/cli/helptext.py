@@ -31,6 +31,7 @@ USAGE = [
     "[OPTIONS] SCRIPT [ARGS...]",
     "[OPTIONS] -m MODULE [ARGS...]",
     "--dry-run [OPTIONS] SCRIPT|-m MODULE [ARGS...]",
+    "--map ARGS_FILE [OPTIONS] SCRIPT|-m MODULE [ARGS...]",
 ]
 DESCRIPTION = [
     "Runs SCRIPT (or -m MODULE) as __main__ on every worker of the SLURM allocation (one per "
@@ -50,6 +51,20 @@ OWN_OPTIONS = [
         "--dry-run",
         "print what would run (the hosts, workers, the agents' command line, the script and "
         "its arguments) and start nothing",
+    ),
+    (
+        "--map ARGS_FILE",
+        "run SCRIPT once per line of ARGS_FILE, each line's words (split as a shell would; "
+        "blank lines and # comments skipped) appended to its arguments, every slot of the "
+        "allocation (a GPU, or a worker) at once, each run in a world of its own; at the "
+        "end a table of each run's slot, time and exit status. Exit status: the first "
+        "failed run's (docs/sweeps.md)",
+    ),
+    ("--workers-per-item N", "with --map: the workers of each run, all on one node (default 1)"),
+    ("--retries N", "with --map: how many times a failed run is tried again (default 0)"),
+    (
+        "--item-timeout SECONDS",
+        "with --map: a run that takes longer is killed, and fails with status 124",
     ),
 ]
 HELP_COLUMN = 24  # where an option's help starts when its name is short enough

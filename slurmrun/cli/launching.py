@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmrun.cli.command import UsageError, check_target, parse_launcher, split_command
 from slurmrun.cli.helptext import help_text, usage_text
+from slurmrun.cli.map_command import MAP_OPTIONS, Sweep, read_sweep, run_map_command
 from slurmrun.cli.script import ScriptExit, run_script
 from slurmrun.errors import OptionsError, RemoteTraceback, WorkerFailedError
 from slurmrun.variables import PRELOAD_VAR
@@ -45,7 +46,7 @@ def main(argv: list[str]) -> int:
         N; 130 on Ctrl-C; 2 for bad options (``slurmrun: error: ...``, as argparse).
     """
     try:
-        cmd = split_command(argv)
+        cmd = split_command(argv, own=MAP_OPTIONS)
     except UsageError as e:
         return usage_error(str(e))
     # Only before the script: `slurmrun train.py --help` gives --help to the script.
@@ -56,9 +57,10 @@ def main(argv: list[str]) -> int:
     try:
         launcher = parse_launcher(cmd.launcher_args, words=cmd.words)
         check_target(cmd)
+        sweep = read_sweep(cmd.own_args)
     except UsageError as e:
         return usage_error(str(e))
-    return run_command(launcher, cmd)
+    return run_command(launcher, cmd, sweep)
 
 
 def usage_error(message: str) -> int:
@@ -67,18 +69,26 @@ def usage_error(message: str) -> int:
     return 2
 
 
-def run_command(launcher: Launcher, cmd: Command) -> int:
-    """Runs (or, for ``--dry-run``, shows) the script on every worker; returns the exit status."""
+def run_command(launcher: Launcher, cmd: Command, sweep: Sweep | None = None) -> int:
+    """Runs (or, for ``--dry-run``, shows) the script on every worker; returns the exit status.
+
+    With a `sweep` (``--map``'s), the script runs once per line of its file instead, packed
+    on the slots (`slurmrun.cli.map_command`).
+    """
     target = cmd.target if cmd.module else os.path.abspath(cmd.target)
     func_args = (target, cmd.script_args)
     func_kwargs = {"module": cmd.module}
     if cmd.dry_run:
-        return _dry_run(launcher, func_args, func_kwargs)
+        return _dry_run(launcher, func_args, func_kwargs, sweep)
     # Workers need torch (the script imports it) even without a pre-initialised group: the
     # spawner imports it once per node, before forking them.
     os.environ.setdefault(PRELOAD_VAR, "torch")
     try:
-        launcher.run(run_script, func_args, func_kwargs)
+        status = 0
+        if sweep is None:
+            launcher.run(run_script, func_args, func_kwargs)
+        else:
+            status = run_map_command(launcher, cmd, target, sweep)
     except OptionsError as e:  # checked before anything starts
         return usage_error(str(e))
     except KeyboardInterrupt:
@@ -92,10 +102,15 @@ def run_command(launcher: Launcher, cmd: Command) -> int:
         raise
     except Exception as e:
         return _requeue_if_preempted(_report_failure(e))
-    return 0
+    return status
 
 
-def _dry_run(launcher: Launcher, func_args: tuple[Any, ...], func_kwargs: dict[str, Any]) -> int:
+def _dry_run(
+    launcher: Launcher,
+    func_args: tuple[Any, ...],
+    func_kwargs: dict[str, Any],
+    sweep: Sweep | None,
+) -> int:
     """Prints the plan, or (status 1) the one-line error that `run` would raise before starting."""
     try:
         plan = launcher.dry_run(run_script, func_args, func_kwargs)
@@ -108,6 +123,8 @@ def _dry_run(launcher: Launcher, func_args: tuple[Any, ...], func_kwargs: dict[s
         what = f"{shlex.join(['-m', target, *args])} (module mode: as python -m would"
     else:
         what = f"{shlex.join([target, *args])} (script mode: as python would"
+    if sweep is not None:
+        what += f", once per line of --map's file: {len(sweep.lines)} items, packed on the slots"
     print(dataclasses.replace(plan, workers_run=f"{what}, sys.argv set)"))
     return 0
 

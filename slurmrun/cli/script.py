@@ -11,7 +11,7 @@ import runpy
 import sys
 from types import TracebackType
 
-__all__ = ["ScriptExit", "run_script"]
+__all__ = ["ScriptExit", "run_item", "run_script"]
 
 
 class ScriptExit(Exception):
@@ -80,3 +80,21 @@ def _user_frames(tb: TracebackType | None) -> TracebackType | None:
     ):
         first = first.tb_next
     return first or tb
+
+
+def run_item(target: str, args: list[str], module: bool, own_group: bool, extra: list[str]) -> None:
+    """One item of ``slurmrun --map``: the script, `extra` appended to its arguments `args`.
+
+    A slot's worker runs item after item: with `own_group` (the command made no process group,
+    the script makes its own), a group the script left initialised is destroyed after it, so
+    that the next item's ``init_process_group`` does not find one.
+
+    Raises:
+        ScriptExit: the script called ``sys.exit`` with a failing status.
+    """
+    try:
+        run_script(target, [*args, *extra], module=module)
+    finally:
+        dist = sys.modules.get("torch.distributed")
+        if own_group and dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

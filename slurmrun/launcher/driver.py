@@ -130,7 +130,7 @@ class Launcher(Options):
                 its ``results`` holds every item's value or exception (remote traceback kept).
             OptionsValueError, OptionsTypeError: bad options or arguments, before anything
                 starts.
-            AgentFailedError: an agent died, went silent, or never started.
+            AgentFailedError: an agent never started (a lost one: docs/sweeps.md).
 
         Example:
             >>> import slurmrun

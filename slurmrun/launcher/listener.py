@@ -324,5 +324,5 @@ def _send_heartbeats(agents: list[Connection], interval: float, closing: threadi
     beat = protocol.Heartbeat().header()
     while not closing.wait(interval):
         for conn in list(agents):
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, ValueError):  # ValueError: closed meanwhile
                 conn.send_nowait(beat)

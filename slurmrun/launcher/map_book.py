@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MapBook", "Slot", "SlotKey"]
+__all__ = ["MapBook", "Slot", "SlotKey", "slots_of"]
 
 SlotKey = tuple[int, int]  # (node rank, local rank of the slot's first worker)
 
@@ -81,6 +81,26 @@ class Slot:
         self.restarts += 1
 
 
+def slots_of(workers: dict[int, int], size: int) -> dict[SlotKey, Slot]:
+    """The slots of `size` workers that nodes of `workers` (by node rank) hold.
+
+    Raises:
+        RuntimeError: no node holds one.
+    """
+    slots = {
+        (node_rank, first): Slot((node_rank, first), size)
+        for node_rank, count in workers.items()
+        for first in range(0, count - count % size, size)
+    }
+    if not slots:
+        counts = sorted(set(workers.values()))
+        raise RuntimeError(
+            f"no node runs workers_per_item={size} workers (they run {counts}): the map "
+            "has no slot. Ask for fewer workers per item, or more workers per host."
+        )
+    return slots
+
+
 _PENDING = object()  # an item with no outcome yet
 
 
@@ -104,6 +124,7 @@ class MapBook:
         self.outcomes: list[Any] = [_PENDING] * count
         self.failed: set[int] = set()  # items whose outcome is an exception
         self.where_failed: dict[int, SlotKey] = {}  # the slot an item last failed on
+        self.free: set[int] = set()  # items whose node was lost once: that try did not count
         self._left = count
 
     def next_for(self, slot: SlotKey, *, alone: bool) -> int | None:
@@ -125,13 +146,34 @@ class MapBook:
 
     def failed_on(self, index: int, slot: SlotKey, error: BaseException) -> bool:
         """Item `index` failed on `slot` with `error`; True: it waits in the queue again."""
-        if self.tries[index] <= self.retries:
+        if self.tries[index] - (index in self.free) <= self.retries:
             self.where_failed[index] = slot
             self.queue.appendleft(index)  # before the items never tried: it is retried soon
             return True
         self.failed.add(index)
         self._settle(index, error)
         return False
+
+    def lost_on(self, index: int, slot: SlotKey, error: BaseException) -> bool:
+        """Item `index` ran on `slot` when its node was lost; True: it waits in the queue again.
+
+        The first such loss does not use one of its tries (the node's loss need not be the
+        item's doing); a second one counts as a failed try (`failed_on`), so that an item
+        which kills its node cannot go on to kill every node.
+        """
+        if index in self.free:
+            return self.failed_on(index, slot, error)
+        self.free.add(index)
+        self.queue.appendleft(index)
+        return True
+
+    def abandon(self, error: BaseException) -> None:
+        """Every item without an outcome fails with `error`: the map ends now."""
+        self.queue.clear()
+        for index, outcome in enumerate(self.outcomes):
+            if outcome is _PENDING:
+                self.failed.add(index)
+                self._settle(index, error)
 
     def give_up(self, error_for: Any) -> None:
         """Every item still queued fails with ``error_for(index)`` (no slot is left to run it)."""

@@ -7,11 +7,12 @@ goes back to the queue for another slot while it has tries left. A slot whose wo
 was killed for its item's timeout, is started again by its agent (`SLOT_RESTART`; its node's
 other slots go on meanwhile), unless it died before it was ready: then it retires. Once every
 item has its outcome, each slot is told there are no more; its worker returns, and the run
-ends as any run.
+ends as any run. A node lost during the map retires its slots (`slurmrun.launcher.map_lost`).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrun import protocol
-from slurmrun.errors import ItemTimeoutError
+from slurmrun.errors import AgentFailedError, ItemTimeoutError
 from slurmrun.events import Event, ItemFailed, ItemFinished, ItemStarted
 from slurmrun.launcher.failures import WorkerPlace, worker_died, worker_error
-from slurmrun.launcher.map_book import MapBook, Slot, SlotKey
+from slurmrun.launcher.map_book import MapBook, Slot, SlotKey, slots_of
+from slurmrun.launcher.map_lost import LostNode, lost_rank, retire
 from slurmrun.launcher.map_progress import Progress
 from slurmrun.launcher.run import Run
 from slurmrun.launcher.share import PoolAgent
@@ -42,6 +44,8 @@ from slurmrun.transport import Frame
 
 __all__ = ["MapRun"]
 
+log = logging.getLogger("slurmrun")
+
 
 @dataclass
 class MapRun(Run):
@@ -54,25 +58,20 @@ class MapRun(Run):
     progress: Progress = field(default_factory=lambda: Progress(None))
     on_settle: Callable[[int, Any], None] | None = None  # `MapBook.on_settle`
     stop: threading.Event | None = None  # set by another thread: the run ends at once
+    min_hosts: int | None = None  # `Launcher.min_hosts`: the map goes on without lost nodes
 
     def __post_init__(self) -> None:
         super().__post_init__()
         self.book = MapBook(len(self.items), self.retries, self.on_settle)
         self.stopped = False  # `StopMap`: the run ends, whatever is left
         self.slots: dict[SlotKey, Slot] = {}
+        self.lost: dict[int, LostNode] = {}  # by node rank
+        self.fatal: LostNode | None = None  # the loss that ended the map
 
     def _hand_out(self) -> None:
         super()._hand_out()
-        size = self.per_item
-        for node_rank, share in self._shares.items():
-            for first in range(0, share.workers - share.workers % size, size):
-                self.slots[node_rank, first] = Slot((node_rank, first), size)
-        if not self.slots:
-            counts = sorted({share.workers for share in self._shares.values()})
-            raise RuntimeError(
-                f"no node runs workers_per_item={size} workers (they run {counts}): the map "
-                "has no slot. Ask for fewer workers per item, or more workers per host."
-            )
+        workers = {node_rank: share.workers for node_rank, share in self._shares.items()}
+        self.slots = slots_of(workers, self.per_item)
 
     # ------------------------------------------------------------------ messages
     def on_message(
@@ -84,6 +83,8 @@ class MapRun(Run):
         ):
             super().on_message(agent, message, frame, now)
             return
+        if agent.node_rank in self.lost:
+            return  # its slots retired: what it said last changes nothing
         first = message.local_rank - message.local_rank % self.per_item
         slot = self.slots.get((agent.node_rank, first))
         if slot is None:  # a worker left over, which runs no item: judged as in any run
@@ -172,33 +173,27 @@ class MapRun(Run):
         frame = slot.answers[0]
         slot.answers.clear()
         try:
-            value = loads(frame.body, frame.buffers)
-        except Exception as e:
-            error = RuntimeError(
-                f"the value of item {index} could not be unpickled in the launcher: "
-                f"{type(e).__name__}: {e}. Return types that the launcher's Python can import."
-            )
-            error.__cause__ = e
-            self._fail_item(slot, error)
+            value = _unpickled(index, frame)
+        except RuntimeError as e:
+            self._fail_item(slot, e)
             return
         slot.item = None
         self.book.succeeded(index, value)
         seconds = time.monotonic() - slot.since
         self._emit(ItemFinished(index=index, **self._at(slot), seconds=seconds))
 
-    def _fail_item(self, slot: Slot, error: BaseException) -> None:
+    def _fail_item(self, slot: Slot, error: BaseException, *, lost: bool = False) -> None:
         index, slot.item = slot.item, None
         if index is None:
             return
-        retried = self.book.failed_on(index, slot.key, error)
+        retried = (self.book.lost_on if lost else self.book.failed_on)(index, slot.key, error)
         message = str(error).splitlines()[0] if str(error) else ""
         name = type(error).__name__
         self._emit(
             ItemFailed(index=index, **self._at(slot), error=name, message=message, retried=retried)
         )
 
-    def _at(self, slot: Slot) -> dict[str, Any]:
-        """An item event's `host` and `local_rank`: the slot's."""
+    def _at(self, slot: Slot) -> dict[str, Any]:  # an item event's `host` and `local_rank`
         return {"host": self._shares[slot.key[0]].hostname, "local_rank": slot.key[1]}
 
     def _emit(self, event: Event) -> None:
@@ -241,25 +236,57 @@ class MapRun(Run):
 
     def _time_out(self, slot: Slot, now: float) -> None:
         """Kills `slot`'s workers (by their agent) and fails its item (`_slot_died` follows)."""
-        seconds = now - slot.since
-        where = self._where(slot, 0)
-        self._fail_item(
-            slot,
-            ItemTimeoutError(
-                f"item ran {seconds:.1f} s, past item_timeout={self.item_timeout:g} s, on "
-                f"{where}: its slot's workers were killed"
-            ),
-        )
+        self._fail_item(slot, _timed_out(now - slot.since, self.item_timeout, self._where(slot, 0)))
         self._kill(slot)
 
     def _where(self, slot: Slot, rank: int) -> WorkerPlace:
-        share = self._shares[slot.key[0]]
-        local_rank = slot.key[1] + rank
+        share, local_rank = self._shares[slot.key[0]], slot.key[1] + rank
         return WorkerPlace(share.hostname, local_rank, share.rank_offset + local_rank, None)
+
+    # ------------------------------------------------------------------ lost nodes
+    def _pump(self) -> None:
+        """`Run._pump`, going on after each lost node (`_lose`) while the map can."""
+        while True:
+            try:
+                super()._pump()
+            except AgentFailedError as e:
+                if not self._lose(e):
+                    raise
+            else:
+                return
+
+    def _lose(self, error: AgentFailedError) -> bool:
+        """A node's agent failed: its slots retire (`map_lost`); False: `error` ends the run."""
+        rank = lost_rank(error, self._shares)
+        if rank is None or self.ending:
+            return False
+        if rank in self.lost:
+            return True  # its connection's end, after its silence: the same loss
+        share = self._shares[rank]
+        share.agent.closed = True  # nothing more is waited for or judged of it
+        left = len(self._shares) - len(self.lost) - 1
+        loss = LostNode(self.labels[rank], error, left, len(self._shares), self.min_hosts)
+        self.lost[rank] = loss
+        slots = [slot for slot in self.slots.values() if slot.key[0] == rank]
+        self._results_left -= retire(slots, share.workers, set(share.results))
+        self._done_left -= not share.done
+        share.done = True
+        if loss.fatal:
+            self.fatal = loss
+            self.book.abandon(error)
+            return True
+        running = [slot for slot in slots if slot.item is not None]
+        for slot in running:
+            self._fail_item(slot, error, lost=True)
+        log.warning(loss.warning(len(running)))
+        self._feed(time.monotonic())
+        return True
 
     # ------------------------------------------------------------------ the end
     def _finished(self) -> bool:
-        return self.stopped or (self.book.finished and super()._finished())
+        if self.stopped or self.fatal is not None:
+            return True
+        return self.book.finished and super()._finished()
 
     def _collect(self) -> LaunchResult[Any]:
         """Nothing: the slots return nothing (a retired slot's worker, not even that)."""
@@ -274,6 +301,28 @@ _NO_SLOT = (
     "no slot of the map is left to run this item: every slot's worker died or was killed "
     "(their items' errors say why)"
 )
+
+
+def _unpickled(index: int, frame: Frame) -> Any:
+    """Item `index`'s value from its rank 0's `frame`.
+
+    Raises:
+        RuntimeError: it could not be unpickled here (the unpickling error: its cause).
+    """
+    try:
+        return loads(frame.body, frame.buffers)
+    except Exception as e:
+        raise RuntimeError(
+            f"the value of item {index} could not be unpickled in the launcher: "
+            f"{type(e).__name__}: {e}. Return types that the launcher's Python can import."
+        ) from e
+
+
+def _timed_out(seconds: float, limit: float | None, where: WorkerPlace) -> ItemTimeoutError:
+    return ItemTimeoutError(
+        f"item ran {seconds:.1f} s, past item_timeout={limit:g} s, on {where}: its slot's "
+        "workers were killed"
+    )
 
 
 def _as_error(raised: ItemRaised) -> protocol.Error:

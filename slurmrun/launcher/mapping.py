@@ -167,6 +167,7 @@ def run_map(  # noqa: PLR0917 - private: `Launcher.map` and `imap` call it
                 progress=Progress(say if shown and sys.stderr.isatty() else None),
                 on_settle=on_settle,
                 stop=stop,
+                min_hosts=cfg.min_hosts,
             )
         )
         return runs[-1]
@@ -190,6 +191,9 @@ def run_map(  # noqa: PLR0917 - private: `Launcher.map` and `imap` call it
         say(progress_line(run.book, len(run.slots), seconds, final=True))
     outcomes = run.outcomes()
     failed = sorted(run.book.failed)
+    if run.fatal is not None:
+        message = f"{run.fatal.message()}\n{_failure_message(outcomes, failed)}"
+        raise MapFailedError(message, results=outcomes, failed=failed) from run.fatal.error
     if failed:
         raise MapFailedError(_failure_message(outcomes, failed), results=outcomes, failed=failed)
     return outcomes

@@ -83,7 +83,7 @@ class Run:
             try:
                 self._hand_out()
                 self.watch.begin(self.id)
-                pump(self.pool.events, self.pool.router, self._finished)
+                self._pump()
                 result = self._collect()
             except SystemExit as e:  # `warm.sigterm_as_exit`: SLURM may be ending the job
                 self._after_sigterm = e.code == 128 + signal.SIGTERM
@@ -104,6 +104,10 @@ class Run:
             finally:
                 self.pool.finish(self)
                 _release(self._handlers, own=self._own_handlers)
+
+    def _pump(self) -> None:
+        """Hands the pool's events to the run until it is finished (raises what fails it)."""
+        pump(self.pool.events, self.pool.router, self._finished)
 
     def _end(self) -> None:
         """Tells every agent to stop the run's workers, and waits until each is idle.

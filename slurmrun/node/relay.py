@@ -13,6 +13,7 @@ import array
 import contextlib
 import fcntl
 import logging
+import os
 import socket
 import termios
 import threading
@@ -20,10 +21,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 from slurmrun import protocol
 from slurmrun.logs import WorkerLog
+from slurmrun.map_messages import ItemRaised, ItemValue
 from slurmrun.node.link import LauncherConnection
 from slurmrun.node.output_window import OutputWindow
 from slurmrun.node.spawner import WorkerProcess
@@ -41,11 +43,12 @@ from slurmrun.output import (
 from slurmrun.transport import Connection, Frame, FrameHead
 from slurmrun.waiting import wait_readable
 
-__all__ = ["Relay", "WorkerLink"]
+__all__ = ["Relay", "WorkerLink", "begin_item", "end_item"]
 
 # A worker's frames are forwarded unparsed (the agent never unpickles, and reads only what it
 # must of a header), so they are told apart by kind: these end a worker's run.
 _FINAL = (protocol.Result.kind, protocol.Error.kind)
+_ITEM_ANSWERS = (ItemValue.kind, ItemRaised.kind)  # a map's item ended: its file is complete
 
 # A drain gives up after this long without progress (unless the launcher's window holds the
 # output back: then the launcher is alive and the wait is its terminal's).
@@ -82,6 +85,7 @@ class WorkerLink:
     outcome: type[protocol.Message] | None = None
     stays: bool = False  # its result said it waits for the next run (a kept worker)
     wake: Callable[[], None] | None = None  # called once its final frame was forwarded
+    item_file: BinaryIO | None = None  # a map's item's own file: its output, as written
 
 
 @dataclass
@@ -126,8 +130,11 @@ class Relay:
                     self._logged(worker, worker.conn.recv_payload(head))
                     continue
                 final = head.kind in _FINAL
-                if final:
+                item_ends = head.kind in _ITEM_ANSWERS and worker.item_file is not None
+                if final or item_ends:
                     self.drain_output(worker)  # what it printed first reaches the launcher first
+                if item_ends:
+                    end_item(worker)  # before the launcher hears of it and sends the next
                 if head.kind == protocol.Error.kind:
                     self._relay_error(worker, head)
                 else:
@@ -298,7 +305,7 @@ class Relay:
                     data = _read(sock)
                     if not data:
                         break
-                    worker.output_read += len(data)
+                    _took(worker, data)
                     lines.feed(data)
                     flush()
         except (OSError, ValueError):
@@ -307,6 +314,48 @@ class Relay:
             lines.close()
             flush()
             sock.close()
+
+
+def begin_item(worker: WorkerLink, path: str) -> None:
+    """From now on `worker`'s output also goes, byte for byte, to the new file `path`.
+
+    A map's item (`slurmrun.node.slot_workers`): its file ends with `end_item` once its
+    value or exception passed (what it printed before is read by then). A file that cannot
+    be made is left out: the worker's own log file has the output all the same.
+    """
+    file = None
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        file = open(path, "wb", buffering=0)  # noqa: SIM115 - closed by end_item
+    with worker.output_lock:
+        old, worker.item_file = worker.item_file, file
+    if old is not None:
+        old.close()
+
+
+def end_item(worker: WorkerLink) -> None:
+    """Closes `worker`'s item file, if one is open (`begin_item`)."""
+    with worker.output_lock:
+        file, worker.item_file = worker.item_file, None
+    if file is not None:
+        file.close()
+
+
+def _took(worker: WorkerLink, data: bytes) -> None:
+    """Counts `data`, read of the worker's output, and writes it to its item's file if any.
+
+    Under ``output_lock``; a failed write ends the item's file.
+    """
+    worker.output_read += len(data)
+    file = worker.item_file
+    if file is None:
+        return
+    try:
+        file.write(data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            file.close()
+        worker.item_file = None
 
 
 def _read(sock: socket.socket) -> bytes:

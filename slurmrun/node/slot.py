@@ -3,10 +3,11 @@
 The launcher ships `serve` (by name: `slurmrun.map_messages.SLOT_LOOP`) as the call of a run
 whose workers are cut into slots. Each worker finds its slot from its place on the node,
 makes the slot's world (its ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, ``MASTER_PORT``, its GPUs
-in ``CUDA_VISIBLE_DEVICES``, its share of the node's cores and ``OMP_NUM_THREADS``, and the
-launcher's backend over that world alone), says ITEM_READY, and then runs each ITEM its
-inbox thread puts in `items` (`slurmrun.node.inbox`) until there are no more: the value or
-the exception of each goes back to the launcher, and an exception does not end the loop.
+in ``CUDA_VISIBLE_DEVICES``, its share of the node's cores and ``OMP_NUM_THREADS`` unless the
+user set it, and the launcher's backend over that world alone), says ITEM_READY, and then
+runs each ITEM its inbox thread puts in `items` (`slurmrun.node.inbox`) until there are no
+more: the value or the exception of each goes back to the launcher, and an exception does
+not end the loop.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ __all__ = ["SlotPlace", "agent", "items", "serve"]
 # The inbox thread puts each ITEM here for the loop; set by `slurmrun.node.inbox.watch_agent`.
 items: queue.Queue[Frame] = queue.Queue()
 agent: Connection | None = None  # the worker's connection to its agent
+# ``OMP_NUM_THREADS`` as the user set it, set by `slurmrun.node.worker` (None: not set): a
+# slot sets it to its share of the cores only where the user did not.
+users_threads: str | None = None
 
 
 class SlotPlace:
@@ -151,6 +155,8 @@ def _enter_slot(place: SlotPlace) -> None:
     with contextlib.suppress(AttributeError, OSError):  # sched_*affinity: Linux only
         cpus = place.cpus(sorted(os.sched_getaffinity(0)))
         os.sched_setaffinity(0, cpus)
+        if users_threads is not None:
+            return  # the user's OMP_NUM_THREADS stands (the worker set torch's to it)
         threads = max(1, len(cpus) // place.per_item)
         os.environ["OMP_NUM_THREADS"] = str(threads)
         torch = sys.modules.get("torch")

@@ -11,14 +11,15 @@ supervising thread (`SlotWorkers._between`), and makes its slot's world again.
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from slurmrun import protocol
-from slurmrun.map_messages import ItemCancel, SlotRestart
-from slurmrun.node.relay import WorkerLink
+from slurmrun.map_messages import ITEMS_FOLDER, Item, ItemCancel, SlotRestart
+from slurmrun.node.relay import WorkerLink, begin_item
 from slurmrun.node.supervisor import RunWorkers, ToWorker, signal_group
 from slurmrun.node.worker import WorkerSpec, place_of
 
@@ -60,7 +61,15 @@ class SlotWorkers(RunWorkers):
             self._restarts.put(message.local_rank)
             self._wake_up()
         else:
+            if isinstance(message, Item) and message.index >= 0 and self.start.log_dir:
+                begin_item(self.workers[message.local_rank], self._item_path(message))
             super().pass_on(message, body)
+
+    def _item_path(self, item: Item) -> str:
+        """``<log dir>/items/<index>.log`` (a slot's rank r > 0: ``<index>.r<r>.log``)."""
+        rank = item.local_rank % max(1, self.start.workers_per_item)
+        name = f"{item.index}.log" if rank == 0 else f"{item.index}.r{rank}.log"
+        return os.path.join(self.start.log_dir or "", ITEMS_FOLDER, name)
 
     def supervise(self, ended: Callable[[], bool], lag: Callable[[], float]) -> None:
         """`RunWorkers.supervise`, and again after a restart once every worker had exited.

@@ -25,7 +25,7 @@ from slurmrun.logs import WorkerLog, run_header, worker_log_path
 from slurmrun.map_messages import Item, ItemCancel, SlotRestart
 from slurmrun.node.kept import adopt, servable
 from slurmrun.node.link import say
-from slurmrun.node.relay import Relay, WorkerLink
+from slurmrun.node.relay import Relay, WorkerLink, end_item
 from slurmrun.node.spawner import Spawner, SpawnError, WorkerProcess
 from slurmrun.node.store_port import StorePort
 from slurmrun.node.worker import WorkerSpec, place_of
@@ -329,6 +329,7 @@ class RunWorkers:
             worker.streams.close()
             if worker.log is not None:
                 worker.log.close()
+            end_item(worker)
         self.workers = []
         self._wake_r.close()
         self._wake_w.close()

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from slurmrun import protocol, variables, worker_env
-from slurmrun.node import debugger, inbox, preloads
+from slurmrun.node import debugger, inbox, preloads, slot
 from slurmrun.node.proctitle import set_title, worker_comm, worker_title
 from slurmrun.output import MAX_LINE, log_frame
 from slurmrun.pickling import dumps, loads
@@ -142,6 +142,7 @@ def _set_environment(spec: WorkerSpec) -> None:
     for name in spec.start.unset:
         os.environ.pop(name, None)
     os.environ.update(spec.start.env)
+    slot.users_threads = os.environ.get("OMP_NUM_THREADS")  # before slurmrun's default
     values, removed = worker_env.worker_changes(
         os.environ, spec.place, os.environ.get(variables.JOB_ENV_VAR), pid=os.getpid()
     )

@@ -3,16 +3,24 @@ on the 6 slots, each item in its own world (RANK 0 of WORLD_SIZE 1, its own MAST
 to one GPU that no item overlapping it in time on its node saw, every slot used, the values in
 the items' order; an item that raises once is retried on another slot, and one whose worker
 dies is recorded while the others run to the end; items of 2 workers run in worlds of 2 with
-both GPUs of their node."""
+both GPUs of their node. A node lost mid-map (node2's slurmd and every process on it killed):
+its items run on node1 and node3, and the map ends with every value (`min_hosts=2`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import slurmrun
+from tests.slurm.test_elastic_slurm import _batch_job, _result
+from tests.slurm.test_faults_slurm import (  # the fixture checks node2 is back after each test
+    LOST_NODE,
+    lost_node_restorer,  # noqa: F401
+)
+from tests.slurm.test_reserve_slurm import _reserve, config  # noqa: F401 - a fixture
 
 REPO = str(Path(slurmrun.__file__).parents[1])
 
@@ -100,3 +108,149 @@ def test_items_run_on_every_slot_each_in_its_own_world_and_gpu(
     retried_on = int(Path(markers, "3").read_text())
     assert isinstance(results[3], int) and results[3] != retried_on, "retried on another slot"
     assert all(isinstance(r, int) for i, r in enumerate(results) if i != 5)
+
+
+LOST_SCRIPT = r"""
+import contextlib, json, os, signal, subprocess, time
+import slurmrun
+
+LOST = @LOST@
+
+
+def item(k):
+    start = time.time()
+    time.sleep(0.5)
+    return [k, os.environ["SLURMD_NODENAME"], start, time.time()]
+
+
+def lose(node):  # node1 (the batch host) kills node2's slurmd and every process of its netns
+    for _ in range(100):
+        pids = subprocess.run(
+            ["ip", "netns", "pids", f"{os.environ['SLURMRUN_TEST_NETNS_PREFIX']}{node}"],
+            capture_output=True, text=True, check=False,
+        ).stdout.split()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.05)
+
+
+out = {"values": {}}
+options = dict(workers_per_host=2, backend=None, timeout=60, heartbeat_timeout=5,
+               min_hosts=2, max_restarts=1)
+try:
+    for index, value in slurmrun.Launcher(**options).imap(item, range(24)):
+        out["values"][index] = value
+        if value[1] == LOST and "lost_at" not in out:
+            lose(LOST)
+            out["lost_at"] = time.time()
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.usefixtures("lost_node_restorer")
+def test_a_lost_nodes_items_run_on_the_other_nodes_and_the_map_ends_whole(
+    run_cmd: Any, slurm_cluster: Any, tmp_path: Path
+) -> None:
+    output = _batch_job(
+        run_cmd, slurm_cluster, tmp_path, LOST_SCRIPT.replace("@LOST@", repr(LOST_NODE))
+    )
+    out = _result(output)
+    assert "error" not in out, output[-3000:]
+    values = out["values"]
+    assert sorted(int(i) for i in values) == list(range(24)), output[-3000:]
+    lost_at = out["lost_at"]
+    after = [v for v in values.values() if v[2] > lost_at]
+    assert after, "items ran after the loss"
+    assert {v[1] for v in after} <= {"node1", "node3"}, after
+    assert f"the map lost node {LOST_NODE}" in output, output[-3000:]
+
+
+CLI_SCRIPT = """
+import os, subprocess, sys
+
+with open("args.txt", "w") as f:
+    f.write("".join(f"--n {n}\\n" for n in range(12)))
+with open("train.py", "w") as f:
+    f.write(
+        "import os, sys, time\\n"
+        "time.sleep(0.5)\\n"
+        "n = sys.argv[sys.argv.index('--n') + 1]\\n"
+        "with open(f'run{n}.txt', 'w') as f:\\n"
+        "    f.write(os.environ['SLURMD_NODENAME'] + ' ' + os.environ['CUDA_VISIBLE_DEVICES'])\\n"
+    )
+sys.exit(subprocess.call([sys.executable, "-m", "slurmrun", "--map", "args.txt", "train.py"]))
+"""
+
+
+def test_the_command_runs_a_script_once_per_line_on_every_gpu(
+    run_in_allocation, tmp_path: Path
+) -> None:
+    cp = run_in_allocation(
+        ["-N3", "--gpus-per-node=2"], CLI_SCRIPT, timeout=120, env={"PYTHONPATH": REPO}
+    )
+    runs = [(tmp_path / f"run{n}.txt").read_text().split() for n in range(12)]
+    assert {node for node, _ in runs} == {"node1", "node2", "node3"}, runs
+    assert {gpus for _, gpus in runs} == {"0", "1"}, "one GPU a run"
+    assert "slurmrun: 12 items, 12 done, 0 failed:" in cp.stderr, cp.stderr
+
+
+def on_a_gpu(k: int) -> list[object]:
+    import os
+    import time
+
+    time.sleep(0.3)
+    print(f"item {k}")
+    env = os.environ
+    return [k, env["SLURMD_NODENAME"], env["WORLD_SIZE"], env["CUDA_VISIBLE_DEVICES"]]
+
+
+@pytest.mark.usefixtures("config")
+def test_a_warm_launcher_maps_on_a_reservations_agents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, node_processes: Any
+) -> None:
+    monkeypatch.setenv("SLURMRUN_LOG_DIR", str(tmp_path / "logs"))
+    reservation = _reserve(tmp_path, nodes=2, gpus_per_node=2, time_min=3, idle_timeout=120)
+    with reservation:
+        reservation.wait(60)
+        with slurmrun.Launcher(job=reservation.job_id, timeout=60, backend=None) as launcher:
+            values = launcher.map(on_a_gpu, range(8))
+            again = launcher.map(on_a_gpu, range(4))  # on the same agents
+    assert [v[0] for v in values] == list(range(8))
+    assert {(v[1], v[3]) for v in values} == {(n, g) for n in ("node1", "node2") for g in "01"}
+    assert {v[2] for v in values} == {"1"}
+    assert [v[0] for v in again] == list(range(4))
+    (first,) = (tmp_path / "logs").glob("20*")
+    assert (first / "items" / "7.log").read_text() == "item 7\n"
+    assert node_processes() == {}
+
+
+def sweep(count: int) -> list[Any]:
+    """A submitted job's function that maps (it runs once: on the job's first node)."""
+    return slurmrun.Launcher(backend=None, timeout=60).map(on_a_gpu, range(count))
+
+
+def test_a_submitted_jobs_function_maps_on_every_gpu_of_the_job(tmp_path: Path) -> None:
+    once = slurmrun.Launcher(hosts=1, max_restarts=1, workers_per_host=1, backend=None)
+    job = slurmrun.submit(
+        sweep,
+        (12,),
+        launcher=once,
+        nodes=3,
+        gpus_per_node=2,
+        folder=tmp_path / "%j",
+        time_min=3,
+        slurm_parameters={"job_name": "slurmrun-test"},
+    )
+    try:
+        (values,) = job.result(timeout=120, poll=0.5).values()
+    except TimeoutError:
+        job.cancel()
+        pytest.fail(f"{job.job_id} did not finish within 120 s:\n{job.logs(0)}")
+    assert [v[0] for v in values] == list(range(12))
+    gpus = {(v[1], v[3]) for v in values}
+    assert gpus == {(n, g) for n in ("node1", "node2", "node3") for g in "01"}, values
