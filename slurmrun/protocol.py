@@ -33,6 +33,7 @@ During a run, two exchanges look inside it (`slurmrun.stacks`, `slurmrun.node.de
 
            <------------------  ASK_STACKS                 the agent asks each worker, or
     STACKS (one per worker) -->                            dumps it with faulthandler
+                                                           (a report, never a sample)
     DEBUGGER (PROMPT) ------->                             a worker's pdb wants a line
            <------------------  DEBUG_INPUT                the user's line, for that worker
     DEBUGGER (ENDED) -------->                             its session is over
@@ -321,6 +322,18 @@ class Stop(Message):
     kind: ClassVar[str] = "stop"
 
 
+class StacksPurpose(str, enum.Enum):
+    """What a request for stacks is for, and so whether a worker that is silent is dumped.
+
+    faulthandler's dump reads every thread's frames from a signal handler, without the GIL:
+    it is kept for the reports a person reads, never spent on the launcher's sampling, which
+    asks several times a second.
+    """
+
+    REPORT = "report"  # `stacks()`, a stall, a hang, a failure: a silent worker is dumped
+    SAMPLE = "sample"  # the launcher's sampling: only the worker's own thread answers
+
+
 @dataclass(frozen=True)
 class AskStacks(Message):
     """Every worker's stacks, please: launcher -> agent, and agent -> each worker."""
@@ -328,8 +341,14 @@ class AskStacks(Message):
     kind: ClassVar[str] = "ask_stacks"
     run: int
     request: int  # the answers carry it back
-    # Seconds a worker has to answer itself before the agent dumps it (`slurmrun.stacks`).
+    # Seconds a worker has to answer itself before the agent dumps it (a report) or says it
+    # is silent (a sample).
     answer_wait: float = 1.0
+    purpose: str = StacksPurpose.REPORT.value  # a `StacksPurpose` value
+
+    def dumps(self) -> bool:
+        """Whether a worker that does not answer itself within `answer_wait` is dumped."""
+        return self.purpose != StacksPurpose.SAMPLE.value
 
 
 @dataclass(frozen=True)
@@ -337,7 +356,8 @@ class Stacks(Message):
     """One worker's stacks (the body) for request `request`: worker or agent -> launcher.
 
     The body is `slurmrun.stacks.report.capture`'s JSON (`source` "python"), faulthandler's text
-    ("faulthandler"), or empty ("none": `note` says why).
+    ("faulthandler"), or empty ("silent": alive, but it did not answer a sample in time;
+    "none": `note` says why).
     """
 
     kind: ClassVar[str] = "stacks"

@@ -93,3 +93,25 @@ def test_balanced_ranks_are_never_named_stragglers(tmp_path: Path) -> None:
 def test_stragglers_false_samples_nothing(tmp_path: Path) -> None:
     events, _ = _run_steps(tmp_path, 1.5, 14.0, stragglers=False)
     assert not [e for e in events if isinstance(e, Straggler)]
+
+
+def hold_the_gil_while_sampled(dumped: str) -> str:
+    """Seconds in C code that holds the GIL, with the stacks signal's dump sent to `dumped`."""
+    import faulthandler
+    import re
+
+    from slurmrun.stacks import stacks_signal
+
+    with open(dumped, "w", encoding="utf-8") as f:
+        faulthandler.register(stacks_signal(), file=f, all_threads=True, chain=False)
+        time.sleep(0.6)  # sampled: the worker's own thread answers
+        re.match(r"(x+x+)+y", "x" * 27)  # ~2 s; no thread of this worker can answer meanwhile
+    return Path(dumped).read_text(encoding="utf-8")
+
+
+def test_a_sample_never_dumps_a_worker_that_holds_the_gil(tmp_path: Path) -> None:
+    dumped = slurmrun.launch(
+        hold_the_gil_while_sampled, (str(tmp_path / "dump"),), workers_per_host=1,
+        backend=None, stragglers=True,
+    ).rank(0)  # fmt: skip
+    assert dumped == "", dumped  # the stacks signal never came: no faulthandler dump

@@ -21,9 +21,9 @@ from typing import Any, Literal
 
 from slurmrun.errors import HangError
 from slurmrun.stacks.classify import Activity, activity
-from slurmrun.stacks.report import RankStacks, StackReport, rank_ranges
+from slurmrun.stacks.report import RankStacks, StackReport, StackSource, rank_ranges
 
-__all__ = ["AUTO_FACTOR", "AUTO_FLOOR", "HangJudge"]
+__all__ = ["AUTO_FACTOR", "AUTO_FLOOR", "HangJudge", "hang_error"]
 
 AUTO_FACTOR = 4.0
 AUTO_FLOOR = 5.0
@@ -76,9 +76,9 @@ class HangJudge:
         for stacks in report.ranks:
             rank = stacks.rank
             self._count(rank, stacks.progress, now)
+            if stacks.source is StackSource.SILENT:
+                continue  # it could not say (C code holds its GIL): where it was last seen stands
             doing = activity(stacks)
-            if doing is Activity.UNKNOWN and stacks.note.startswith("no answer"):
-                continue  # it could not say: where it was last seen stands
             waiting = waiting or doing is Activity.WAITING
             place = _place(stacks)
             if self._place.get(rank) != place:
@@ -88,7 +88,7 @@ class HangJudge:
             return
         stuck_for = now - max(self._since.values())
         if stuck_for >= limit:
-            raise _hang_error(report, stuck_for, limit)
+            raise hang_error(report, stuck_for, limit)
 
     def _count(self, rank: int, progress: int | None, now: float) -> None:
         if progress is None:
@@ -101,8 +101,8 @@ class HangJudge:
             self._progress[rank] = (progress, now)
 
 
-def _hang_error(report: StackReport, seconds: float, limit: float) -> HangError:
-    """The error of a hang: who waits, who does not, and where, grouped by stack."""
+def hang_error(report: StackReport, seconds: float, limit: float) -> HangError:
+    """The error of a hang: who waits, who does not, and where (`report`), grouped by stack."""
     doing = {r.rank: activity(r) for r in report.ranks}
     stuck = tuple(sorted(r for r, a in doing.items() if a is not Activity.WAITING))
     waiting = [r for r, a in doing.items() if a is Activity.WAITING]

@@ -17,7 +17,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from slurmrun.stacks.classify import Activity, activity, hot_frame
-from slurmrun.stacks.report import StackReport, where
+from slurmrun.stacks.report import RankStacks, StackReport, StackSource, where
 
 __all__ = ["SCORE", "WINDOW", "Found", "StragglerJudge"]
 
@@ -106,9 +106,14 @@ class StragglerJudge:
         return found
 
 
+def _doing(stacks: RankStacks) -> Activity:
+    # A rank silent in a sample holds its GIL in C code (it is not dumped): it works.
+    return Activity.WORKING if stacks.source is StackSource.SILENT else activity(stacks)
+
+
 def _lone_workers(report: StackReport, now: float) -> _Sample:
     """The ranks of a sample that work while most of the others wait, and where each is."""
-    doing = {stacks.rank: activity(stacks) for stacks in report.ranks}
+    doing = {stacks.rank: _doing(stacks) for stacks in report.ranks}
     known = [r for r, a in doing.items() if a in (Activity.WAITING, Activity.WORKING)]
     waiting = sum(doing[r] is Activity.WAITING for r in known)
     lone: set[int] = set()
@@ -121,7 +126,10 @@ def _lone_workers(report: StackReport, now: float) -> _Sample:
         if others >= 1 and 2 * waiting > others:  # most of the others wait
             lone.add(rank)
             frame = hot_frame(stacks)
-            hot[rank] = where(frame) if frame is not None else "no Python frame"
+            if stacks.source is StackSource.SILENT:
+                hot[rank] = "no answer (C code holding the GIL)"
+            else:
+                hot[rank] = where(frame) if frame is not None else "no Python frame"
     return _Sample(now, frozenset(lone), hot)
 
 

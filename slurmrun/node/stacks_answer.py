@@ -2,10 +2,13 @@
 
 Each live worker is asked (its inbox thread answers with `slurmrun.stacks.report.capture`, and the
 relay forwards the answer); one that has not answered within the request's ``answer_wait``
-(C code holding the GIL, a thread that cannot be scheduled) gets the stacks signal, and its
-faulthandler writes every thread's stack into its side socket, read here. A worker that
-exited, or that neither answers nor dumps, gets an answer without stacks saying why, so that
-the launcher never waits for a rank in vain.
+(C code holding the GIL, a thread that cannot be scheduled) is silent. For a report (a user's
+``stacks()``, a stall, a hang) it then gets the stacks signal, and its faulthandler writes every
+thread's stack into its side socket, read here; a sample (`slurmrun.protocol.StacksPurpose`)
+never dumps: the answer says the worker is silent. faulthandler reads every thread's frames
+without the GIL, from a signal handler: a risk worth taking when a person asks, not several
+times a second. A worker that exited, or that neither answers nor dumps, gets an answer without
+stacks saying why, so that the launcher never waits for a rank in vain.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ def answer_stacks(
     for worker in asked:
         if worker.stacks_answered >= ask.request:
             continue
+        if not ask.dumps():
+            _silent(launcher, ask, worker)
+            continue
         text = _dump(worker)
         if worker.stacks_answered >= ask.request:
             continue  # it answered after all (the dump, if any, is dropped)
@@ -66,6 +72,16 @@ def answer_stacks(
         else:
             why = _gone(worker) or f"no answer within {ask.answer_wait + DUMP_WAIT:g} s"
             _send(launcher, ask, worker, StackSource.NONE, why)
+
+
+def _silent(launcher: Connection, ask: protocol.AskStacks, worker: WorkerLink) -> None:
+    """Answers a sample for a worker that did not answer it: silent (never dumped), or gone."""
+    gone = _gone(worker)
+    if gone is not None:
+        _send(launcher, ask, worker, StackSource.NONE, gone)
+    else:
+        why = f"no answer within {ask.answer_wait:g} s (a sample: not dumped)"
+        _send(launcher, ask, worker, StackSource.SILENT, why)
 
 
 def _gone(worker: WorkerLink) -> str | None:

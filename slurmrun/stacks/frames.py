@@ -37,7 +37,10 @@ class StackSource(enum.Enum):
 
     PYTHON = "python"  # the worker's own thread answered (sys._current_frames)
     FAULTHANDLER = "faulthandler"  # the signal-safe fallback (a worker holding the GIL in C code)
-    NONE = "none"  # no stacks (exited, no answer)
+    NONE = "none"  # no stacks (exited, its agent gone, ...: the note says why)
+    # Alive, but it did not answer in time (C code holding the GIL): a sample's answer, which
+    # never dumps it (`slurmrun.protocol.StacksPurpose`), or an answer that came too late.
+    SILENT = "silent"
 
 
 @dataclass(frozen=True)
