@@ -154,3 +154,27 @@ def test_a_silent_rank_while_the_others_wait_holds_them_back() -> None:
         found += judge.add(StackReport(ranks, "", 0), i / 4)
     assert [f.rank for f in found] == [1]
     assert found[0].hot_frames == ("no answer (C code holding the GIL) 100%",)
+
+
+def test_a_rank_half_way_to_a_straggler_is_suspected_early_and_balanced_ranks_are_not() -> None:
+    judge = StragglerJudge(window=15.0)
+    suspected_at = None
+    for i, report in enumerate(_samples(slow=2, share=0.25, seconds=12)):
+        judge.add(report, float(i))  # calm: a sample a second
+        if judge.suspect and suspected_at is None:
+            suspected_at = i
+    assert suspected_at is not None and suspected_at < 10, suspected_at
+    judge = StragglerJudge(window=15.0)
+    balanced = _samples(slow=None, share=0.0, seconds=300)
+    suspected = sum(bool(judge.add(r, i / 4) or judge.suspect) for i, r in enumerate(balanced))
+    assert suspected < len(balanced) / 4, suspected  # mostly calm: a sample a second
+
+
+def test_a_hang_is_suspected_from_the_first_sample_that_finds_every_rank_where_it_was() -> None:
+    judge = HangJudge(60.0)
+    judge.add(_sample({0: True, 1: False}), 0.0)
+    assert not judge.suspect
+    judge.add(_sample({0: True, 1: False}), 1.0)
+    assert judge.suspect
+    judge.add(_sample({0: True, 1: False}, progress=3), 2.0)
+    assert not judge.suspect

@@ -90,9 +90,29 @@ def test_balanced_ranks_are_never_named_stragglers(tmp_path: Path) -> None:
     assert not list((tmp_path / "logs").glob("*/stragglers/*"))
 
 
-def test_stragglers_false_samples_nothing(tmp_path: Path) -> None:
-    events, _ = _run_steps(tmp_path, 1.5, 14.0, stragglers=False)
-    assert not [e for e in events if isinstance(e, Straggler)]
+def answers_for(seconds: float) -> int:
+    """How many stacks requests this worker answered in `seconds` (its inbox's answers)."""
+    import slurmrun.node.inbox as inbox
+
+    answered = []
+    real = inbox._answer
+
+    def counted(*args: object) -> None:
+        answered.append(1)
+        real(*args)  # type: ignore[arg-type]
+
+    inbox._answer = counted
+    time.sleep(seconds)
+    inbox._answer = real
+    return len(answered)
+
+
+def test_stragglers_false_samples_nothing_and_a_calm_run_is_sampled_once_a_second() -> None:
+    assert slurmrun.launch(answers_for, (3.0,), workers_per_host=2, backend=None).rank(0) == 0
+    sampled = slurmrun.launch(
+        answers_for, (4.0,), workers_per_host=2, backend=None, stragglers=True
+    ).values()
+    assert all(3 <= n <= 5 for n in sampled), sampled  # calm: once a second, not four times
 
 
 def hold_the_gil_while_sampled(dumped: str) -> str:

@@ -51,6 +51,8 @@ class HangJudge:
         self._since: dict[int, float] = {}  # when each rank was first seen at its place
         self._progress: dict[int, tuple[int, float]] = {}  # last count of collectives, and when
         self.longest_gap: float | None = None  # between two collectives of a rank
+        # Whether the last sample found every rank where it was, some waiting: sample more often.
+        self.suspect = False
 
     def reset(self, now: float) -> None:
         """Nothing counts as stuck before `now` (a debugger session held the ranks)."""
@@ -84,9 +86,11 @@ class HangJudge:
             if self._place.get(rank) != place:
                 self._place[rank], self._since[rank] = place, now
         limit = self.limit()
-        if not waiting or limit is None or len(self._since) < len(report.ranks):
+        known = len(self._since) >= len(report.ranks)
+        stuck_for = now - max(self._since.values(), default=now)
+        self.suspect = waiting and known and stuck_for > 0
+        if not waiting or limit is None or not known:
             return
-        stuck_for = now - max(self._since.values())
         if stuck_for >= limit:
             raise hang_error(report, stuck_for, limit)
 

@@ -1,11 +1,16 @@
 """Every rank's stacks, sampled a few times a second while a run goes on: stragglers, hangs.
 
 `Sampling` belongs to a run's `slurmrun.launcher.watch.RunWatch`: from its ticks it asks every
-rank for its stacks each `INTERVAL` seconds (once the run's workers all started, never while a
-debugger session holds them, one sample at a time), and hands each sample to the judges:
+rank for its stacks (once the run's workers all started, never while a debugger session holds
+them, one sample at a time), and hands each sample to the judges:
 `slurmrun.launcher.stragglers` (a `slurmrun.events.Straggler` event, a warning, a report in
 the log directory) and `slurmrun.launcher.hangs` (`slurmrun.HangError`, raised from the tick,
 which fails the run).
+
+The rate adapts: a sample each `CALM` seconds while nothing looks wrong, each `INTERVAL` seconds
+for a window once a judge suspects something (a rank whose straggler's score is half-way there;
+every rank where the last sample found it, some waiting), and always with
+``hang_timeout="auto"``, which calibrates on the gaps that the samples see.
 
 A worker answers a sample from its own thread (`slurmrun.stacks.report.capture`: well under a
 millisecond of its time; docs/stuck.md has the measured cost). One that does not answer within
@@ -41,13 +46,15 @@ __all__ = ["INTERVAL", "Sampling"]
 
 log = logging.getLogger("slurmrun")
 
-INTERVAL = 0.25  # seconds between samples, up to 500 ranks
+INTERVAL = 0.25  # seconds between samples once a judge suspects something, up to 500 ranks
+CALM = 1.0  # seconds between samples while nothing looks wrong
 # More ranks are sampled less often, so that the launcher parses at most ~2000 answers a second;
 # the stragglers' window then grows to hold as many samples.
 PER_RANK = 0.0005
-# A worker that does not answer itself within this is silent in the sample (the GIL is held).
-ANSWER_WAIT = 0.5
-SAMPLE_WAIT = 3.0  # the most a sample waits for its answers
+# A worker that has not answered a sample within this is silent in it (C code holds its GIL):
+# the agent only passes a sample on, the launcher waits.
+SAMPLE_WAIT = 1.0
+ANSWER_WAIT = 0.5  # a hang's report: how long a worker has before its agent dumps it
 HANG_REPORT_WAIT = 6.0  # the most a hang's report waits (the silent ranks are dumped)
 _KEPT = 8  # the last samples in which some rank held the others back, for the reports
 
@@ -84,7 +91,9 @@ class Sampling:
         self.pool = pool
         ranks = sum(share.workers for share in shares.values())
         self.interval = max(INTERVAL, PER_RANK * ranks)
+        self.calm = self.interval if hang_timeout == "auto" else max(CALM, self.interval)
         window = WINDOW * self.interval / INTERVAL
+        self._alert_until = 0.0  # sample each `interval` s until then, else each `calm` s
         self.stragglers = StragglerJudge(window) if stragglers else None
         self.hangs = HangJudge(hang_timeout) if hang_timeout is not None else None
         self.trace = trace
@@ -119,7 +128,7 @@ class Sampling:
             return
         if not all(share.started for share in self.shares.values()):
             return
-        self._next = now + self.interval
+        self._next = now + (self.interval if now < self._alert_until else self.calm)
         self.gather = self._ask("sampled", now, SAMPLE_WAIT, protocol.StacksPurpose.SAMPLE)
 
     def _ask(self, why: str, now: float, wait: float, purpose: protocol.StacksPurpose) -> Gather:
@@ -165,6 +174,10 @@ class Sampling:
                 # Where are the silent ones? A report may dump them (a sample may not).
                 gather = self._ask("hang", now, HANG_REPORT_WAIT, protocol.StacksPurpose.REPORT)
                 self._hang = (gather, e)
+        if (self.stragglers is not None and self.stragglers.suspect) or (
+            self.hangs is not None and self.hangs.suspect
+        ):
+            self._alert_until = now + (self.stragglers.window if self.stragglers else WINDOW)
 
     def _finish_hang(self, now: float) -> None:
         if self._hang is None or not self._hang[0].complete(now):
