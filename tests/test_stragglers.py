@@ -92,7 +92,7 @@ def test_balanced_ranks_are_never_named_stragglers(tmp_path: Path) -> None:
 
 def answers_for(seconds: float) -> int:
     """How many stacks requests this worker answered in `seconds` (its inbox's answers)."""
-    import slurmrun.node.inbox as inbox
+    from slurmrun.node import inbox
 
     answered = []
     real = inbox._answer

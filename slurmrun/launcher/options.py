@@ -165,7 +165,16 @@ class Options:
     of your site's checks; ``GROUP_RANK`` is the node's index); a node where it fails (exit
     status not 0, or still running after 60 s) is lost: with `min_hosts` or spares (`hosts`)
     the restart leaves it out, else `slurmrun.NodeUnhealthyError` names the node and the
-    command's last lines. None (the default): no check."""
+    command's last lines. None (the default): no check. Built-in checks come first: the log
+    directory is writable, and the node's GPUs (`gpu_check`)."""
+
+    gpu_check: Literal["auto", "on", "off"] = "auto"
+    """The built-in check of the GPUs the job gave each node (``CUDA_VISIBLE_DEVICES``, SLURM's
+    gres) before its workers start: ``nvidia-smi -L`` lists them and a tensor can be made on
+    each (in a child process: the agent never touches CUDA); a node that fails it is lost as
+    one failing `health_check`. ``"auto"`` (the default): on a node with NVIDIA's driver only
+    (a node without one, whose GPUs SLURM names, is not judged); ``"on"``: there too, which
+    fails saying that the node has no driver; ``"off"``: no check."""
 
     flight_recorder: bool = False
     """Turns on torch's NCCL flight recorder: each rank's last collectives are dumped, on a
@@ -234,6 +243,7 @@ class LaunchOptions(TypedDict, total=False):
     stragglers: bool
     hang_timeout: float | Literal["auto"] | None
     health_check: str | None
+    gpu_check: Literal["auto", "on", "off"]
     flight_recorder: bool
     job: str | None
     learn_preloads: bool

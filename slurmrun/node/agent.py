@@ -222,7 +222,7 @@ class Agent:
                 continue  # the launcher fails the run on our hello's error, and closes
             start = protocol.Start.from_header(frame.header)
             kept, fresh_why = self._take_kept(start)
-            if kept is None and start.health_check and not healthy(start, self.launcher):
+            if kept is None and not healthy(start, self.launcher):
                 return
             run = self._workers(start)
             self.current = run
