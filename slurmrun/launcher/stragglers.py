@@ -29,8 +29,8 @@ _SUSPECT_SAMPLES = 4  # before this, no rank is suspected
 # How far a score must stand above the noise of the window's samples (in standard errors of
 # the difference of two shares), to suspect a rank and to name it: balanced ranks that take
 # turns at being last, in few samples, can score high by chance.
-_Z_SUSPECT = 1.5
-_Z_FOUND = 3.0
+_Z_SUSPECT = 1.0
+_Z_FOUND = 2.5
 _HOT_FRAMES = 3
 
 
