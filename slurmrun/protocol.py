@@ -330,8 +330,9 @@ class StacksPurpose(str, enum.Enum):
     asks several times a second.
     """
 
-    REPORT = "report"  # `stacks()`, a stall, a hang, a failure: a silent worker is dumped
+    REPORT = "report"  # `stacks()`, a stall, a failure: a silent worker is dumped
     SAMPLE = "sample"  # the launcher's sampling: only the worker's own thread answers
+    HANG = "hang"  # a hang's report: as REPORT, and each worker dumps its flight recorder
 
 
 @dataclass(frozen=True)
@@ -369,6 +370,10 @@ class Stacks(Message):
     # The collectives the worker's process groups began (torch's sequence numbers, summed);
     # -1: unknown. A rank seen twice in one collective has not progressed if it is unchanged.
     progress: int = -1
+    # A hang's report (`StacksPurpose.HANG`): where the worker wrote its flight recorder, and
+    # the last collective it recorded ("gloo:all_reduce #12"); "": none.
+    recorder: str = ""
+    recorder_last: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "note", clip(self.note, 1000))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def test_a_rank_stuck_outside_the_collective_fails_the_run_with_hang_error(
     with pytest.raises(slurmrun.HangError) as caught:
         slurmrun.launch(
             hang_in_rank_1, (3, 0.2, str(hung)), workers_per_host=2, backend="gloo",
-            hang_timeout=2.0,
+            hang_timeout=2.0, flight_recorder=True,
         )  # fmt: skip
     took = time.time() - float(hung.read_text())
     error = caught.value
@@ -63,6 +64,12 @@ def test_a_rank_stuck_outside_the_collective_fails_the_run_with_hang_error(
     assert f"(every thread's stacks: {error.stacks_file})" in text, text
     notes = "\n".join(getattr(error, "__notes__", []))
     assert "where the ranks still running were" not in notes  # no second dump: it has them
+    # gloo's flight recorder (torch 2.6 and later): rank 0 began a collective rank 1 did not.
+    dumps = [Path(f) for f in error.flight_recorder]
+    assert [f.name for f in dumps] == ["nccl_trace_rank_0", "nccl_trace_rank_1"], dumps
+    assert all(f.parent.name == "flight_recorder" and f.stat().st_size for f in dumps)
+    last = dict(re.findall(r"^rank (\d): gloo:all_reduce #(\d+)", text, re.MULTILINE))
+    assert int(last["0"]) == int(last["1"]) + 1, text
     print(f"HangError {took:.1f} s after the hang (hang_timeout 2 s)")
 
 

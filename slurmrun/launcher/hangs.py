@@ -17,6 +17,7 @@ Pure: samples in, the error out.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Literal
 
 from slurmrun.errors import HangError
@@ -117,12 +118,23 @@ def hang_error(report: StackReport, seconds: float, limit: float) -> HangError:
         )
     else:
         who = "every rank waited in a collective"
+    recorded = [r for r in report.ranks if r.recorder_last]
+    dumps = tuple(r.recorder for r in recorded if r.recorder)
+    recorder = ""
+    if recorded:
+        folder = os.path.dirname(dumps[0]) if dumps else ""
+        recorder = (
+            f"\nThe last collective each rank began, by its flight recorder"
+            f"{f' (dumps: {folder})' if folder else ''}:\n"
+            + "\n".join(f"rank {r.rank}: {r.recorder_last}" for r in recorded)
+        )
     return HangError(
         f"the run hung: for {seconds:.0f} s (hang_timeout {limit:g} s) no rank progressed: "
-        f"{who}. Where each rank was:\n{report.summary()}",
+        f"{who}. Where each rank was:\n{report.summary()}{recorder}",
         seconds=seconds,
         stuck=stuck,
         report=report,
+        flight_recorder=dumps,
     )
 
 

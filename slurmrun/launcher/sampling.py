@@ -14,9 +14,10 @@ every rank where the last sample found it, some waiting), and always with
 
 A worker answers a sample from its own thread (`slurmrun.stacks.report.capture`: well under a
 millisecond of its time; docs/stuck.md has the measured cost). One that does not answer within
-`ANSWER_WAIT` (C code holding its GIL) is silent in that sample: a sample never dumps a worker
-with faulthandler (`slurmrun.protocol.StacksPurpose`). Only a hang's report does, when some
-rank was silent in the sample that found the hang.
+`SAMPLE_WAIT` (C code holding its GIL) is silent in that sample: a sample never dumps a worker
+with faulthandler (`slurmrun.protocol.StacksPurpose`). A hang's report, asked for once the
+judge found the hang, does: its error shows where every rank is, and each rank's flight
+recorder (`slurmrun.node.recorder`) where torch keeps one.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ from slurmrun.launcher.pool import AgentPool
 from slurmrun.launcher.share import Share
 from slurmrun.launcher.stacks_gather import Gather
 from slurmrun.launcher.stragglers import WINDOW, Found, StragglerJudge
-from slurmrun.stacks.report import StackSource
 
 if TYPE_CHECKING:
     from slurmrun.stacks.report import StackReport
@@ -169,10 +169,9 @@ class Sampling:
             try:
                 self.hangs.add(report, now)
             except HangError as e:
-                if not any(r.source is StackSource.SILENT for r in report.ranks):
-                    raise self._hang_error(e, report) from None
-                # Where are the silent ones? A report may dump them (a sample may not).
-                gather = self._ask("hang", now, HANG_REPORT_WAIT, protocol.StacksPurpose.REPORT)
+                # The hang's own report: the silent ranks dumped (a sample never dumps), and
+                # each rank's flight recorder where torch keeps one.
+                gather = self._ask("hang", now, HANG_REPORT_WAIT, protocol.StacksPurpose.HANG)
                 self._hang = (gather, e)
         if (self.stragglers is not None and self.stragglers.suspect) or (
             self.hangs is not None and self.hangs.suspect
@@ -196,6 +195,7 @@ class Sampling:
         return HangError(
             f"{error}\n(every thread's stacks: {path})",
             seconds=error.seconds, stuck=error.stuck, report=error.report, stacks_file=str(path),
+            flight_recorder=error.flight_recorder,
         )  # fmt: skip
 
     def _straggler(self, found: Found, report: StackReport) -> None:

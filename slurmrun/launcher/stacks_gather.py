@@ -96,7 +96,11 @@ class Gather:
         source, threads, note = _threads(answer, bytes(body))
         progress = answer.progress  # from the network: an int >= 0, or unknown
         known = type(progress) is int and progress >= 0
-        self._add(node_rank, answer.local_rank, threads, source, note, progress if known else None)
+        recorder = (str(answer.recorder), str(answer.recorder_last))
+        self._add(
+            node_rank, answer.local_rank, threads, source, note, progress if known else None,
+            recorder,
+        )  # fmt: skip
 
     def complete(self, now: float) -> bool:
         """Whether the report can be made: every rank answered, or the time is up."""
@@ -128,6 +132,7 @@ class Gather:
         source: StackSource,
         note: str,
         progress: int | None = None,
+        recorder: tuple[str, str] = ("", ""),
     ) -> None:
         key = (node_rank, local_rank)
         if key in self.got:
@@ -141,6 +146,8 @@ class Gather:
             source=source,
             note=note,
             progress=progress,
+            recorder=recorder[0],
+            recorder_last=recorder[1],
         )
         self._left -= 1
 

@@ -73,6 +73,8 @@ class RankStacks:
     source: StackSource
     note: str = ""
     progress: int | None = None  # collectives begun (`slurmrun.protocol.Stacks`); None: unknown
+    recorder: str = ""  # a hang's report: the rank's flight recorder dump ("": none)
+    recorder_last: str = ""  # the last collective it recorded, in words
 
 
 def is_ours(filename: str) -> bool:
