@@ -45,7 +45,10 @@ def dump_flight_recorder() -> tuple[str, str]:
             return "", ""
         # Without stack traces: torch symbolizes them, about a second that the hang's report
         # would wait for (and fr_trace does not need them).
-        raw = dump(includeStackTraces=False)
+        try:
+            raw = dump(includeStackTraces=False)
+        except TypeError:  # a torch whose dump takes no such argument
+            raw = dump()
         # Our own process's bytes, just made by torch: not data from elsewhere.
         entries = pickle.loads(raw).get("entries") or []  # noqa: S301
         prefix = os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or _DEFAULT_PREFIX
