@@ -143,14 +143,13 @@ class Options:
     (the default): never, as runs are often silent for long on purpose; set it a little above
     your longest quiet stretch."""
 
-    stragglers: bool = False
-    """True: samples every rank's Python stack four times a second while a run goes on (about
-    0.1-0.5 ms of a rank's time a sample) to find the rank that works while the others wait
-    for it in a collective: a warning naming the rank, its node and where it works, a
-    `slurmrun.events.Straggler` event, and a report in the log directory (docs/stuck.md).
-    False (the default, while the sampling costs about 11 % of a tight loop's steps on 2
-    cores and a worker's SIGSEGV with it on is unexplained: docs/stuck.md): no sampling
-    (unless `hang_timeout` is set)."""
+    stragglers: bool = True
+    """True (the default): samples every rank's Python stack while a run goes on (once a
+    second, four times a second while a rank looks like one; about 0.3 ms of a rank's CPU a
+    sample) to find the rank that works while the others wait for it in a collective: a
+    warning naming the rank, its node and where it works, a `slurmrun.events.Straggler`
+    event, and a report in the log directory (docs/stuck.md). False: no sampling (unless
+    `hang_timeout` is set)."""
 
     hang_timeout: float | Literal["auto"] | None = None
     """Seconds after which a run whose ranks are all stuck, some waiting in a collective and
