@@ -186,7 +186,11 @@ def test_a_workers_exit_code_polled_from_several_threads_at_once_is_read_by_all(
         start = threading.Barrier(4)
         seen: list[object] = []
 
-        def poll(worker: WorkerProcess = worker, start: threading.Barrier = start) -> None:
+        def poll(
+            worker: WorkerProcess = worker,
+            start: threading.Barrier = start,
+            seen: list[object] = seen,
+        ) -> None:
             start.wait()
             try:
                 seen.append(worker.poll())
