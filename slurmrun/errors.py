@@ -139,6 +139,10 @@ class HangError(RuntimeError):
         stuck: the ranks that were not waiting in a collective (empty: all were).
         report: every rank's stacks at the end (a `slurmrun.stacks.StackReport`).
         stacks_file: the report in the log directory ("" if there is none).
+        flight_recorder: each rank's flight recorder dump, where torch keeps one
+            (``flight_recorder=True``; NCCL, and gloo since torch 2.6), for ``python -m
+            torch.distributed.flight_recorder.fr_trace``; the message names each rank's last
+            collective. Empty: none.
     """
 
     def __init__(
@@ -149,12 +153,14 @@ class HangError(RuntimeError):
         stuck: tuple[int, ...] = (),
         report: object = None,
         stacks_file: str = "",
+        flight_recorder: tuple[str, ...] = (),
     ) -> None:
         super().__init__(message)
         self.seconds = seconds
         self.stuck = stuck
         self.report = report
         self.stacks_file = stacks_file
+        self.flight_recorder = flight_recorder
 
 
 class NodeUnhealthyError(AgentFailedError):

@@ -33,6 +33,7 @@ During a run, two exchanges look inside it (`slurmrun.stacks`, `slurmrun.node.de
 
            <------------------  ASK_STACKS                 the agent asks each worker, or
     STACKS (one per worker) -->                            dumps it with faulthandler
+                                                           (a report, never a sample)
     DEBUGGER (PROMPT) ------->                             a worker's pdb wants a line
            <------------------  DEBUG_INPUT                the user's line, for that worker
     DEBUGGER (ENDED) -------->                             its session is over
@@ -321,6 +322,19 @@ class Stop(Message):
     kind: ClassVar[str] = "stop"
 
 
+class StacksPurpose(str, enum.Enum):
+    """What a request for stacks is for, and so whether a worker that is silent is dumped.
+
+    faulthandler's dump reads every thread's frames from a signal handler, without the GIL:
+    it is kept for the reports a person reads, never spent on the launcher's sampling, which
+    asks several times a second.
+    """
+
+    REPORT = "report"  # `stacks()`, a stall, a failure: a silent worker is dumped
+    SAMPLE = "sample"  # the launcher's sampling: only the worker's own thread answers
+    HANG = "hang"  # a hang's report: as REPORT, and each worker dumps its flight recorder
+
+
 @dataclass(frozen=True)
 class AskStacks(Message):
     """Every worker's stacks, please: launcher -> agent, and agent -> each worker."""
@@ -328,8 +342,14 @@ class AskStacks(Message):
     kind: ClassVar[str] = "ask_stacks"
     run: int
     request: int  # the answers carry it back
-    # Seconds a worker has to answer itself before the agent dumps it (`slurmrun.stacks`).
+    # Seconds a worker has to answer itself before the agent dumps it (a report) or says it
+    # is silent (a sample).
     answer_wait: float = 1.0
+    purpose: str = StacksPurpose.REPORT.value  # a `StacksPurpose` value
+
+    def dumps(self) -> bool:
+        """Whether a worker that does not answer itself within `answer_wait` is dumped."""
+        return self.purpose != StacksPurpose.SAMPLE.value
 
 
 @dataclass(frozen=True)
@@ -337,7 +357,8 @@ class Stacks(Message):
     """One worker's stacks (the body) for request `request`: worker or agent -> launcher.
 
     The body is `slurmrun.stacks.report.capture`'s JSON (`source` "python"), faulthandler's text
-    ("faulthandler"), or empty ("none": `note` says why).
+    ("faulthandler"), or empty ("silent": alive, but it did not answer a sample in time;
+    "none": `note` says why).
     """
 
     kind: ClassVar[str] = "stacks"
@@ -349,6 +370,10 @@ class Stacks(Message):
     # The collectives the worker's process groups began (torch's sequence numbers, summed);
     # -1: unknown. A rank seen twice in one collective has not progressed if it is unchanged.
     progress: int = -1
+    # A hang's report (`StacksPurpose.HANG`): where the worker wrote its flight recorder, and
+    # the last collective it recorded ("gloo:all_reduce #12"); "": none.
+    recorder: str = ""
+    recorder_last: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "note", clip(self.note, 1000))

@@ -62,6 +62,9 @@ class RunStart(Surroundings):
     # A shell command each agent runs before it forks fresh workers (`Launcher.health_check`,
     # `slurmrun.node.health_check`); None: none.
     health_check: str | None = None
+    # The built-in check of the node's GPUs (`Launcher.gpu_check`): "auto", where NVIDIA's
+    # driver is; "on", wherever GPUs are given; "off", never.
+    gpu_check: str = "auto"
     # A map's run (`Launcher.map`, `slurmrun.map_messages`): its workers are slots of this many;
     # a worker's death ends its slot only, not the run. 0: an ordinary run.
     workers_per_item: int = 0

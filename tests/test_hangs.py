@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 import slurmrun
 from slurmrun.events import Event, Restarting
+from slurmrun.stacks.report import StackSource
 
 
 @pytest.fixture(autouse=True)
@@ -48,7 +50,7 @@ def test_a_rank_stuck_outside_the_collective_fails_the_run_with_hang_error(
     with pytest.raises(slurmrun.HangError) as caught:
         slurmrun.launch(
             hang_in_rank_1, (3, 0.2, str(hung)), workers_per_host=2, backend="gloo",
-            hang_timeout=2.0,
+            hang_timeout=2.0, flight_recorder=True,
         )  # fmt: skip
     took = time.time() - float(hung.read_text())
     error = caught.value
@@ -62,6 +64,12 @@ def test_a_rank_stuck_outside_the_collective_fails_the_run_with_hang_error(
     assert f"(every thread's stacks: {error.stacks_file})" in text, text
     notes = "\n".join(getattr(error, "__notes__", []))
     assert "where the ranks still running were" not in notes  # no second dump: it has them
+    # gloo's flight recorder (torch 2.6 and later): rank 0 began a collective rank 1 did not.
+    dumps = [Path(f) for f in error.flight_recorder]
+    assert [f.name for f in dumps] == ["nccl_trace_rank_0", "nccl_trace_rank_1"], dumps
+    assert all(f.parent.name == "flight_recorder" and f.stat().st_size for f in dumps)
+    last = dict(re.findall(r"^rank (\d): gloo:all_reduce #(\d+)", text, re.MULTILINE))
+    assert int(last["0"]) == int(last["1"]) + 1, text
     print(f"HangError {took:.1f} s after the hang (hang_timeout 2 s)")
 
 
@@ -118,3 +126,38 @@ def test_ranks_busy_in_one_collective_after_another_do_not_hang() -> None:
 def test_hang_timeout_must_be_positive_seconds_or_auto(bad: object) -> None:
     with pytest.raises(slurmrun.OptionsError, match="hang_timeout must be"):
         slurmrun.launch(all_reduce_for, (0,), workers_per_host=1, hang_timeout=bad)  # type: ignore[arg-type]
+
+
+def hold_the_gil_in_rank_1(hung: str) -> int:
+    """Rank 1 holds its GIL in C code (a regex backtracking) while rank 0 waits for it."""
+    import pathlib
+    import re
+
+    import torch
+    import torch.distributed as dist
+
+    for _ in range(3):
+        time.sleep(0.2)
+        dist.all_reduce(torch.ones(1))
+    if dist.get_rank() == 1:
+        pathlib.Path(hung).write_text(str(time.time()))
+        re.match(r"(x+x+)+y", "x" * 29)  # ~9 s: no sample is answered meanwhile
+    dist.all_reduce(torch.ones(1))
+    return dist.get_rank()
+
+
+def test_a_hang_in_c_code_holding_the_gil_is_dumped_for_its_report(tmp_path: Path) -> None:
+    hung = tmp_path / "hung"
+    with pytest.raises(slurmrun.HangError) as caught:
+        slurmrun.launch(
+            hold_the_gil_in_rank_1, (str(hung),), workers_per_host=2, backend="gloo",
+            hang_timeout=2.0,
+        )  # fmt: skip
+    took = time.time() - float(hung.read_text())
+    assert took < 2.0 + 5.0, took
+    error = caught.value
+    assert error.stuck == (1,)
+    rank1 = error.report.ranks[1]
+    assert rank1.source is StackSource.FAULTHANDLER, rank1  # the hang's report dumps it
+    assert "hold_the_gil_in_rank_1" in [f.function for t in rank1.threads for f in t.frames]
+    print(f"HangError {took:.1f} s after the hang (hang_timeout 2 s)")

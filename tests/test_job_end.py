@@ -168,3 +168,38 @@ def test_a_worker_sigtermed_a_moment_before_its_agent_is_told_as_slurm_ending_th
             driver.kill()
             driver.wait()
     assert "raised AgentFailedError" in out, out
+
+
+def test_a_workers_exit_code_polled_from_several_threads_at_once_is_read_by_all() -> None:
+    """The supervisor and a stacks sample poll a worker at once: each must get its code (3),
+    none an empty pipe taken for a SIGKILL, nor a closed descriptor."""
+    import struct
+    import threading
+
+    from slurmrun.node.spawner import WorkerProcess
+
+    for _ in range(200):
+        status_r, status_w = os.pipe()
+        os.write(status_w, struct.pack("!i", 3))
+        os.close(status_w)
+        worker = WorkerProcess(12345, status_r)
+        start = threading.Barrier(4)
+        seen: list[object] = []
+
+        def poll(
+            worker: WorkerProcess = worker,
+            start: threading.Barrier = start,
+            seen: list[object] = seen,
+        ) -> None:
+            start.wait()
+            try:
+                seen.append(worker.poll())
+            except OSError as e:
+                seen.append(e)
+
+        threads = [threading.Thread(target=poll) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert seen == [3, 3, 3, 3], seen

@@ -132,3 +132,49 @@ def test_a_pause_resets_the_hang_clock() -> None:
     judge.add(_sample({0: True, 1: True}, progress=1), 6.0)
     now, _ = _first_hang(judge, [(7.0, _sample({0: True, 1: True}, progress=1))])
     assert now == 7.0
+
+
+def test_a_silent_rank_keeps_the_place_it_was_last_seen_at() -> None:
+    judge = HangJudge(1.0)
+    judge.add(StackReport((_stacks(0, True), _stacks(1, False, line=50)), "", 0), 0.0)
+    silent = RankStacks(1, "node1", 0, (), StackSource.SILENT)  # typed: no note is read
+    now, error = _first_hang(
+        judge, [(t / 4, StackReport((_stacks(0, True), silent), "", 0)) for t in range(1, 12)]
+    )
+    assert now == 1.0  # stuck since 0.0, where it was last seen
+    assert error.stuck == (1,)
+
+
+def test_a_silent_rank_while_the_others_wait_holds_them_back() -> None:
+    judge = StragglerJudge(window=15.0)
+    silent = RankStacks(1, "node1", 0, (), StackSource.SILENT)
+    found = []
+    for i in range(60):
+        ranks = (_stacks(0, True), silent if i % 3 == 0 else _stacks(1, True))
+        found += judge.add(StackReport(ranks, "", 0), i / 4)
+    assert [f.rank for f in found] == [1]
+    assert found[0].hot_frames == ("no answer (C code holding the GIL) 100%",)
+
+
+def test_a_rank_half_way_to_a_straggler_is_suspected_early_and_balanced_ranks_are_not() -> None:
+    judge = StragglerJudge(window=15.0)
+    suspected_at = None
+    for i, report in enumerate(_samples(slow=2, share=0.25, seconds=12)):
+        judge.add(report, float(i))  # calm: a sample a second
+        if judge.suspect and suspected_at is None:
+            suspected_at = i
+    assert suspected_at is not None and suspected_at < 10, suspected_at
+    judge = StragglerJudge(window=15.0)
+    balanced = _samples(slow=None, share=0.0, seconds=300)
+    suspected = sum(bool(judge.add(r, i / 4) or judge.suspect) for i, r in enumerate(balanced))
+    assert suspected < len(balanced) / 4, suspected  # mostly calm: a sample a second
+
+
+def test_a_hang_is_suspected_from_the_first_sample_that_finds_every_rank_where_it_was() -> None:
+    judge = HangJudge(60.0)
+    judge.add(_sample({0: True, 1: False}), 0.0)
+    assert not judge.suspect
+    judge.add(_sample({0: True, 1: False}), 1.0)
+    assert judge.suspect
+    judge.add(_sample({0: True, 1: False}, progress=3), 2.0)
+    assert not judge.suspect

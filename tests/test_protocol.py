@@ -99,7 +99,7 @@ def test_every_kind_round_trips_through_its_header() -> None:
         protocol.StreamRequest(),
         protocol.Func(),
         protocol.Stop(),
-        protocol.AskStacks(run=3, request=7, answer_wait=0.5),
+        protocol.AskStacks(run=3, request=7, answer_wait=0.5, purpose="sample"),
         protocol.Stacks(request=7, source="faulthandler", note="n", local_rank=1, run=3),
         protocol.Debugger(state=protocol.DebugState.PROMPT.value, where="node2 rank 5", run=3),
         protocol.DebugInput(run=3, local_rank=1, eof=True),

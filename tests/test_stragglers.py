@@ -90,6 +90,49 @@ def test_balanced_ranks_are_never_named_stragglers(tmp_path: Path) -> None:
     assert not list((tmp_path / "logs").glob("*/stragglers/*"))
 
 
-def test_stragglers_false_samples_nothing(tmp_path: Path) -> None:
-    events, _ = _run_steps(tmp_path, 1.5, 14.0, stragglers=False)
-    assert not [e for e in events if isinstance(e, Straggler)]
+def answers_for(seconds: float) -> int:
+    """How many stacks requests this worker answered in `seconds` (its inbox's answers)."""
+    from slurmrun.node import inbox
+
+    answered = []
+    real = inbox._answer
+
+    def counted(*args: object) -> None:
+        answered.append(1)
+        real(*args)  # type: ignore[arg-type]
+
+    inbox._answer = counted
+    time.sleep(seconds)
+    inbox._answer = real
+    return len(answered)
+
+
+def test_stragglers_false_samples_nothing_and_by_default_a_calm_run_is_sampled_once_a_second() -> (
+    None
+):
+    off = slurmrun.launch(answers_for, (3.0,), workers_per_host=2, backend=None, stragglers=False)
+    assert off.rank(0) == 0
+    sampled = slurmrun.launch(answers_for, (4.0,), workers_per_host=2, backend=None).values()
+    assert all(3 <= n <= 5 for n in sampled), sampled  # on by default; calm: once a second
+
+
+def hold_the_gil_while_sampled(dumped: str) -> str:
+    """Seconds in C code that holds the GIL, with the stacks signal's dump sent to `dumped`."""
+    import faulthandler
+    import re
+
+    from slurmrun.stacks import stacks_signal
+
+    with open(dumped, "w", encoding="utf-8") as f:
+        faulthandler.register(stacks_signal(), file=f, all_threads=True, chain=False)
+        time.sleep(0.6)  # sampled: the worker's own thread answers
+        re.match(r"(x+x+)+y", "x" * 27)  # ~2 s; no thread of this worker can answer meanwhile
+    return Path(dumped).read_text(encoding="utf-8")
+
+
+def test_a_sample_never_dumps_a_worker_that_holds_the_gil(tmp_path: Path) -> None:
+    dumped = slurmrun.launch(
+        hold_the_gil_while_sampled, (str(tmp_path / "dump"),), workers_per_host=1,
+        backend=None, stragglers=True,
+    ).rank(0)  # fmt: skip
+    assert dumped == "", dumped  # the stacks signal never came: no faulthandler dump

@@ -81,6 +81,7 @@ SHAPES: dict[str, tuple[str, str, str]] = {
         "a shell command, in one quoted string",
         "--health-check 'nvidia-smi -L'",
     ),
+    "gpu_check": ("auto|on|off", "auto, on or off", "--gpu-check on"),
     "hang_timeout": (
         "SECONDS|auto",
         "a number of seconds, or auto",

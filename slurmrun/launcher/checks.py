@@ -67,6 +67,8 @@ def _validate_watching(cfg: Options) -> None:
         raise OptionsValueError(
             f"health_check must be a shell command or None, got {cfg.health_check!r}"
         )
+    if cfg.gpu_check not in ("auto", "on", "off"):
+        raise OptionsValueError(f"gpu_check must be 'auto', 'on' or 'off', got {cfg.gpu_check!r}")
     if not isinstance(cfg.stragglers, bool):
         raise OptionsTypeError(f"stragglers must be True or False, got {cfg.stragglers!r}")
     try:

@@ -17,13 +17,14 @@ Pure: samples in, the error out.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Literal
 
 from slurmrun.errors import HangError
 from slurmrun.stacks.classify import Activity, activity
-from slurmrun.stacks.report import RankStacks, StackReport, rank_ranges
+from slurmrun.stacks.report import RankStacks, StackReport, StackSource, rank_ranges
 
-__all__ = ["AUTO_FACTOR", "AUTO_FLOOR", "HangJudge"]
+__all__ = ["AUTO_FACTOR", "AUTO_FLOOR", "HangJudge", "hang_error"]
 
 AUTO_FACTOR = 4.0
 AUTO_FLOOR = 5.0
@@ -51,6 +52,8 @@ class HangJudge:
         self._since: dict[int, float] = {}  # when each rank was first seen at its place
         self._progress: dict[int, tuple[int, float]] = {}  # last count of collectives, and when
         self.longest_gap: float | None = None  # between two collectives of a rank
+        # Whether the last sample found every rank where it was, some waiting: sample more often.
+        self.suspect = False
 
     def reset(self, now: float) -> None:
         """Nothing counts as stuck before `now` (a debugger session held the ranks)."""
@@ -76,19 +79,21 @@ class HangJudge:
         for stacks in report.ranks:
             rank = stacks.rank
             self._count(rank, stacks.progress, now)
+            if stacks.source is StackSource.SILENT:
+                continue  # it could not say (C code holds its GIL): where it was last seen stands
             doing = activity(stacks)
-            if doing is Activity.UNKNOWN and stacks.note.startswith("no answer"):
-                continue  # it could not say: where it was last seen stands
             waiting = waiting or doing is Activity.WAITING
             place = _place(stacks)
             if self._place.get(rank) != place:
                 self._place[rank], self._since[rank] = place, now
         limit = self.limit()
-        if not waiting or limit is None or len(self._since) < len(report.ranks):
+        known = len(self._since) >= len(report.ranks)
+        stuck_for = now - max(self._since.values(), default=now)
+        self.suspect = waiting and known and stuck_for > 0
+        if not waiting or limit is None or not known:
             return
-        stuck_for = now - max(self._since.values())
         if stuck_for >= limit:
-            raise _hang_error(report, stuck_for, limit)
+            raise hang_error(report, stuck_for, limit)
 
     def _count(self, rank: int, progress: int | None, now: float) -> None:
         if progress is None:
@@ -101,8 +106,8 @@ class HangJudge:
             self._progress[rank] = (progress, now)
 
 
-def _hang_error(report: StackReport, seconds: float, limit: float) -> HangError:
-    """The error of a hang: who waits, who does not, and where, grouped by stack."""
+def hang_error(report: StackReport, seconds: float, limit: float) -> HangError:
+    """The error of a hang: who waits, who does not, and where (`report`), grouped by stack."""
     doing = {r.rank: activity(r) for r in report.ranks}
     stuck = tuple(sorted(r for r, a in doing.items() if a is not Activity.WAITING))
     waiting = [r for r, a in doing.items() if a is Activity.WAITING]
@@ -113,12 +118,23 @@ def _hang_error(report: StackReport, seconds: float, limit: float) -> HangError:
         )
     else:
         who = "every rank waited in a collective"
+    recorded = [r for r in report.ranks if r.recorder_last]
+    dumps = tuple(r.recorder for r in recorded if r.recorder)
+    recorder = ""
+    if recorded:
+        folder = os.path.dirname(dumps[0]) if dumps else ""
+        recorder = (
+            f"\nThe last collective each rank began, by its flight recorder"
+            f"{f' (dumps: {folder})' if folder else ''}:\n"
+            + "\n".join(f"rank {r.rank}: {r.recorder_last}" for r in recorded)
+        )
     return HangError(
         f"the run hung: for {seconds:.0f} s (hang_timeout {limit:g} s) no rank progressed: "
-        f"{who}. Where each rank was:\n{report.summary()}",
+        f"{who}. Where each rank was:\n{report.summary()}{recorder}",
         seconds=seconds,
         stuck=stuck,
         report=report,
+        flight_recorder=dumps,
     )
 
 

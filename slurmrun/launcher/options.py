@@ -143,13 +143,12 @@ class Options:
     (the default): never, as runs are often silent for long on purpose; set it a little above
     your longest quiet stretch."""
 
-    stragglers: bool = False
-    """True: samples every rank's Python stack four times a second while a run goes on (about
-    0.1-0.5 ms of a rank's time a sample) to find the rank that works while the others wait
-    for it in a collective: a warning naming the rank, its node and where it works, a
-    `slurmrun.events.Straggler` event, and a report in the log directory (docs/stuck.md).
-    False (the default, while the sampling costs about 11 % of a tight loop's steps on 2
-    cores and a worker's SIGSEGV with it on is unexplained: docs/stuck.md): no sampling
+    stragglers: bool = True
+    """True (the default): samples every rank's Python stack while a run goes on (once a
+    second, four times a second while a rank looks like one; well under 0.1 % of a rank's
+    core at a sample a second: docs/stuck.md) to find the rank that works while the others
+    wait for it in a collective: a warning naming the rank, its node and where it works, a
+    `slurmrun.events.Straggler` event, and a report in the log directory. False: no sampling
     (unless `hang_timeout` is set)."""
 
     hang_timeout: float | Literal["auto"] | None = None
@@ -165,7 +164,16 @@ class Options:
     of your site's checks; ``GROUP_RANK`` is the node's index); a node where it fails (exit
     status not 0, or still running after 60 s) is lost: with `min_hosts` or spares (`hosts`)
     the restart leaves it out, else `slurmrun.NodeUnhealthyError` names the node and the
-    command's last lines. None (the default): no check."""
+    command's last lines. None (the default): no check. Built-in checks come first: the log
+    directory is writable, and the node's GPUs (`gpu_check`)."""
+
+    gpu_check: Literal["auto", "on", "off"] = "auto"
+    """The built-in check of the GPUs the job gave each node (``CUDA_VISIBLE_DEVICES``, SLURM's
+    gres) before its workers start: ``nvidia-smi -L`` lists them and a tensor can be made on
+    each (in a child process: the agent never touches CUDA); a node that fails it is lost as
+    one failing `health_check`. ``"auto"`` (the default): on a node with NVIDIA's driver only
+    (a node without one, whose GPUs SLURM names, is not judged); ``"on"``: there too, which
+    fails saying that the node has no driver; ``"off"``: no check."""
 
     flight_recorder: bool = False
     """Turns on torch's NCCL flight recorder: each rank's last collectives are dumped, on a
@@ -234,6 +242,7 @@ class LaunchOptions(TypedDict, total=False):
     stragglers: bool
     hang_timeout: float | Literal["auto"] | None
     health_check: str | None
+    gpu_check: Literal["auto", "on", "off"]
     flight_recorder: bool
     job: str | None
     learn_preloads: bool

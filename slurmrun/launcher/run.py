@@ -330,6 +330,7 @@ def _run_part(
         keep=call.keep_workers,
         output_window=output_window,
         health_check=call.health_check,
+        gpu_check=call.gpu_check,
         workers_per_item=call.workers_per_item,
     )
 

@@ -34,6 +34,7 @@ class Call:
         local_master: rank 0's store is reached at 127.0.0.1 (the agents are local).
         keep_workers: the workers of a successful run serve the next (`Launcher.keep_workers`).
         health_check: the command each node runs before its fresh workers start (None: none).
+        gpu_check: the built-in check of each node's GPUs ("auto", "on", "off").
         workers_per_item: a map's run, of slots of this many workers (`Launcher.map`); 0: not.
     """
 
@@ -46,6 +47,7 @@ class Call:
     local_master: bool = False
     keep_workers: bool = False
     health_check: str | None = None
+    gpu_check: str = "auto"
     workers_per_item: int = 0
 
 

@@ -1,14 +1,23 @@
 """Every rank's stacks, sampled a few times a second while a run goes on: stragglers, hangs.
 
 `Sampling` belongs to a run's `slurmrun.launcher.watch.RunWatch`: from its ticks it asks every
-rank for its stacks each `INTERVAL` seconds (once the run's workers all started, never while a
-debugger session holds them, one sample at a time), and hands each sample to the judges:
+rank for its stacks (once the run's workers all started, never while a debugger session holds
+them, one sample at a time), and hands each sample to the judges:
 `slurmrun.launcher.stragglers` (a `slurmrun.events.Straggler` event, a warning, a report in
 the log directory) and `slurmrun.launcher.hangs` (`slurmrun.HangError`, raised from the tick,
 which fails the run).
 
+The rate adapts: a sample each `CALM` seconds while nothing looks wrong, each `INTERVAL` seconds
+for a window once a judge suspects something (a rank whose straggler's score is half-way there;
+every rank where the last sample found it, some waiting), and always with
+``hang_timeout="auto"``, which calibrates on the gaps that the samples see.
+
 A worker answers a sample from its own thread (`slurmrun.stacks.report.capture`: well under a
-millisecond of its time; docs/stuck.md has the measured cost).
+millisecond of its time; docs/stuck.md has the measured cost). One that does not answer within
+`SAMPLE_WAIT` (C code holding its GIL) is silent in that sample: a sample never dumps a worker
+with faulthandler (`slurmrun.protocol.StacksPurpose`). A hang's report, asked for once the
+judge found the hang, does: its error shows where every rank is, and each rank's flight
+recorder (`slurmrun.node.recorder`) where torch keeps one.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from typing import TYPE_CHECKING, Literal
 from slurmrun import protocol
 from slurmrun.errors import HangError
 from slurmrun.events import Straggler, Trace
-from slurmrun.launcher.hangs import HangJudge
+from slurmrun.launcher.hangs import HangJudge, hang_error
 from slurmrun.launcher.pool import AgentPool
 from slurmrun.launcher.share import Share
 from slurmrun.launcher.stacks_gather import Gather
@@ -37,13 +46,16 @@ __all__ = ["INTERVAL", "Sampling"]
 
 log = logging.getLogger("slurmrun")
 
-INTERVAL = 0.25  # seconds between samples, up to 500 ranks
+INTERVAL = 0.25  # seconds between samples once a judge suspects something, up to 500 ranks
+CALM = 1.0  # seconds between samples while nothing looks wrong
 # More ranks are sampled less often, so that the launcher parses at most ~2000 answers a second;
 # the stragglers' window then grows to hold as many samples.
 PER_RANK = 0.0005
-# A worker that does not answer itself within this is dumped by faulthandler (the GIL is held).
-ANSWER_WAIT = 0.5
-SAMPLE_WAIT = 3.0  # the most a sample waits for its answers
+# A worker that has not answered a sample within this is silent in it (C code holds its GIL):
+# the agent only passes a sample on, the launcher waits.
+SAMPLE_WAIT = 1.0
+ANSWER_WAIT = 0.5  # a hang's report: how long a worker has before its agent dumps it
+HANG_REPORT_WAIT = 6.0  # the most a hang's report waits (the silent ranks are dumped)
 _KEPT = 8  # the last samples in which some rank held the others back, for the reports
 
 
@@ -79,12 +91,15 @@ class Sampling:
         self.pool = pool
         ranks = sum(share.workers for share in shares.values())
         self.interval = max(INTERVAL, PER_RANK * ranks)
+        self.calm = self.interval if hang_timeout == "auto" else max(CALM, self.interval)
         window = WINDOW * self.interval / INTERVAL
+        self._alert_until = 0.0  # sample each `interval` s until then, else each `calm` s
         self.stragglers = StragglerJudge(window) if stragglers else None
         self.hangs = HangJudge(hang_timeout) if hang_timeout is not None else None
         self.trace = trace
         self.log_dir = log_dir
         self.gather: Gather | None = None
+        self._hang: tuple[Gather, HangError] | None = None  # a hang's report, dumping the silent
         self._next = 0.0
         self.samples = 0
         self._paused = False
@@ -102,32 +117,38 @@ class Sampling:
             HangError: the run hangs (`slurmrun.launcher.hangs`).
         """
         self._finish(now)
+        self._finish_hang(now)
         if paused:
             self._paused = True
             return
         if self._paused and self.hangs is not None:
             self.hangs.reset(now)
         self._paused = False
-        if self.gather is not None or now < self._next:
+        if self.gather is not None or self._hang is not None or now < self._next:
             return
         if not all(share.started for share in self.shares.values()):
             return
-        self._next = now + self.interval
+        self._next = now + (self.interval if now < self._alert_until else self.calm)
+        self.gather = self._ask("sampled", now, SAMPLE_WAIT, protocol.StacksPurpose.SAMPLE)
+
+    def _ask(self, why: str, now: float, wait: float, purpose: protocol.StacksPurpose) -> Gather:
         gather = Gather(
-            self.run, self.shares, self.labels, "sampled", now, now + SAMPLE_WAIT,
-            answer_wait=ANSWER_WAIT,
+            self.run, self.shares, self.labels, why, now, now + wait,
+            answer_wait=ANSWER_WAIT, purpose=purpose,
         )  # fmt: skip
-        self.gather = gather
         header = gather.message().header()
         gather.ask(
             lambda share: not share.agent.closed and share.agent.node_rank not in self.pool.dead,
             lambda share: self.pool.send(share.agent, header),
         )
+        return gather
 
     def on_stacks(self, node_rank: int, message: protocol.Stacks, body: bytes) -> None:
         """A STACKS answer (of a sample, or not: the request's id tells)."""
         if self.gather is not None:
             self.gather.take(node_rank, message, body)
+        if self._hang is not None:
+            self._hang[0].take(node_rank, message, body)
 
     def _finish(self, now: float) -> None:
         gather = self.gather
@@ -148,13 +169,34 @@ class Sampling:
             try:
                 self.hangs.add(report, now)
             except HangError as e:
-                path = _write(report, self.log_dir, "stacks")
-                if path is None:
-                    raise
-                where = f"{e}\n(every thread's stacks: {path})"
-                raise HangError(
-                    where, seconds=e.seconds, stuck=e.stuck, report=e.report, stacks_file=str(path)
-                ) from None
+                # The hang's own report: the silent ranks dumped (a sample never dumps), and
+                # each rank's flight recorder where torch keeps one.
+                gather = self._ask("hang", now, HANG_REPORT_WAIT, protocol.StacksPurpose.HANG)
+                self._hang = (gather, e)
+        if (self.stragglers is not None and self.stragglers.suspect) or (
+            self.hangs is not None and self.hangs.suspect
+        ):
+            self._alert_until = now + (self.stragglers.window if self.stragglers else WINDOW)
+
+    def _finish_hang(self, now: float) -> None:
+        if self._hang is None or not self._hang[0].complete(now):
+            return
+        gather, found = self._hang
+        report = gather.report(now - gather.started)
+        limit = self.hangs.limit() if self.hangs is not None else None
+        error = hang_error(report, found.seconds + now - gather.started, limit or found.seconds)
+        raise self._hang_error(error, report) from None
+
+    def _hang_error(self, error: HangError, report: StackReport) -> HangError:
+        """`error`, naming the file its report was written to (in the log directory)."""
+        path = _write(report, self.log_dir, "stacks")
+        if path is None:
+            return error
+        return HangError(
+            f"{error}\n(every thread's stacks: {path})",
+            seconds=error.seconds, stuck=error.stuck, report=error.report, stacks_file=str(path),
+            flight_recorder=error.flight_recorder,
+        )  # fmt: skip
 
     def _straggler(self, found: Found, report: StackReport) -> None:
         text = (

@@ -56,6 +56,7 @@ class Gather:
     started: float
     deadline: float
     answer_wait: float = ANSWER_WAIT  # before the agent dumps a worker with faulthandler
+    purpose: protocol.StacksPurpose = protocol.StacksPurpose.REPORT  # a sample never dumps
     request: int = field(default_factory=lambda: next(_requests))
     done: list[Done] = field(default_factory=list)  # called with the report
     got: dict[tuple[int, int], RankStacks] = field(default_factory=dict)
@@ -75,7 +76,12 @@ class Gather:
 
     def message(self) -> protocol.AskStacks:
         """The ASK_STACKS this request sends."""
-        return protocol.AskStacks(run=self.run, request=self.request, answer_wait=self.answer_wait)
+        return protocol.AskStacks(
+            run=self.run,
+            request=self.request,
+            answer_wait=self.answer_wait,
+            purpose=self.purpose.value,
+        )
 
     def take(self, node_rank: int, answer: protocol.Stacks, body: bytes | memoryview) -> None:
         """One STACKS answer (local rank -1: for every worker of that agent)."""
@@ -90,7 +96,11 @@ class Gather:
         source, threads, note = _threads(answer, bytes(body))
         progress = answer.progress  # from the network: an int >= 0, or unknown
         known = type(progress) is int and progress >= 0
-        self._add(node_rank, answer.local_rank, threads, source, note, progress if known else None)
+        recorder = (str(answer.recorder), str(answer.recorder_last))
+        self._add(
+            node_rank, answer.local_rank, threads, source, note, progress if known else None,
+            recorder,
+        )  # fmt: skip
 
     def complete(self, now: float) -> bool:
         """Whether the report can be made: every rank answered, or the time is up."""
@@ -100,13 +110,19 @@ class Gather:
         """The report: every rank, those that did not answer within `waited` s saying so."""
         for node_rank, share in self.shares.items():
             missing = [i for i in range(share.workers) if (node_rank, i) not in self.got]
-            self._none(node_rank, missing, f"no answer within {waited:g} s")
+            self._none(node_rank, missing, f"no answer within {waited:g} s", StackSource.SILENT)
         ranks = sorted(self.got.values(), key=lambda r: r.rank)
         return StackReport(ranks=tuple(ranks), why=self.why, when=time.time())
 
-    def _none(self, node_rank: int, local_ranks: Iterable[int], note: str) -> None:
+    def _none(
+        self,
+        node_rank: int,
+        local_ranks: Iterable[int],
+        note: str,
+        source: StackSource = StackSource.NONE,
+    ) -> None:
         for local_rank in local_ranks:
-            self._add(node_rank, local_rank, (), StackSource.NONE, note)
+            self._add(node_rank, local_rank, (), source, note)
 
     def _add(  # noqa: PLR0917 - one rank's answer, in parts
         self,
@@ -116,6 +132,7 @@ class Gather:
         source: StackSource,
         note: str,
         progress: int | None = None,
+        recorder: tuple[str, str] = ("", ""),
     ) -> None:
         key = (node_rank, local_rank)
         if key in self.got:
@@ -129,6 +146,8 @@ class Gather:
             source=source,
             note=note,
             progress=progress,
+            recorder=recorder[0],
+            recorder_last=recorder[1],
         )
         self._left -= 1
 
@@ -149,4 +168,6 @@ def _threads(
             return source, parse_faulthandler(text), answer.note
     except ValueError as e:
         return StackSource.NONE, (), f"unreadable stacks ({e})"
+    if source is StackSource.SILENT:
+        return source, (), answer.note or "no answer"
     return StackSource.NONE, (), answer.note or "no stacks"

@@ -12,12 +12,12 @@ Pure: samples in, findings out (the caller emits, warns and writes them).
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections import Counter, deque
 from dataclasses import dataclass
 
 from slurmrun.stacks.classify import Activity, activity, hot_frame
-from slurmrun.stacks.report import StackReport, where
+from slurmrun.stacks.report import RankStacks, StackReport, StackSource, where
 
 __all__ = ["SCORE", "WINDOW", "Found", "StragglerJudge"]
 
@@ -25,6 +25,12 @@ WINDOW = 15.0  # seconds of samples judged together
 SCORE = 0.15  # the least score of a straggler
 _FILLED = 0.8  # a window is judged once its samples span this share of it
 _MIN_SAMPLES = 10
+_SUSPECT_SAMPLES = 4  # before this, no rank is suspected
+# How far a score must stand above the noise of the window's samples (in standard errors of
+# the difference of two shares), to suspect a rank and to name it: balanced ranks that take
+# turns at being last, in few samples, can score high by chance.
+_Z_SUSPECT = 1.0
+_Z_FOUND = 2.5
 _HOT_FRAMES = 3
 
 
@@ -64,6 +70,8 @@ class StragglerJudge:
         self._ranks: dict[int, str] = {}  # every rank seen, and its host
         self._reported: dict[int, float] = {}  # when each rank was last reported
         self.lone: frozenset[int] = frozenset()  # the last sample's ranks that held others back
+        # Whether some rank's score so far is at least half a straggler's: sample more often.
+        self.suspect = False
 
     def add(self, report: StackReport, now: float) -> list[Found]:
         """Takes one sample (every rank's stacks at `now`); returns the stragglers found."""
@@ -75,18 +83,23 @@ class StragglerJudge:
         while self._samples and self._samples[0].when < now - self.window:
             self._samples.popleft()
         samples = list(self._samples)
-        if (
-            len(self._ranks) < 2
-            or len(samples) < _MIN_SAMPLES
-            or samples[-1].when - samples[0].when < _FILLED * self.window
-        ):
+        if len(self._ranks) < 2:
             return []
         counts = Counter(rank for sample in samples for rank in sample.lone)
         shares = {rank: counts[rank] / len(samples) for rank in self._ranks}
+        scores = _scores(shares)
+        n = len(samples)
+        self.suspect = n >= _SUSPECT_SAMPLES and any(
+            score >= self.score / 2 and _z(score, shares[rank], n) >= _Z_SUSPECT
+            for rank, score in scores.items()
+        )
+        spanned = samples[-1].when - samples[0].when
+        if len(samples) < _MIN_SAMPLES or spanned < _FILLED * self.window:
+            return []
         found = []
         for rank, share in shares.items():
-            typical = statistics.median(s for r, s in shares.items() if r != rank)
-            if share - typical < self.score:
+            typical = share - scores[rank]
+            if scores[rank] < self.score or _z(scores[rank], share, n) < _Z_FOUND:
                 continue
             if now - self._reported.get(rank, -self.window) < self.window:
                 continue
@@ -95,7 +108,7 @@ class StragglerJudge:
                 Found(
                     rank=rank,
                     host=self._ranks[rank],
-                    score=share - typical,
+                    score=scores[rank],
                     lone=share,
                     typical=typical,
                     hot_frames=_hot_frames(samples, rank),
@@ -106,9 +119,37 @@ class StragglerJudge:
         return found
 
 
+def _z(score: float, share: float, samples: int) -> float:
+    """`score` in standard errors of a difference of two shares of `samples` samples."""
+    mean = share - score / 2  # of the rank's share and the typical one
+    error = math.sqrt(2 * mean * (1 - mean) / samples)
+    return score / error if error > 0 else math.inf
+
+
+def _scores(shares: dict[int, float]) -> dict[int, float]:
+    """Each rank's share less the median of the others' (sorted once: a large run has many)."""
+    ordered = sorted(shares.values())
+    n = len(ordered)
+    index = {value: i for i, value in enumerate(ordered)}  # a value's last place: the same value
+
+    def others_median(i: int) -> float:
+        def at(j: int) -> float:  # the j-th of the others (`ordered` without its i-th)
+            return ordered[j if j < i else j + 1]
+
+        half = (n - 1) // 2
+        return at(half) if (n - 1) % 2 else (at(half - 1) + at(half)) / 2
+
+    return {rank: share - others_median(index[share]) for rank, share in shares.items()}
+
+
+def _doing(stacks: RankStacks) -> Activity:
+    # A rank silent in a sample holds its GIL in C code (it is not dumped): it works.
+    return Activity.WORKING if stacks.source is StackSource.SILENT else activity(stacks)
+
+
 def _lone_workers(report: StackReport, now: float) -> _Sample:
     """The ranks of a sample that work while most of the others wait, and where each is."""
-    doing = {stacks.rank: activity(stacks) for stacks in report.ranks}
+    doing = {stacks.rank: _doing(stacks) for stacks in report.ranks}
     known = [r for r, a in doing.items() if a in (Activity.WAITING, Activity.WORKING)]
     waiting = sum(doing[r] is Activity.WAITING for r in known)
     lone: set[int] = set()
@@ -121,7 +162,10 @@ def _lone_workers(report: StackReport, now: float) -> _Sample:
         if others >= 1 and 2 * waiting > others:  # most of the others wait
             lone.add(rank)
             frame = hot_frame(stacks)
-            hot[rank] = where(frame) if frame is not None else "no Python frame"
+            if stacks.source is StackSource.SILENT:
+                hot[rank] = "no answer (C code holding the GIL)"
+            else:
+                hot[rank] = where(frame) if frame is not None else "no Python frame"
     return _Sample(now, frozenset(lone), hot)
 
 

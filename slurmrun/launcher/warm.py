@@ -326,6 +326,7 @@ def _run(  # noqa: PLR0917 - private, called once
         local_master=plan.agents.local_master,
         keep_workers=cfg.keep_workers,
         health_check=cfg.health_check,
+        gpu_check=cfg.gpu_check,
     )
     output = Output(
         handlers=cfg.log_handlers,

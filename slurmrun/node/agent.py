@@ -192,9 +192,16 @@ class Agent:
                 current.pass_on(message, bytes(frame.body))
 
     def _stacks(self, ask: protocol.AskStacks) -> None:
-        """Answers ASK_STACKS on a thread of its own (it waits for the workers' answers)."""
+        """Answers ASK_STACKS: a report on a thread of its own, a sample at once.
+
+        A report waits for the workers' answers and dumps the silent; a sample is only passed
+        on (the workers answer it; the launcher waits).
+        """
         current = self.current
         if current is not None and current.start.run == ask.run:
+            if not ask.dumps():
+                current.sample(ask)
+                return
             threading.Thread(target=current.stacks, args=(ask,), daemon=True).start()
             return
         no_stacks(self.launcher, ask, "no workers of that run here")
@@ -215,7 +222,7 @@ class Agent:
                 continue  # the launcher fails the run on our hello's error, and closes
             start = protocol.Start.from_header(frame.header)
             kept, fresh_why = self._take_kept(start)
-            if kept is None and start.health_check and not healthy(start, self.launcher):
+            if kept is None and not healthy(start, self.launcher):
                 return
             run = self._workers(start)
             self.current = run

@@ -121,8 +121,17 @@ def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
         answer = protocol.Stacks(request=ask.request, source="none", note=f"capture failed: {e}")
         body = b""
     else:
+        recorder, last = "", ""
+        if ask.purpose == protocol.StacksPurpose.HANG.value:
+            from slurmrun.node.recorder import dump_flight_recorder  # noqa: PLC0415 - a hang's
+
+            recorder, last = dump_flight_recorder()
         answer = protocol.Stacks(
-            request=ask.request, source=report.StackSource.PYTHON.value, progress=_progress()
+            request=ask.request,
+            source=report.StackSource.PYTHON.value,
+            progress=_progress(),
+            recorder=recorder,
+            recorder_last=last,
         )
     with contextlib.suppress(OSError):  # the agent is gone: STOP or the close ends us
         conn.send(answer.header(), body)

@@ -33,10 +33,11 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrun.node.parent_death import die_with_parent
@@ -51,6 +52,7 @@ __all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any"]
 
 _PID = struct.Struct("!q")
 _CODE = struct.Struct("!i")
+_SLICE = 0.01  # seconds a poll waits holding a worker's lock, at most
 MAX_REQUEST_BYTES = 1 << 20
 WORKER_FDS = 4  # control, stdout, stderr, streams (see agent.Agent.spawn)
 # ... and rank 0's may come with a fifth: the listening socket of the run's store.
@@ -115,14 +117,25 @@ class WorkerProcess:
     pid: int
     sentinel: int  # read end of the status pipe: readable once the worker was reaped
     exitcode: int | None = None
+    # Several threads poll (the supervisor, a stacks request's): one reads the code and closes
+    # the pipe; another reading at once would find it empty and take the worker for SIGKILLed.
+    _reading: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def poll(self, timeout: float = 0.0) -> int | None:
         """The exit code once the worker exited (waiting up to `timeout`), else None."""
-        if self.exitcode is None and wait_readable([self.sentinel], timeout):
-            data = os.read(self.sentinel, _CODE.size)
-            # No code: the spawner itself died, and took the worker with it (PDEATHSIG).
-            self.exitcode = _CODE.unpack(data)[0] if len(data) == _CODE.size else -signal.SIGKILL
-            os.close(self.sentinel)
+        deadline = time.monotonic() + timeout
+        while self.exitcode is None:
+            with self._reading:  # a slice at a time: the others wait for it, not for `timeout`
+                left = deadline - time.monotonic()
+                wait = max(0.0, min(_SLICE, left))
+                if self.exitcode is None and wait_readable([self.sentinel], wait):
+                    data = os.read(self.sentinel, _CODE.size)
+                    # No code: the spawner itself died, and took the worker with it (PDEATHSIG).
+                    code = _CODE.unpack(data)[0] if len(data) == _CODE.size else -signal.SIGKILL
+                    os.close(self.sentinel)
+                    self.exitcode = code
+            if left <= 0:
+                break
         return self.exitcode
 
     def is_alive(self) -> bool:

@@ -2,10 +2,13 @@
 
 Each live worker is asked (its inbox thread answers with `slurmrun.stacks.report.capture`, and the
 relay forwards the answer); one that has not answered within the request's ``answer_wait``
-(C code holding the GIL, a thread that cannot be scheduled) gets the stacks signal, and its
-faulthandler writes every thread's stack into its side socket, read here. A worker that
-exited, or that neither answers nor dumps, gets an answer without stacks saying why, so that
-the launcher never waits for a rank in vain.
+(C code holding the GIL, a thread that cannot be scheduled) is silent. For a report (a user's
+``stacks()``, a stall, a hang) it then gets the stacks signal, and its faulthandler writes every
+thread's stack into its side socket, read here. A sample (`slurmrun.protocol.StacksPurpose`)
+is only passed on (`ask_workers`): never dumped, never waited for. faulthandler reads every
+thread's frames without the GIL, from a signal handler: a risk worth taking when a person asks,
+not several times a second. A worker that exited, or that neither answers nor dumps, gets an
+answer without stacks saying why, so that the launcher never waits for a rank in vain.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from slurmrun.stacks.report import MAX_CAPTURE_BYTES, StackSource
 from slurmrun.transport import Connection
 from slurmrun.waiting import wait_readable
 
-__all__ = ["answer_stacks"]
+__all__ = ["answer_stacks", "ask_workers"]
 
 _POLL = 0.005
 # faulthandler's dump: how long it may take to start, and the pause that ends it.
@@ -39,19 +42,7 @@ def answer_stacks(
     workers: Sequence[WorkerLink], launcher: Connection, ask: protocol.AskStacks
 ) -> None:
     """Answers `ask` for every one of `workers` (on a thread of its own: this waits)."""
-    header = ask.header()
-    asked: list[WorkerLink] = []
-    for worker in workers:
-        why = _gone(worker)
-        if why is None:
-            try:
-                worker.conn.send(header)
-            except OSError:
-                why = "its connection to the agent is closed"
-            else:
-                asked.append(worker)
-                continue
-        _send(launcher, ask, worker, StackSource.NONE, why)
+    asked = ask_workers(workers, launcher, ask)
     deadline = time.monotonic() + max(0.0, ask.answer_wait)
     while time.monotonic() < deadline and any(w.stacks_answered < ask.request for w in asked):
         time.sleep(_POLL)
@@ -66,6 +57,31 @@ def answer_stacks(
         else:
             why = _gone(worker) or f"no answer within {ask.answer_wait + DUMP_WAIT:g} s"
             _send(launcher, ask, worker, StackSource.NONE, why)
+
+
+def ask_workers(
+    workers: Sequence[WorkerLink], launcher: Connection, ask: protocol.AskStacks
+) -> list[WorkerLink]:
+    """Passes `ask` on to every live worker; answers at once for the others; returns those asked.
+
+    The workers' answers go to the launcher through the relay. All a sample needs
+    (`slurmrun.protocol.StacksPurpose`): the launcher counts a worker that has not answered by
+    the sample's deadline as silent, and the agent neither waits nor starts a thread for it.
+    """
+    header = ask.header()
+    asked: list[WorkerLink] = []
+    for worker in workers:
+        why = _gone(worker)
+        if why is None:
+            try:
+                worker.conn.send(header)
+            except OSError:
+                why = "its connection to the agent is closed"
+            else:
+                asked.append(worker)
+                continue
+        _send(launcher, ask, worker, StackSource.NONE, why)
+    return asked
 
 
 def _gone(worker: WorkerLink) -> str | None:

@@ -272,6 +272,15 @@ class RunWorkers:
 
         answer_stacks(self.workers, self.launcher, ask)
 
+    def sample(self, ask: protocol.AskStacks) -> None:
+        """Passes a sample's ASK_STACKS on to every worker, without waiting (`stacks_answer`)."""
+        if not self.spawned.is_set():
+            no_stacks(self.launcher, ask, "its workers are starting")
+            return
+        from slurmrun.node.stacks_answer import ask_workers  # noqa: PLC0415 - only when asked
+
+        ask_workers(self.workers, self.launcher, ask)
+
     def pass_on(self, message: ToWorker, body: bytes) -> None:
         """Passes a message of the launcher on to worker `message.local_rank`.
 

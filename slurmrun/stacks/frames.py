@@ -37,7 +37,10 @@ class StackSource(enum.Enum):
 
     PYTHON = "python"  # the worker's own thread answered (sys._current_frames)
     FAULTHANDLER = "faulthandler"  # the signal-safe fallback (a worker holding the GIL in C code)
-    NONE = "none"  # no stacks (exited, no answer)
+    NONE = "none"  # no stacks (exited, its agent gone, ...: the note says why)
+    # Alive, but it did not answer in time (C code holding the GIL): a sample's answer, which
+    # never dumps it (`slurmrun.protocol.StacksPurpose`), or an answer that came too late.
+    SILENT = "silent"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,8 @@ class RankStacks:
     source: StackSource
     note: str = ""
     progress: int | None = None  # collectives begun (`slurmrun.protocol.Stacks`); None: unknown
+    recorder: str = ""  # a hang's report: the rank's flight recorder dump ("": none)
+    recorder_last: str = ""  # the last collective it recorded, in words
 
 
 def is_ours(filename: str) -> bool:

@@ -76,3 +76,32 @@ def test_a_rank_stuck_on_node2_fails_with_hang_error_and_is_restarted(run_in_all
     events = _events(_run(run_in_allocation, slow=-1, hang=1, seconds=3.0))
     assert [e["error"] for e in events if e["kind"] == "restarting"] == ["HangError"]
     assert not [e for e in events if e["kind"] == "straggler"]
+
+
+GPU_CHECK = """
+import slurmrun
+
+def gpus():
+    import os
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+print("AUTO", slurmrun.launch(gpus, backend=None, workers_per_host=1).return_values)
+try:
+    slurmrun.launch(gpus, backend=None, workers_per_host=1, gpu_check="on")
+except slurmrun.NodeUnhealthyError as e:
+    print("UNHEALTHY", e.hostname, str(e).splitlines()[0])
+"""
+
+
+def test_gpu_check_on_the_fake_gpus_of_gres_names_the_node_and_the_missing_driver(
+    run_in_allocation,
+) -> None:
+    # One node: when every node fails at once, the step's end can reach the launcher before
+    # the reason (AgentFailedError, not NodeUnhealthyError): a race of its own.
+    cp = run_in_allocation(["-N1", "--gres=gpu:2"], GPU_CHECK, timeout=90)
+    out = cp.stdout
+    assert "AUTO [['0,1']]" in out, out  # "auto": no driver on these nodes, no check
+    (line,) = [x for x in out.splitlines() if x.startswith("UNHEALTHY ")]
+    assert line.startswith("UNHEALTHY node"), line
+    assert "failed its health check: GPU check: CUDA_VISIBLE_DEVICES=0,1 gives 2 GPU(s)" in line
+    assert "but this node has no NVIDIA driver" in line, line
