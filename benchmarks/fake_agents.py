@@ -1,7 +1,7 @@
 """Fake agents for `scale.py`: thousands per process, each a state machine in one event loop.
 
 A fake agent speaks the real protocol with the product's own pieces: it connects with the
-real agent's retry schedule (`slurmrun.node.agent.Backoff`), answers the HMAC challenge
+real agent's retry schedule (`slurmrun.node.agent_connect.Backoff`), answers the HMAC challenge
 (`slurmrun.authentication.ClientChallenge`), and sends frames that `slurmrun.transport` encodes.
 After ``hello`` it waits for ``start``, then sends one ``result`` per worker (a pickled int), a
 heartbeat and ``done``; on ``end`` it answers ``idle``; on ``close`` it hangs up. With logs it
@@ -31,7 +31,7 @@ from typing import Any
 from slurmrun import protocol
 from slurmrun.authentication import AuthenticationError, ClientChallenge, HandshakeBrokeOff
 from slurmrun.logs import WorkerLog
-from slurmrun.node.agent import Backoff
+from slurmrun.node.agent_connect import Backoff
 from slurmrun.output import log_frame
 from slurmrun.pickling import dumps
 from slurmrun.transport import PREFIX_BYTES, encode_frame, parse_header, parse_lengths, parse_prefix

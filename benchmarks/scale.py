@@ -5,7 +5,7 @@
 The fake agents (`fake_agents.py`) run in separate, forked processes (2 by default; their CPU
 time is not the launcher's), thousands per process in one event loop. Each speaks the real
 protocol of `slurmrun.transport`: TCP connect (with the real agent's retry schedule,
-`slurmrun.node.agent.Backoff`), HMAC handshake, ``hello``,
+`slurmrun.node.agent_connect.Backoff`), HMAC handshake, ``hello``,
 then after ``start`` one ``result`` frame per worker (a pickled int), a heartbeat and
 ``done``; END: ``idle``; CLOSE. Connects that had to be retried are counted; with
 ``--no-retry`` a fake agent tries once and fails (and so does the launch) as a real agent

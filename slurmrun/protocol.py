@@ -49,6 +49,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from slurmrun import map_messages as map_messages  # a map's kinds (`Launcher.map`) in KINDS
+from slurmrun.keeper_messages import Attach as Attach  # a reservation's keeper's, likewise
+from slurmrun.keeper_messages import Attached as Attached
+from slurmrun.keeper_messages import Bridge as Bridge
+from slurmrun.keeper_messages import Join as Join
+from slurmrun.keeper_messages import Refused as Refused
 from slurmrun.messages import KINDS as KINDS  # the machinery, re-exported
 from slurmrun.messages import TEXT_LIMIT as TEXT_LIMIT
 from slurmrun.messages import Message as Message
@@ -468,57 +473,3 @@ class DebugCompletions(Message):
     def __post_init__(self) -> None:
         kept = [m for m in self.matches[:COMPLETIONS_LIMIT] if len(m) <= COMPLETION_TEXT_LIMIT]
         object.__setattr__(self, "matches", kept)
-
-
-# ------------------------------------------------------------ a reservation's keeper
-# A launcher outside a reserved job reaches the keeper that holds its agents
-# (`slurmrun.batch.keeper`): first an ATTACH connection (the session), then one JOIN
-# connection per agent, whose frames the keeper then carries to and from that agent.
-
-
-@dataclass(frozen=True)
-class Attach(Message):
-    """A launcher asks the keeper for the reservation's agents (its first frame)."""
-
-    kind: ClassVar[str] = "attach"
-    pid: int
-    host: str
-    # Seconds of its silence after which it counts as gone: its heartbeats come five times in
-    # that (0: the keeper's own heartbeat timeout).
-    silence: float = 0.0
-
-
-@dataclass(frozen=True)
-class Attached(Message):
-    """The keeper gives the agents to the launcher that asked, for session `session`."""
-
-    kind: ClassVar[str] = "attached"
-    session: int
-    hostnames: list[str]
-
-
-@dataclass(frozen=True)
-class Refused(Message):
-    """The keeper cannot give the agents now (`why`: another launcher holds them)."""
-
-    kind: ClassVar[str] = "refused"
-    why: str
-    busy: bool = False  # another launcher holds them: worth another try later
-
-
-@dataclass(frozen=True)
-class Join(Message):
-    """This connection carries agent `node_rank`'s frames for session `session`."""
-
-    kind: ClassVar[str] = "join"
-    session: int
-    node_rank: int
-    stream: int = 0  # the channel of a `Bridge` this connection takes; 0: the agent's frames
-
-
-@dataclass(frozen=True)
-class Bridge(Message):
-    """A worker's stream (a large result) reached the keeper: JOIN it as `channel`."""
-
-    kind: ClassVar[str] = "bridge"
-    channel: int

@@ -20,7 +20,7 @@ from slurmrun.authentication import (
     new_secret,
     server_handshake,
 )
-from slurmrun.node.agent import connect_with_backoff
+from slurmrun.node.agent_connect import connect_with_backoff
 
 OPTIONS = {"workers_per_host": 2, "backend": "gloo", "timeout": 120}
 

@@ -28,7 +28,8 @@ from slurmrun.authentication import (
 )
 from slurmrun.handlers import default_handlers
 from slurmrun.launcher.records import dispatch, make_record
-from slurmrun.node.agent import CONNECT_RETRY_VAR, connect_with_backoff
+from slurmrun.node.agent import CONNECT_RETRY_VAR
+from slurmrun.node.agent_connect import connect_with_backoff
 from slurmrun.transport import Connection, recv_exact
 
 AGENT_EXIT_WITHIN = 120.0  # a bound for a loaded 2-core machine, not a speed claim

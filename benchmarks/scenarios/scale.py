@@ -158,7 +158,7 @@ def measure(cfg: Config, report: Report) -> None:
         f"{CHATTER_S:g} s before its result rank 0 prints a progress-bar state every 10 ms "
         "and every other worker a line a second (hand-out+gather includes those seconds).",
         "agents that retried connect: fake agents connect with the real agent's bounded, "
-        "jittered backoff (slurmrun.node.agent.Backoff); most in one run, and runs "
+        "jittered backoff (slurmrun.node.agent_connect.Backoff); most in one run, and runs "
         "with any. log lines lost: expected lines minus lines found in the files (or "
         "counted by the agents).",
     ]
