@@ -18,6 +18,15 @@ Every test in this directory gets the ``slurm`` marker and, through the autouse 
 ``_slurm_clean_state``, the ``slurm_cluster`` fixture; after each test no job may be left
 in squeue and no process may be left on the nodes (both are cleaned up, and the test fails).
 
+Under pytest-xdist (``--dist loadgroup``, as tests/run.sh runs) the files are dealt to
+``CLUSTER_GROUPS`` xdist groups that run at once, each on a worker of its own; a worker's
+tests run one after the other. Each worker has a basetemp of its own, so the clean-state
+check of one worker's test sees only that test's jobs and processes (below). A test that
+changes the whole cluster (a node lost or marked down, preemption, a partition's GraceTime,
+the firewall) is marked ``cluster_exclusive``: it waits for the cluster to itself and the
+other workers wait for it (cluster_turn.py); the helpers that make such changes refuse to
+run without it.
+
 Several pytest sessions may share one cluster (developers on one machine): a job or node
 process counts as this session's when its working directory (the job's submit dir) lies in
 this session's pytest basetemp. The helpers run everything from tmp_path, so jobs started
@@ -59,11 +68,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm.cluster_turn import ClusterTurns, require_exclusive
+
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "cluster" / "slurm-cluster.sh"
 SLURM_DIR = Path(__file__).resolve().parent
 JOB_NAME = "slurmrun-test"  # name of the jobs run_in_allocation and sbatch submit
-CLUSTER_GROUP = "slurm-cluster"  # the xdist group of every test here
+CLUSTER_GROUP = "slurm-cluster"  # the xdist groups of the tests here: slurm-cluster-1...
+# How many groups of cluster tests run at once (a worker each; tests/run.sh gives pytest-xdist
+# one more worker for the tests that need no cluster).
+CLUSTER_GROUPS = int(os.environ.get("SLURMRUN_TEST_CLUSTER_GROUPS", "2"))
+EXCLUSIVE = "cluster_exclusive"  # the marker of a test that has the cluster to itself
 CONTAINER_TESTS = "test_containers_slurm.py"  # they need the image tests/run.sh builds
 # The files of the SLURM version leg (`-m slurm_version_leg`): what `tests/run.sh` also runs on
 # sid's SLURM in every run. They read SLURM's output (scontrol, squeue, sacct, the job's
@@ -98,17 +113,40 @@ NOT_UP_HELP = (
 # --------------------------------------------------------------------------- marker
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slurm"` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_of = cluster_groups({item.path.name for item in items if SLURM_DIR in item.path.parents})
     for item in items:
         if SLURM_DIR in item.path.parents:
             item.add_marker(pytest.mark.slurm)
-            # Under pytest-xdist (`--dist loadgroup`, as tests/run.sh runs), every cluster
-            # test goes to one worker, one after the other: they share the cluster's nodes,
-            # partitions and timers; the other workers run the tests that need no cluster.
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+            # Under pytest-xdist (`--dist loadgroup`, as tests/run.sh runs), a file's tests go
+            # to its group's worker, one after the other (module fixtures hold jobs across a
+            # file's tests); the groups run at once, the other workers run the tests that
+            # need no cluster.
+            item.add_marker(pytest.mark.xdist_group(group_of[item.path.name]))
             if item.path.name in VERSION_LEG_FILES:
                 item.add_marker(pytest.mark.slurm_version_leg)
     # The container tests last: tests/run.sh builds their image in the background meanwhile.
     items.sort(key=lambda item: item.path.name == CONTAINER_TESTS)
+
+
+# Seconds each file's tests took on one worker, but those of its `cluster_exclusive` tests
+# (during those every group waits), measured on the 2-core CI machine: the weights by which
+# `cluster_groups` deals the files. A file missing here counts as DEFAULT_SECONDS.
+FILE_SECONDS = {}
+DEFAULT_SECONDS = 20.0
+
+
+def cluster_groups(files: set[str]) -> dict[str, str]:
+    """Each cluster test file's xdist group: the longest first, each to the least loaded.
+
+    The same on every xdist worker (the files sorted, ties broken by name), as xdist needs.
+    """
+    load = {f"{CLUSTER_GROUP}-{i}": 0.0 for i in range(1, max(CLUSTER_GROUPS, 1) + 1)}
+    group_of = {}
+    for name in sorted(files, key=lambda f: (-FILE_SECONDS.get(f, DEFAULT_SECONDS), f)):
+        group = min(load, key=lambda g: (load[g], g))
+        load[group] += FILE_SECONDS.get(name, DEFAULT_SECONDS)
+        group_of[name] = group
+    return group_of
 
 
 # --------------------------------------------------------------------------- cluster facts
@@ -540,8 +578,37 @@ def _wait_no_jobs(wait: float) -> list[str]:
     return jobs
 
 
+@pytest.fixture(scope="session")
+def cluster_turns(tmp_path_factory: pytest.TempPathFactory) -> ClusterTurns:
+    """This worker's turns on the cluster, shared with the xdist run's other workers."""
+    base = tmp_path_factory.getbasetemp().resolve()
+    # xdist gives each worker the basetemp <run's basetemp>/popen-gwN: the run's is the parent
+    return ClusterTurns(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+
+
+@pytest.fixture(scope="module")
+def module_turn(cluster_turns: ClusterTurns, request: pytest.FixtureRequest) -> Iterator[None]:
+    """A shared turn for the whole module, for the module fixture that requests it.
+
+    A module fixture that keeps a job or daemons on the nodes for its tests asks for it: no
+    exclusive test of another worker (a lost node, preemption) comes in between its tests.
+    """
+    with cluster_turns.hold("shared", request.node.nodeid):
+        yield
+
+
 @pytest.fixture(autouse=True)
-def _slurm_clean_state(slurm_cluster: SlurmCluster) -> Iterator[None]:
+def _cluster_turn(
+    slurm_cluster: SlurmCluster, cluster_turns: ClusterTurns, request: pytest.FixtureRequest
+) -> Iterator[None]:
+    """Each SLURM test's turn: the cluster to itself when marked `cluster_exclusive`."""
+    exclusive = request.node.get_closest_marker(EXCLUSIVE) is not None
+    with cluster_turns.hold("exclusive" if exclusive else "shared", request.node.nodeid):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _slurm_clean_state(slurm_cluster: SlurmCluster, _cluster_turn: None) -> Iterator[None]:
     """After each SLURM test: no job in squeue, no process left on the nodes."""
     yield
     problems = []
@@ -575,6 +642,7 @@ def preemption_grace(seconds: int) -> Iterator[None]:
             ["scontrol", "update", "partition=debug", f"GraceTime={value}"], timeout=30, check=True
         )
 
+    require_exclusive("a partition's GraceTime")
     update(seconds)
     try:
         yield
@@ -585,6 +653,7 @@ def preemption_grace(seconds: int) -> Iterator[None]:
 def preempt_debug_jobs(tmp_path: Path, cluster: SlurmCluster) -> None:
     """Submits a job of the `urgent` partition that needs every node: SLURM preempts (with
     PreemptMode=REQUEUE) the jobs of `debug` that run there. It sleeps 1 s and ends."""
+    require_exclusive("preempting every job of `debug`")
     _run(
         ["sbatch", "--partition=urgent", f"--nodes={cluster.num_nodes}", "--exclusive", "--time=1",
          f"--job-name={JOB_NAME}", f"--output={tmp_path / 'urgent.out'}", "--wrap", "sleep 1"],
