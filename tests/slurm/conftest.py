@@ -25,7 +25,9 @@ check of one worker's test sees only that test's jobs and processes (below). A t
 changes the whole cluster (a node lost or marked down, preemption, a partition's GraceTime,
 the firewall) is marked ``cluster_exclusive``: it waits for the cluster to itself and the
 other workers wait for it (cluster_turn.py); the helpers that make such changes refuse to
-run without it.
+run without it. So is a test whose jobs take more than 2 of a node's 4 CPUs, or a whole
+node: two shared tests then always fit side by side where they expect to run (SLURM gives a
+job the first nodes that fit: node1, node2...).
 
 Several pytest sessions may share one cluster (developers on one machine): a job or node
 process counts as this session's when its working directory (the job's submit dir) lies in
