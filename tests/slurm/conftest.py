@@ -131,10 +131,45 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # Seconds each file's tests took on one worker, but those of its `cluster_exclusive` tests
-# (during those every group waits), measured on the 2-core CI machine: the weights by which
-# `cluster_groups` deals the files. A file missing here counts as DEFAULT_SECONDS.
-FILE_SECONDS = {}
-DEFAULT_SECONDS = 20.0
+# (during those every group waits): the weights by which `cluster_groups` deals the files.
+# Measured on this 2-core machine (all of tests/slurm/ on one worker: 997 s, of which the
+# exclusive tests 203 s); a file missing here counts as DEFAULT_SECONDS.
+FILE_SECONDS = {
+    "test_chaos_slurm.py": 10,
+    "test_cli_slurm.py": 7,
+    "test_cluster.py": 12,
+    "test_containers_slurm.py": 17,
+    "test_debugging_slurm.py": 12,
+    "test_driver_in_step.py": 10,
+    "test_examples_slurm.py": 77,
+    "test_faults_slurm.py": 104,
+    "test_frameworks_hf_slurm.py": 38,
+    "test_frameworks_lightning_slurm.py": 76,
+    "test_info_slurm.py": 6,
+    "test_job_end_slurm.py": 7,
+    "test_job_folder_slurm.py": 6,
+    "test_jobs_cli_slurm.py": 30,
+    "test_jobs_slurm.py": 18,
+    "test_kept_workers_slurm.py": 3,
+    "test_launch_slurm.py": 78,
+    "test_long_jobs_slurm.py": 7,
+    "test_map_slurm.py": 5,
+    "test_notebook_slurm.py": 7,
+    "test_queue_slurm.py": 0,
+    "test_requeue_slurm.py": 23,
+    "test_reserve_chaos_slurm.py": 63,
+    "test_reserve_parity_slurm.py": 15,
+    "test_reserve_slurm.py": 77,
+    "test_scale_slurm.py": 5,
+    "test_sealed_jobs_slurm.py": 22,
+    "test_ssh_slurm.py": 11,
+    "test_stacks_cli_slurm.py": 0,
+    "test_stuck_slurm.py": 25,
+    "test_submit_slurm.py": 4,
+    "test_warm_slurm.py": 9,
+    "test_worker_env_slurm.py": 3,
+}
+DEFAULT_SECONDS = 10.0
 
 
 def cluster_groups(files: set[str]) -> dict[str, str]:
