@@ -7,10 +7,11 @@ worker runs its tests one after the other. A test that changes the whole cluster
 node's slurmd, marks a node down, preempts every job of `debug`, changes a partition,
 firewalls the nodes) is marked ``cluster_exclusive`` and has the cluster to itself.
 
-`ClusterTurns` is that rule: a readers-writer lock of two ``flock`` files that every worker of
-one pytest run opens. A shared turn waits while an exclusive one runs or waits (the gate), so a
-stream of shared tests on two workers cannot keep an exclusive one out; an exclusive turn
-waits for the shared ones in progress to end. Each wait is bounded.
+`ClusterTurns` is that rule: a readers-writer lock of two ``flock`` files that every pytest
+process on the cluster opens (the workers of a run, and other sessions on the same cluster: a
+lost node is lost to their jobs too). A shared turn waits while an exclusive one runs or waits
+(the gate), so a stream of shared tests on two workers cannot keep an exclusive one out; an
+exclusive turn waits for the shared ones in progress to end. Each wait is bounded.
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ class ClusterTurnUpgrade(Exception):
 
 
 class ClusterTurns:
-    """One process's turns on the cluster; the lock files live in `folder` (shared by the workers).
+    """One process's turns on the cluster; the lock files live in `folder`.
 
     Args:
-        folder: a directory every worker of the run sees (the xdist run's basetemp).
+        folder: the directory of the lock files, the same for every process on the cluster.
         wait: how long a turn may wait for the cluster, in seconds.
     """
 
@@ -117,7 +118,9 @@ class ClusterTurns:
                 if time.monotonic() > deadline:
                     holders = []
                     for path in self.folder.glob("cluster-turn.[0-9]*"):
-                        with contextlib.suppress(OSError):  # its turn may just have ended
+                        # its turn may just have ended; a SIGKILLed holder left its file
+                        with contextlib.suppress(OSError):
+                            os.kill(int(path.suffix[1:]), 0)
                             holders.append(path.read_text().strip())
                     raise ClusterTurnTimeout(
                         f"{who} waited {self.wait:g} s for its turn on the SLURM test cluster; "

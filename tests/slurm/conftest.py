@@ -63,6 +63,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -616,11 +617,16 @@ def _wait_no_jobs(wait: float) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def cluster_turns(tmp_path_factory: pytest.TempPathFactory) -> ClusterTurns:
-    """This worker's turns on the cluster, shared with the xdist run's other workers."""
-    base = tmp_path_factory.getbasetemp().resolve()
-    # xdist gives each worker the basetemp <run's basetemp>/popen-gwN: the run's is the parent
-    return ClusterTurns(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)
+def cluster_turns(slurm_cluster: SlurmCluster) -> ClusterTurns:
+    """This process's turns on the cluster, taken beside every pytest process that uses it.
+
+    The xdist run's other workers, and other pytest sessions on this cluster (developers on
+    one machine): another session's lost node kills this one's jobs on it as well. The lock
+    files are in /tmp, which a release's rootfs shares (its cluster's netns prefix names them).
+    """
+    folder = Path(tempfile.gettempdir()) / f"slurmrun-test-turns-{slurm_cluster.netns_prefix}"
+    folder.mkdir(exist_ok=True)
+    return ClusterTurns(folder)
 
 
 @pytest.fixture(scope="module")
