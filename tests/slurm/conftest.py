@@ -24,10 +24,10 @@ tests run one after the other. Each worker has a basetemp of its own, so the cle
 check of one worker's test sees only that test's jobs and processes (below). A test that
 changes the whole cluster (a node lost or marked down, preemption, a partition's GraceTime,
 the firewall) is marked ``cluster_exclusive``: it waits for the cluster to itself and the
-other workers wait for it (cluster_turn.py); the helpers that make such changes refuse to
-run without it. So is a test whose jobs take more than 2 of a node's 4 CPUs, or a whole
-node: two shared tests then always fit side by side where they expect to run (SLURM gives a
-job the first nodes that fit: node1, node2...).
+other workers, and other pytest sessions on the cluster, wait for it (cluster_turn.py); the
+helpers that make such changes refuse to run without it. So is a test whose jobs take more
+than 2 of a node's 4 CPUs, or a whole node: two shared tests then always fit side by side
+where they expect to run (SLURM gives a job the first nodes that fit: node1, node2...).
 
 Several pytest sessions may share one cluster (developers on one machine): a job or node
 process counts as this session's when its working directory (the job's submit dir) lies in
@@ -79,7 +79,9 @@ SLURM_DIR = Path(__file__).resolve().parent
 JOB_NAME = "slurmrun-test"  # name of the jobs run_in_allocation and sbatch submit
 CLUSTER_GROUP = "slurm-cluster"  # the xdist groups of the tests here: slurm-cluster-1...
 # How many groups of cluster tests run at once (a worker each; tests/run.sh gives pytest-xdist
-# one more worker for the tests that need no cluster).
+# one more worker for the tests that need no cluster). More than 2 breaks the rule that shared
+# tests fit side by side (2 CPUs of a node each, of 4); and the cluster tests keep this
+# machine's 2 cores busy already (1.7 of them for test_launch_slurm.py alone).
 CLUSTER_GROUPS = int(os.environ.get("SLURMRUN_TEST_CLUSTER_GROUPS", "2"))
 EXCLUSIVE = "cluster_exclusive"  # the marker of a test that has the cluster to itself
 CONTAINER_TESTS = "test_containers_slurm.py"  # they need the image tests/run.sh builds
