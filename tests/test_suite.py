@@ -111,6 +111,18 @@ def _log(folder: Path) -> list[str]:
     return (folder / "log").read_text().splitlines() if (folder / "log").exists() else []
 
 
+def _holds_the_gate(folder: Path, pid: int) -> bool:
+    """Whether process `pid` holds the flock of the turns' gate (/proc/locks)."""
+    inode = (folder / "cluster-turn.gate").stat().st_ino
+    locks = [line.split() for line in Path("/proc/locks").read_text().splitlines()]
+    # "1: FLOCK  ADVISORY  WRITE <pid> <major>:<minor>:<inode> 0 EOF"
+    return any(
+        lock[1] == "FLOCK" and lock[4] == str(pid) and lock[5].endswith(f":{inode}")
+        for lock in locks
+        if len(lock) > 5
+    )
+
+
 def _until(check: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + 20
     while not check():
@@ -126,9 +138,9 @@ def test_an_exclusive_turn_waits_for_the_shared_ones_and_keeps_new_ones_out(
         procs += [_turn(tmp_path, "shared", "a1"), _turn(tmp_path, "shared", "a2")]
         _until(lambda: len(_log(tmp_path)) == 2, "two shared turns at once")
         procs.append(_turn(tmp_path, "exclusive", "b"))
-        time.sleep(1.0)  # b waits for a1 and a2, holding the gate
+        _until(lambda: _holds_the_gate(tmp_path, procs[2].pid), "b waiting at the gate")
         procs.append(_turn(tmp_path, "shared", "c"))
-        time.sleep(1.0)
+        time.sleep(1.0)  # c tries for its turn meanwhile
         assert sorted(_log(tmp_path)) == ["a1 in", "a2 in"]  # neither b nor c came in
         (tmp_path / "a1.go").touch()
         time.sleep(0.5)
