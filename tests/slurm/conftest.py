@@ -18,6 +18,17 @@ Every test in this directory gets the ``slurm`` marker and, through the autouse 
 ``_slurm_clean_state``, the ``slurm_cluster`` fixture; after each test no job may be left
 in squeue and no process may be left on the nodes (both are cleaned up, and the test fails).
 
+Under pytest-xdist (``--dist loadgroup``, as tests/run.sh runs) the files are dealt to
+``CLUSTER_GROUPS`` xdist groups that run at once, each on a worker of its own; a worker's
+tests run one after the other. Each worker has a basetemp of its own, so the clean-state
+check of one worker's test sees only that test's jobs and processes (below). A test that
+changes the whole cluster (a node lost or marked down, preemption, a partition's GraceTime,
+the firewall) is marked ``cluster_exclusive``: it waits for the cluster to itself and the
+other workers, and other pytest sessions on the cluster, wait for it (cluster_turn.py); the
+helpers that make such changes refuse to run without it. So is a test whose jobs take more
+than 2 of a node's 4 CPUs, or a whole node: two shared tests then always fit side by side
+where they expect to run (SLURM gives a job the first nodes that fit: node1, node2...).
+
 Several pytest sessions may share one cluster (developers on one machine): a job or node
 process counts as this session's when its working directory (the job's submit dir) lies in
 this session's pytest basetemp. The helpers run everything from tmp_path, so jobs started
@@ -52,6 +63,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -59,11 +71,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.slurm.cluster_turn import ClusterTurns, require_exclusive
+
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "cluster" / "slurm-cluster.sh"
 SLURM_DIR = Path(__file__).resolve().parent
 JOB_NAME = "slurmrun-test"  # name of the jobs run_in_allocation and sbatch submit
-CLUSTER_GROUP = "slurm-cluster"  # the xdist group of every test here
+CLUSTER_GROUP = "slurm-cluster"  # the xdist groups of the tests here: slurm-cluster-1...
+# How many groups of cluster tests run at once (a worker each; tests/run.sh gives pytest-xdist
+# one more worker for the tests that need no cluster). More than 2 breaks the rule that shared
+# tests fit side by side (2 CPUs of a node each, of 4); and the cluster tests keep this
+# machine's 2 cores busy already (1.7 of them for test_launch_slurm.py alone).
+CLUSTER_GROUPS = int(os.environ.get("SLURMRUN_TEST_CLUSTER_GROUPS", "2"))
+EXCLUSIVE = "cluster_exclusive"  # the marker of a test that has the cluster to itself
 CONTAINER_TESTS = "test_containers_slurm.py"  # they need the image tests/run.sh builds
 # The files of the SLURM version leg (`-m slurm_version_leg`): what `tests/run.sh` also runs on
 # sid's SLURM in every run. They read SLURM's output (scontrol, squeue, sacct, the job's
@@ -98,17 +118,75 @@ NOT_UP_HELP = (
 # --------------------------------------------------------------------------- marker
 @pytest.hookimpl(tryfirst=True)  # before `-m "not slurm"` deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    group_of = cluster_groups({item.path.name for item in items if SLURM_DIR in item.path.parents})
     for item in items:
         if SLURM_DIR in item.path.parents:
             item.add_marker(pytest.mark.slurm)
-            # Under pytest-xdist (`--dist loadgroup`, as tests/run.sh runs), every cluster
-            # test goes to one worker, one after the other: they share the cluster's nodes,
-            # partitions and timers; the other workers run the tests that need no cluster.
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+            # Under pytest-xdist (`--dist loadgroup`, as tests/run.sh runs), a file's tests go
+            # to its group's worker, one after the other (module fixtures hold jobs across a
+            # file's tests); the groups run at once, the other workers run the tests that
+            # need no cluster.
+            item.add_marker(pytest.mark.xdist_group(group_of[item.path.name]))
             if item.path.name in VERSION_LEG_FILES:
                 item.add_marker(pytest.mark.slurm_version_leg)
     # The container tests last: tests/run.sh builds their image in the background meanwhile.
     items.sort(key=lambda item: item.path.name == CONTAINER_TESTS)
+
+
+# Seconds each file's tests took on one worker, but those of its `cluster_exclusive` tests
+# (during those every group waits): the weights by which `cluster_groups` deals the files.
+# Measured on this 2-core machine (all of tests/slurm/ on one worker: 997 s, of which the
+# exclusive tests 203 s); a file missing here counts as DEFAULT_SECONDS.
+FILE_SECONDS = {
+    "test_chaos_slurm.py": 10,
+    "test_cli_slurm.py": 7,
+    "test_cluster.py": 12,
+    "test_containers_slurm.py": 17,
+    "test_debugging_slurm.py": 12,
+    "test_driver_in_step.py": 10,
+    "test_examples_slurm.py": 77,
+    "test_faults_slurm.py": 104,
+    "test_frameworks_hf_slurm.py": 38,
+    "test_frameworks_lightning_slurm.py": 76,
+    "test_info_slurm.py": 6,
+    "test_job_end_slurm.py": 7,
+    "test_job_folder_slurm.py": 6,
+    "test_jobs_cli_slurm.py": 30,
+    "test_jobs_slurm.py": 18,
+    "test_kept_workers_slurm.py": 3,
+    "test_launch_slurm.py": 78,
+    "test_long_jobs_slurm.py": 7,
+    "test_map_slurm.py": 5,
+    "test_notebook_slurm.py": 7,
+    "test_queue_slurm.py": 0,
+    "test_requeue_slurm.py": 23,
+    "test_reserve_chaos_slurm.py": 63,
+    "test_reserve_parity_slurm.py": 15,
+    "test_reserve_slurm.py": 77,
+    "test_scale_slurm.py": 5,
+    "test_sealed_jobs_slurm.py": 22,
+    "test_ssh_slurm.py": 11,
+    "test_stacks_cli_slurm.py": 0,
+    "test_stuck_slurm.py": 25,
+    "test_submit_slurm.py": 4,
+    "test_warm_slurm.py": 9,
+    "test_worker_env_slurm.py": 3,
+}
+DEFAULT_SECONDS = 10.0
+
+
+def cluster_groups(files: set[str]) -> dict[str, str]:
+    """Each cluster test file's xdist group: the longest first, each to the least loaded.
+
+    The same on every xdist worker (the files sorted, ties broken by name), as xdist needs.
+    """
+    load = {f"{CLUSTER_GROUP}-{i}": 0.0 for i in range(1, max(CLUSTER_GROUPS, 1) + 1)}
+    group_of = {}
+    for name in sorted(files, key=lambda f: (-FILE_SECONDS.get(f, DEFAULT_SECONDS), f)):
+        group = min(load, key=lambda g: (load[g], g))
+        load[group] += FILE_SECONDS.get(name, DEFAULT_SECONDS)
+        group_of[name] = group
+    return group_of
 
 
 # --------------------------------------------------------------------------- cluster facts
@@ -540,8 +618,42 @@ def _wait_no_jobs(wait: float) -> list[str]:
     return jobs
 
 
+@pytest.fixture(scope="session")
+def cluster_turns(slurm_cluster: SlurmCluster) -> ClusterTurns:
+    """This process's turns on the cluster, taken beside every pytest process that uses it.
+
+    The xdist run's other workers, and other pytest sessions on this cluster (developers on
+    one machine): another session's lost node kills this one's jobs on it as well. The lock
+    files are in /tmp, which a release's rootfs shares (its cluster's netns prefix names them).
+    """
+    folder = Path(tempfile.gettempdir()) / f"slurmrun-test-turns-{slurm_cluster.netns_prefix}"
+    folder.mkdir(exist_ok=True)
+    return ClusterTurns(folder)
+
+
+@pytest.fixture(scope="module")
+def module_turn(cluster_turns: ClusterTurns, request: pytest.FixtureRequest) -> Iterator[None]:
+    """A shared turn for the whole module, for the module fixture that requests it.
+
+    A module fixture that keeps a job or daemons on the nodes for its tests asks for it: no
+    exclusive test of another worker (a lost node, preemption) comes in between its tests.
+    """
+    with cluster_turns.hold("shared", request.node.nodeid):
+        yield
+
+
 @pytest.fixture(autouse=True)
-def _slurm_clean_state(slurm_cluster: SlurmCluster) -> Iterator[None]:
+def _cluster_turn(
+    slurm_cluster: SlurmCluster, cluster_turns: ClusterTurns, request: pytest.FixtureRequest
+) -> Iterator[None]:
+    """Each SLURM test's turn: the cluster to itself when marked `cluster_exclusive`."""
+    exclusive = request.node.get_closest_marker(EXCLUSIVE) is not None
+    with cluster_turns.hold("exclusive" if exclusive else "shared", request.node.nodeid):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _slurm_clean_state(slurm_cluster: SlurmCluster, _cluster_turn: None) -> Iterator[None]:
     """After each SLURM test: no job in squeue, no process left on the nodes."""
     yield
     problems = []
@@ -575,6 +687,7 @@ def preemption_grace(seconds: int) -> Iterator[None]:
             ["scontrol", "update", "partition=debug", f"GraceTime={value}"], timeout=30, check=True
         )
 
+    require_exclusive("a partition's GraceTime")
     update(seconds)
     try:
         yield
@@ -585,6 +698,7 @@ def preemption_grace(seconds: int) -> Iterator[None]:
 def preempt_debug_jobs(tmp_path: Path, cluster: SlurmCluster) -> None:
     """Submits a job of the `urgent` partition that needs every node: SLURM preempts (with
     PreemptMode=REQUEUE) the jobs of `debug` that run there. It sleeps 1 s and ends."""
+    require_exclusive("preempting every job of `debug`")
     _run(
         ["sbatch", "--partition=urgent", f"--nodes={cluster.num_nodes}", "--exclusive", "--time=1",
          f"--job-name={JOB_NAME}", f"--output={tmp_path / 'urgent.out'}", "--wrap", "sleep 1"],

@@ -115,7 +115,15 @@ def test_srun_from_python_in_salloc(run_in_allocation):
     assert "JOB_GRES=(null)" in scontrol
 
 
-@pytest.mark.parametrize("salloc_tasks", [["--ntasks-per-node=2"], ["-n5"], ["-n4", "-c2"]])
+@pytest.mark.parametrize(
+    "salloc_tasks",
+    [
+        ["--ntasks-per-node=2"],
+        ["-n5"],
+        # node1's 4 CPUs: another group's test would not fit there meanwhile
+        pytest.param(["-n4", "-c2"], marks=pytest.mark.cluster_exclusive),
+    ],
+)
 def test_one_task_per_node_needs_explicit_ntasks(run_in_allocation, salloc_tasks, slurm_cluster):
     """22.05's srun inherits SLURM_NTASKS from salloc: -N3 --ntasks-per-node=1 alone is not
     enough (24.11 and 26.05 start one task per node); -n3 as well gives one on every version."""
@@ -157,7 +165,13 @@ GPU_CASES_SINCE = {
 }
 
 
-@pytest.mark.parametrize("salloc_gpus", list(GPU_CASES))
+@pytest.mark.parametrize(
+    "salloc_gpus",
+    [  # whole nodes wait for every other job (a reservation of another xdist group): alone
+        pytest.param(c, marks=pytest.mark.cluster_exclusive if c == "--exclusive" else ())
+        for c in GPU_CASES
+    ],
+)
 def test_which_steps_see_the_jobs_gpus(run_in_allocation, salloc_gpus, slurm_cluster):
     cases = dict(GPU_CASES[salloc_gpus])
     for version, changed in GPU_CASES_SINCE.items():

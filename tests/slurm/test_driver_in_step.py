@@ -158,6 +158,7 @@ def test_srun_input_variables_of_the_driver_do_not_reshape_the_agents_step(run_c
     assert {v["cuda"] for host in values for v in host} == {"0,1"}
 
 
+@pytest.mark.cluster_exclusive  # 3 of node1's 4 CPUs: another group's test would not fit there
 def test_one_node_job_is_a_slurm_job(sbatch, tmp_path):
     path = _script(tmp_path, kwargs='{"extra_env_vars": {"FROM_MAPPING": "a=b,c"}}')
     job = sbatch(f"#SBATCH -N1 --ntasks-per-node=3\n{EXPORT}{sys.executable} {path}\n", timeout=90)

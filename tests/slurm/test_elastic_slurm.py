@@ -26,6 +26,10 @@ from tests.slurm.test_faults_slurm import (  # the fixture checks node2 is back 
     restore_node,
 )
 
+# Every test here changes the whole cluster (node2 lost, or marked down):
+# the other cluster tests wait meanwhile.
+pytestmark = pytest.mark.cluster_exclusive
+
 REPO = str(Path(slurmrun.__file__).parents[1])
 
 SCRIPT = r"""

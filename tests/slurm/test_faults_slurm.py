@@ -57,6 +57,8 @@ from typing import Any
 
 import pytest
 
+from tests.slurm.cluster_turn import require_exclusive
+
 SLACK = 3.0  # added to every stated bound: 3 nodes' processes share 2 slow cores here
 GONE_WITHIN = 10.0  # how long node_processes() may poll for the nodes to be clean
 FAULT_COLUMN = "slurm"  # the root conftest's fault_times fixture reports under it
@@ -508,6 +510,7 @@ def lost_node_restorer(slurm_cluster: Any) -> Iterator[None]:
     wait for the job to leave the queue needs the node back: the job's end cannot complete
     on a node without slurmd.
     """
+    require_exclusive(f"losing {LOST_NODE}")
     yield
     problem = restore_node(slurm_cluster, LOST_NODE)
     assert not problem, problem
@@ -524,7 +527,15 @@ def lost_node_restorer(slurm_cluster: Any) -> Iterator[None]:
 # ---------------------------------------------------------------- the test
 
 
-@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fault",
+    [  # a lost node is lost to every job on it: the other cluster tests wait meanwhile
+        pytest.param(
+            f, id=f.name, marks=pytest.mark.cluster_exclusive if f.name == "node_loss" else ()
+        )
+        for f in FAULTS
+    ],
+)
 def test_fault_on_the_cluster_is_reported_in_time_leaves_nothing_and_next_launch_works(
     fault: Fault,
     request: pytest.FixtureRequest,

@@ -329,7 +329,7 @@ def _sbatch_and_poll(d: Path, timeout: float) -> str:
 
 
 @pytest.fixture(scope="module")
-def batch_2x2(slurm_cluster, tmp_path_factory) -> dict[str, ScriptRun]:
+def batch_2x2(slurm_cluster, tmp_path_factory, module_turn) -> dict[str, ScriptRun]:
     """The batch job's three runs by name (submitted from the session's tmp dir: ours)."""
     d = tmp_path_factory.mktemp("frameworks_hf")
     lines = [

@@ -86,6 +86,7 @@ def funcs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 @pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
+@pytest.mark.cluster_exclusive  # 3 of node1's 4 CPUs: another group's test would not fit there
 def test_a_function_from_the_submitters_sys_path_runs_on_every_cpu_of_one_node(
     slurm_cluster, funcs, tmp_path
 ):
@@ -222,6 +223,7 @@ def test_no_warning_is_printed_while_polling(slurm_cluster, funcs, tmp_path):
     assert done.stderr == ""
 
 
+@pytest.mark.cluster_exclusive  # 3 jobs on node1: another group's test would not fit there
 def test_listing_many_jobs_asks_the_controller_once(slurm_cluster, funcs, tmp_path, monkeypatch):
     # squeue and sacct stay the real ones; a wrapper in front of each records its calls.
     calls = tmp_path / "calls.log"

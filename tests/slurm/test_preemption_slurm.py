@@ -24,6 +24,10 @@ from tests.slurm.conftest import (
 )
 from tests.slurm.slurm_helpers import wait_for
 
+# Every test here changes the whole cluster (the debug partition's GraceTime, every job of
+# `debug` preempted): the other cluster tests wait meanwhile.
+pytestmark = pytest.mark.cluster_exclusive
+
 HOLD = """
 import os, pathlib, time
 rank = os.environ["RANK"]

@@ -180,6 +180,7 @@ def preempted_job(
             yield job
 
 
+@pytest.mark.cluster_exclusive  # every job of `debug` preempted, its GraceTime changed
 def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     slurm_cluster, funcs, tmp_path
 ):
@@ -196,6 +197,7 @@ def test_a_preempted_job_is_requeued_and_its_second_run_reads_the_checkpoint(
     assert "this run will be requeued" in err
 
 
+@pytest.mark.cluster_exclusive  # every job of `debug` preempted, its GraceTime changed
 def test_a_job_preempted_past_its_requeue_cap_fails_clearly(slurm_cluster, funcs, tmp_path):
     limit = slurmrun.Requeue(max_requeues=0)
     with (

@@ -22,9 +22,13 @@ import pytest
 
 import slurmrun
 from slurmrun.reservations import ReservationRecord
+from tests.slurm.cluster_turn import require_exclusive
 from tests.slurm.conftest import CLUSTER_SH, REPO
 
 JOB_NAME = "slurmrun-test"  # the conftest's: its clean-state check knows it
+# Every test here changes the whole cluster (the firewall of every node):
+# the other cluster tests wait meanwhile.
+pytestmark = pytest.mark.cluster_exclusive
 
 
 def _firewall(state: str) -> None:
@@ -36,6 +40,7 @@ def firewalled(cluster) -> Iterator[None]:
     """The cluster's firewall, on until the block ends (however it ends)."""
     if cluster.mode != "netns":
         pytest.skip("the firewall needs the nodes in network namespaces of their own")
+    require_exclusive("the firewall of every node")
     try:
         _firewall("on")
         yield

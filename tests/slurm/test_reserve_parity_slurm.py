@@ -47,7 +47,9 @@ class Shared:
 
 
 @pytest.fixture(scope="module")
-def reservation(share_job: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+def reservation(
+    share_job: Any, tmp_path_factory: pytest.TempPathFactory, module_turn: None
+) -> Iterator[Shared]:
     """A reservation of the 3 nodes for the file's tests, released at its end.
 
     Its agents import from ``site-packages`` under the work directory (`learnme`: an

@@ -16,6 +16,10 @@ from slurmrun.errors import ReservationRequeuedError
 from tests.slurm.conftest import JOB_NAME, preempt_debug_jobs, scontrol_job
 from tests.slurm.slurm_helpers import wait_for
 
+# Every test here changes the whole cluster (every job of `debug` preempted):
+# the other cluster tests wait meanwhile.
+pytestmark = pytest.mark.cluster_exclusive
+
 
 def where() -> tuple[str, int]:
     return os.environ["SLURMD_NODENAME"], int(os.environ["RANK"])

@@ -72,7 +72,9 @@ def _wait_listening(addr: str, ns: str, deadline: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def ssh_hosts(slurm_cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshHosts]:
+def ssh_hosts(
+    slurm_cluster: Any, tmp_path_factory: pytest.TempPathFactory, module_turn: None
+) -> Iterator[SshHosts]:
     if slurm_cluster.mode != "netns":
         pytest.skip("needs the cluster's netns mode (an address of its own per node)")
     d = tmp_path_factory.mktemp("ssh")

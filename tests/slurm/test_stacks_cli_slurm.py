@@ -78,6 +78,7 @@ def _stacks(run_cmd, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
+@pytest.mark.cluster_exclusive  # a whole node (4 CPUs, 2 GPUs): it would wait for other groups
 def test_stacks_of_a_job_reaches_its_launcher_on_the_batch_host(slurm_cluster, tmp_path, run_cmd):
     job_id = _submit(tmp_path)
     try:
