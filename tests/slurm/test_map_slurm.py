@@ -152,6 +152,7 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
+@pytest.mark.cluster_exclusive
 @pytest.mark.usefixtures("lost_node_restorer")
 def test_a_lost_nodes_items_run_on_the_other_nodes_and_the_map_ends_whole(
     run_cmd: Any, slurm_cluster: Any, tmp_path: Path
