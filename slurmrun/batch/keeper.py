@@ -33,6 +33,12 @@ from pathlib import Path
 from slurmrun import protocol
 from slurmrun.authentication import AuthenticationError, new_secret, server_handshake
 from slurmrun.batch.keeper_links import AgentLink, Session
+from slurmrun.batch.keeper_streams import (
+    HANDSHAKE_TIMEOUT,
+    Streams,
+    accept_each,
+    set_timeouts,
+)
 from slurmrun.launcher.address import address_toward, listen
 from slurmrun.launcher.agents.common import silence as agent_silence
 from slurmrun.launcher.agents.srun_step import SrunAgents
@@ -41,37 +47,16 @@ from slurmrun.launcher.options import Options
 from slurmrun.launcher.plan import make_plan
 from slurmrun.log_dirs import LOG_DIR_VAR, resolve_log_dir
 from slurmrun.reservations import ReservationRecord
-from slurmrun.transport import Connection, FrameHead
+from slurmrun.transport import Connection
 from slurmrun.variables import HEARTBEAT_VAR
 from slurmrun.waiting import wait_readable
 
 __all__ = ["Keeper", "main"]
 
-HANDSHAKE_TIMEOUT = 5.0  # a launcher's handshake and first frame
-TICK = 0.5  # how often the keeper looks at the clock (idle time, silent agents)
-
 
 def say(line: str) -> None:
     """A line of the keeper's in the job's log."""
     print(f"slurmrun reservation: {line}", file=sys.stderr, flush=True)
-
-
-def _timeouts(sock: socket.socket, seconds: float) -> None:
-    """Receives on `sock` fail after `seconds` without data (a peer gone without a word)."""
-    sock.settimeout(None)
-    whole, fraction = divmod(seconds, 1.0)
-    value = int(whole).to_bytes(8, sys.byteorder) + int(fraction * 1e6).to_bytes(8, sys.byteorder)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-
-
-@dataclass
-class Stream:
-    """A worker's stream (a large result) that waits for the launcher's JOIN."""
-
-    conn: Connection
-    head: FrameHead  # its one frame's header, the run id the launcher's
-    session: Session
-    joined: threading.Event = field(default_factory=threading.Event)
 
 
 @dataclass
@@ -90,8 +75,7 @@ class Keeper:
     ended: str = ""  # why the reservation ends
     lock: threading.Lock = field(default_factory=threading.Lock)
     done: threading.Event = field(default_factory=threading.Event)
-    streams: dict[int, Stream] = field(default_factory=dict)  # by channel, until joined
-    channels: int = 0
+    streams: Streams | None = None  # the workers' own connections, set by `take_streams`
     record: ReservationRecord | None = None  # rewritten when a launcher comes or goes
 
     def _rewrite(self, change: Callable[[ReservationRecord], ReservationRecord]) -> None:
@@ -143,7 +127,7 @@ class Keeper:
             lost = functools.partial(self.lose, link)
             threading.Thread(target=link.read_agent, args=(lost,), daemon=True).start()
         threading.Thread(target=self._clock, daemon=True).start()
-        self._accept(server, self._take)
+        accept_each(server, self._take, self.done)
 
     def _clock(self) -> None:
         beat = protocol.Heartbeat().header()
@@ -177,7 +161,7 @@ class Keeper:
             sock.close()
             return
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _timeouts(sock, self.silence)
+        set_timeouts(sock, self.silence)
         if isinstance(message, protocol.Attach):
             self._attach(conn, message)
         elif isinstance(message, protocol.Join):
@@ -228,7 +212,7 @@ class Keeper:
         (never joined, or all closed), the session ends too.
         """
         sock = session.control.sock
-        _timeouts(sock, 0.0)
+        set_timeouts(sock, 0.0)
         with contextlib.suppress(OSError, EOFError):
             while True:
                 if wait_readable([sock.fileno()], session.silence):
@@ -256,7 +240,10 @@ class Keeper:
 
     def _join(self, conn: Connection, join: protocol.Join) -> None:
         if join.stream:
-            self._join_stream(conn, join)
+            if self.streams is None:
+                conn.close()
+            else:
+                self.streams.join(conn, join)
             return
         with self.lock:
             session = self.session
@@ -265,7 +252,7 @@ class Keeper:
             conn.close()
             return
         assert session is not None  # noqa: S101 - ok says so
-        _timeouts(conn.sock, 0.0)  # its heartbeats are waited for as agents do (keeper_links)
+        set_timeouts(conn.sock, 0.0)  # its heartbeats are waited for as agents do (keeper_links)
         link = self.links[join.node_rank]
         try:
             link.attach(session, conn)
@@ -276,61 +263,12 @@ class Keeper:
 
     def take_streams(self, server: socket.socket, secret: bytes) -> None:
         """Takes the workers' own connections (large results) on the agents' `server`."""
-        self._accept(server, lambda sock: self._stream(sock, secret))
+        self.streams = Streams(secret, self.silence, self._attached, self.done)
+        accept_each(server, self.streams.take, self.done)
 
-    def _accept(self, server: socket.socket, take: Callable[[socket.socket], None]) -> None:
-        """Hands each connection on `server` to `take` on a thread, until the reservation ends."""
-        server.settimeout(TICK)
-        while not self.done.is_set():
-            try:
-                sock, _ = server.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=take, args=(sock,), daemon=True).start()
-
-    def _stream(self, sock: socket.socket, secret: bytes) -> None:
-        """One stream: proven, its frame's header read, then handed to the launcher's JOIN."""
-        try:
-            server_handshake(sock, secret, HANDSHAKE_TIMEOUT)
-            _timeouts(sock, self.silence)
-            conn = Connection(sock)
-            head = conn.recv_head()
-        except (AuthenticationError, OSError, EOFError):
-            sock.close()
-            return
-        if head is None:
-            conn.close()
-            return
-        run = head.header.get("run", 0)
+    def _attached(self) -> Session | None:
         with self.lock:
-            session = self.session
-            stream = None
-            if session is not None and run > session.offset:
-                head.header["run"] = run - session.offset
-                self.channels += 1
-                channel = self.channels
-                stream = self.streams[channel] = Stream(conn, head, session)
-        if stream is None:
-            conn.close()  # no launcher's: the worker's send fails, its run is no one's
-            return
-        with contextlib.suppress(OSError):
-            stream.session.control.send(protocol.Bridge(channel=channel).header())
-        if not stream.joined.wait(HANDSHAKE_TIMEOUT):
-            with self.lock:
-                self.streams.pop(channel, None)
-            conn.close()
-
-    def _join_stream(self, conn: Connection, join: protocol.Join) -> None:
-        with self.lock:
-            stream = self.streams.pop(join.stream, None)
-        if stream is None or stream.session.id != join.session:
-            conn.close()
-            return
-        stream.joined.set()
-        with contextlib.suppress(OSError, EOFError):
-            stream.conn.forward(stream.head, conn)
-        stream.conn.close()
-        conn.close()
+            return self.session
 
     def close(self, starter: AgentStarter, grace: float = 5.0) -> None:
         """Tells every agent to exit, and stops their step."""

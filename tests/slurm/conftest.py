@@ -71,7 +71,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm.cluster_turn import ClusterTurns, require_exclusive
+from tests.slurm.cluster_turn import ClusterTurns, ClusterTurnTimeout, require_exclusive
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "cluster" / "slurm-cluster.sh"
@@ -215,26 +215,39 @@ class SlurmCluster:
         return self.node_addrs[self.nodes.index(node)]
 
 
+def _cluster_sh(command: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(CLUSTER_SH), command],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _turns_folder(netns_prefix: str) -> Path:
+    """Where every pytest process on the cluster of `netns_prefix` takes its turns."""
+    return Path(tempfile.gettempdir()) / f"slurmrun-test-turns-{netns_prefix}"
+
+
 def _read_cluster() -> SlurmCluster | str:
-    """The running cluster's facts, or why it is not up and healthy."""
+    """The running cluster's facts, or why it is not up and healthy.
+
+    A node that is down may be another worker's exclusive test (a lost node, restored after
+    it): the status is then read again in a turn of this process's own, once that test ended.
+    """
     try:
-        env = subprocess.run(
-            ["bash", str(CLUSTER_SH), "env"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        env = _cluster_sh("env", 30)
         if env.returncode != 0:
             return env.stderr.strip()
-        status = subprocess.run(
-            ["bash", str(CLUSTER_SH), "status"],
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
+        status = _cluster_sh("status", 60)
+        prefix = re.search(r"SLURM_CLUSTER_NETNS_PREFIX=(\S+)", env.stdout)
+        if status.returncode != 0 and prefix is not None:
+            folder = _turns_folder(shlex.split(prefix.group(1))[0])
+            folder.mkdir(exist_ok=True)
+            with ClusterTurns(folder).hold("shared", "a first look at the cluster's health"):
+                status = _cluster_sh("status", 60)
+    except (OSError, subprocess.TimeoutExpired, ClusterTurnTimeout) as e:
         return repr(e)
     if status.returncode != 0:
         return status.stdout.strip() + "\n" + status.stderr.strip()
@@ -626,7 +639,7 @@ def cluster_turns(slurm_cluster: SlurmCluster) -> ClusterTurns:
     one machine): another session's lost node kills this one's jobs on it as well. The lock
     files are in /tmp, which a release's rootfs shares (its cluster's netns prefix names them).
     """
-    folder = Path(tempfile.gettempdir()) / f"slurmrun-test-turns-{slurm_cluster.netns_prefix}"
+    folder = _turns_folder(slurm_cluster.netns_prefix)
     folder.mkdir(exist_ok=True)
     return ClusterTurns(folder)
 
