@@ -264,22 +264,19 @@ class RunWorkers:
         return True
 
     def stacks(self, ask: protocol.AskStacks) -> None:
-        """Answers the launcher's ASK_STACKS for every worker (`node.stacks_answer`; waits)."""
-        if not self.spawned.wait(timeout=ask.answer_wait):
+        """Answers the launcher's ASK_STACKS for every worker (`node.stacks_answer`).
+
+        A report waits for the workers' answers and dumps the silent; a sample is only passed
+        on (the workers answer it themselves; the launcher waits).
+        """
+        from slurmrun.node import stacks_answer  # noqa: PLC0415 - only when asked
+
+        sample = not ask.dumps()
+        if not (self.spawned.is_set() if sample else self.spawned.wait(ask.answer_wait)):
             no_stacks(self.launcher, ask, "its workers are starting")
             return
-        from slurmrun.node.stacks_answer import answer_stacks  # noqa: PLC0415 - only when asked
-
-        answer_stacks(self.workers, self.launcher, ask)
-
-    def sample(self, ask: protocol.AskStacks) -> None:
-        """Passes a sample's ASK_STACKS on to every worker, without waiting (`stacks_answer`)."""
-        if not self.spawned.is_set():
-            no_stacks(self.launcher, ask, "its workers are starting")
-            return
-        from slurmrun.node.stacks_answer import ask_workers  # noqa: PLC0415 - only when asked
-
-        ask_workers(self.workers, self.launcher, ask)
+        answer = stacks_answer.ask_workers if sample else stacks_answer.answer_stacks
+        answer(self.workers, self.launcher, ask)
 
     def pass_on(self, message: ToWorker, body: bytes) -> None:
         """Passes a message of the launcher on to worker `message.local_rank`.
