@@ -318,7 +318,8 @@ def preview(
 
     Returns:
         The variables rank 0 would set, sorted by name, with `_LATER`'s stand-ins for values
-        known only when the run starts, and the names it would remove.
+        known only when the run starts, and the names it would remove (but `AGENTS_OWN`:
+        the agents' own way back, which slurmrun itself sets for them).
     """
     place = RankPlace(
         rank=0,
@@ -331,4 +332,5 @@ def preview(
         tasks_per_node=compress_counts(counts),
     )
     values, removed = worker_changes(environ, place, job, pid=0)
-    return sorted((name, _LATER.get(name, value)) for name, value in values.items()), removed
+    shown = sorted((name, _LATER.get(name, value)) for name, value in values.items())
+    return shown, [name for name in removed if name not in AGENTS_OWN]

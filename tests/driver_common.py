@@ -1,7 +1,9 @@
-"""What the driver scripts share (tests/interrupt_driver.py, tests/chaos_driver.py)."""
+"""What the driver scripts (tests/interrupt_driver.py, tests/chaos_driver.py) and the tests
+of hostile peers (tests/test_launch.py, tests/test_fuzz.py) share."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -29,3 +31,14 @@ def live_descendants() -> list[psutil.Process]:
         for p in psutil.Process().children(recursive=True)
         if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     ]
+
+
+def launcher_seen_from_a_worker() -> tuple[str, int]:
+    """Where the launcher listens, as any process of the node can find it: the far end of the
+    worker's agent's connection (its grandparent's: worker, spawner, agent). Workers are not
+    told (their environment holds no launcher address), so a hostile one looks there."""
+    agent = psutil.Process(os.getppid()).parent()
+    for conn in agent.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_ESTABLISHED and conn.raddr:
+            return conn.raddr.ip, conn.raddr.port
+    raise RuntimeError(f"agent {agent.pid} has no established connection")

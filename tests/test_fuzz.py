@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 import pytest
+from driver_common import launcher_seen_from_a_worker
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -79,8 +80,7 @@ def read_to_end(sock: socket.socket) -> bytes:
 
 def attack_the_launcher(examples: int, evil_path: str, done_path: str) -> dict[str, Any]:
     """Runs on rank 0: one hostile connection per hypothesis example; returns the counts."""
-    addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
-    port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
+    addr, port = launcher_seen_from_a_worker()
     evil = pickle.dumps(CreatesFileWhenUnpickled(evil_path))
     counts = dict.fromkeys(ATTACKS, 0)
     violations: list[str] = []

@@ -13,6 +13,7 @@ import time
 
 import psutil
 import pytest
+from driver_common import launcher_seen_from_a_worker
 
 import slurmrun
 from slurmrun import authentication, pickling, transport
@@ -123,8 +124,7 @@ def return_tensors(n_bytes: int):
 
 def be_a_hostile_peer():
     """Attack the launcher from a worker: wrong secret, garbage, truncated handshakes."""
-    addr = os.environ["SLURMRUN_LAUNCHER_ADDR"]
-    port = int(os.environ["SLURMRUN_LAUNCHER_PORT"])
+    addr, port = launcher_seen_from_a_worker()
     assert "SLURMRUN_SECRET" not in os.environ, "the secret leaked into the workers' environment"
     refused = 0
     for attempt in ("wrong-secret", "garbage", "frame-without-handshake", "truncated"):
