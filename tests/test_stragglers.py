@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 import slurmrun
+from slurmrun import protocol
 from slurmrun.events import Event, Straggler
+from slurmrun.node.relay import WorkerLink
+from slurmrun.node.spawner import WorkerProcess
+from slurmrun.node.stacks_answer import ask_workers
+from slurmrun.stacks.report import StackSource
+from slurmrun.transport import Connection
 
 LIMIT = 60.0  # the most a test's run may last
 
@@ -136,3 +146,41 @@ def test_a_sample_never_dumps_a_worker_that_holds_the_gil(tmp_path: Path) -> Non
         backend=None, stragglers=True,
     ).rank(0)  # fmt: skip
     assert dumped == "", dumped  # the stacks signal never came: no faulthandler dump
+
+
+def test_a_sample_never_waits_for_a_worker_that_reads_nothing() -> None:
+    """A sample is passed on from the agent's thread that reads the launcher: a worker whose C
+    code holds its GIL reads no request, and once its socket is full a send would hold that
+    thread (no END, no Ctrl-C handled). The worker is silent in that sample instead."""
+    agent_side, worker_side = socket.socketpair()
+    launcher_side, agent_to_launcher = socket.socketpair()
+    sentinel, never_written = os.pipe()
+    try:
+        agent_side.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            while True:  # what the silent worker left unread
+                agent_side.send(b"\0" * 65536)
+        agent_side.setblocking(True)
+        worker = WorkerLink(
+            0, process=WorkerProcess(pid=os.getpid(), sentinel=sentinel),
+            conn=Connection(agent_side), streams=worker_side,
+        )  # fmt: skip
+        ask = protocol.AskStacks(run=1, request=7, purpose=protocol.StacksPurpose.SAMPLE.value)
+        done = threading.Event()
+
+        def sample() -> None:
+            ask_workers([worker], Connection(agent_to_launcher), ask)
+            done.set()
+
+        threading.Thread(target=sample, daemon=True).start()
+        assert done.wait(5.0), "the agent's thread waited for a worker that reads nothing"
+        frame = Connection(launcher_side).recv()
+        assert frame is not None
+        answer = protocol.parse(frame.header)
+        assert isinstance(answer, protocol.Stacks), answer
+        assert (answer.request, answer.source) == (7, StackSource.SILENT.value), answer
+    finally:
+        for sock in (agent_side, worker_side, launcher_side, agent_to_launcher):
+            sock.close()  # ends the sample's thread too, if it was stuck
+        os.close(sentinel)
+        os.close(never_written)

@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from slurmrun import protocol
 from slurmrun.node.relay import WorkerLink
@@ -67,21 +68,36 @@ def ask_workers(
     The workers' answers go to the launcher through the relay. All a sample needs
     (`slurmrun.protocol.StacksPurpose`): the launcher counts a worker that has not answered by
     the sample's deadline as silent, and the agent neither waits nor starts a thread for it.
+    Nor does it wait to send: a sample runs on the agent's thread that reads the launcher, and
+    a worker whose C code holds its GIL reads nothing, so requests would fill its socket and
+    then hold that thread. Such a worker is silent in the sample at once.
     """
     header = ask.header()
+    sample = not ask.dumps()
     asked: list[WorkerLink] = []
     for worker in workers:
         why = _gone(worker)
+        source = StackSource.NONE
         if why is None:
             try:
-                worker.conn.send(header)
+                sent = _pass_on(worker.conn, header, wait=not sample)
             except OSError:
                 why = "its connection to the agent is closed"
             else:
-                asked.append(worker)
-                continue
-        _send(launcher, ask, worker, StackSource.NONE, why)
+                if sent:
+                    asked.append(worker)
+                    continue
+                why, source = "it reads no message of its agent's now", StackSource.SILENT
+        _send(launcher, ask, worker, source, why)
     return asked
+
+
+def _pass_on(conn: Connection, header: dict[str, Any], *, wait: bool) -> bool:
+    """Sends `header` to a worker; without `wait`, only if that needs no wait (True: sent)."""
+    if not wait:
+        return conn.send_nowait(header)
+    conn.send(header)
+    return True
 
 
 def _gone(worker: WorkerLink) -> str | None:
