@@ -143,13 +143,14 @@ class Options:
     (the default): never, as runs are often silent for long on purpose; set it a little above
     your longest quiet stretch."""
 
-    stragglers: bool = True
-    """True (the default): samples every rank's Python stack while a run goes on (once a
-    second, four times a second while a rank looks like one; well under 0.1 % of a rank's
-    core at a sample a second: docs/stuck.md) to find the rank that works while the others
-    wait for it in a collective: a warning naming the rank, its node and where it works, a
-    `slurmrun.events.Straggler` event, and a report in the log directory. False: no sampling
-    (unless `hang_timeout` is set)."""
+    stragglers: bool = False
+    """True: samples every rank's Python stack while a run goes on (once a second, four times
+    a second while a rank looks like one; well under 0.1 % of a rank's core at a sample a
+    second: docs/stuck.md) to find the rank that works while the others wait for it in a
+    collective: a warning naming the rank, its node and where it works, a
+    `slurmrun.events.Straggler` event, and a report in the log directory. False (the default,
+    while balanced ranks on busy cores can still be named: docs/stuck.md): no sampling (unless
+    `hang_timeout` is set)."""
 
     hang_timeout: float | Literal["auto"] | None = None
     """Seconds after which a run whose ranks are all stuck, some waiting in a collective and
