@@ -158,6 +158,12 @@ def test_a_kept_worker_stopped_between_runs_is_replaced_not_waited_for(
         before = {pid for pid, _, _ in launcher.run(remember, (7,)).values()}
         stopped = max(before)
         os.kill(stopped, signal.SIGSTOP)
+        # Stopped once it is scheduled to take the signal: on a loaded machine that can be
+        # after the next run began, which would then be a run the worker was not stopped for.
+        deadline = time.monotonic() + 30.0
+        while psutil.Process(stopped).status() != psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "the worker did not stop within 30 s"
+            time.sleep(0.01)
         # (a run that waited for it would go on once this lets it: with the same pid)
         timer = threading.Timer(12.0, os.kill, (stopped, signal.SIGCONT))
         timer.start()

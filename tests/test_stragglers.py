@@ -117,14 +117,16 @@ def answers_for(seconds: float) -> int:
     return len(answered)
 
 
-def test_stragglers_off_by_default_samples_nothing_and_a_calm_run_is_sampled_once_a_second() -> (
-    None
-):
+def test_sampling_is_off_by_default_once_a_second_for_a_calm_hang_timeout_alone() -> None:
     assert slurmrun.launch(answers_for, (3.0,), workers_per_host=2, backend=None).rank(0) == 0
     sampled = slurmrun.launch(
-        answers_for, (4.0,), workers_per_host=2, backend=None, stragglers=True
+        answers_for, (4.0,), workers_per_host=2, backend=None, hang_timeout=600.0
     ).values()
     assert all(3 <= n <= 5 for n in sampled), sampled  # calm: once a second, not four times
+    judged = slurmrun.launch(
+        answers_for, (2.0,), workers_per_host=2, backend=None, stragglers=True
+    ).values()
+    assert all(n >= 6 for n in judged), judged  # stragglers: four times a second
 
 
 def hold_the_gil_while_sampled(dumped: str) -> str:

@@ -144,9 +144,8 @@ class Options:
     your longest quiet stretch."""
 
     stragglers: bool = False
-    """True: samples every rank's Python stack while a run goes on (once a second, four times
-    a second while a rank looks like one; well under 0.1 % of a rank's core at a sample a
-    second: docs/stuck.md) to find the rank that works while the others wait for it in a
+    """True: samples every rank's Python stack four times a second while a run goes on (its
+    cost: docs/stuck.md) to find the rank that works while the others wait for it in a
     collective: a warning naming the rank, its node and where it works, a
     `slurmrun.events.Straggler` event, and a report in the log directory. False (the default,
     while balanced ranks on busy cores can still be named: docs/stuck.md): no sampling (unless

@@ -7,10 +7,10 @@ them, one sample at a time), and hands each sample to the judges:
 the log directory) and `slurmrun.launcher.hangs` (`slurmrun.HangError`, raised from the tick,
 which fails the run).
 
-The rate adapts: a sample each `CALM` seconds while nothing looks wrong, each `INTERVAL` seconds
-for a window once a judge suspects something (a rank whose straggler's score is half-way there;
-every rank where the last sample found it, some waiting), and always with
-``hang_timeout="auto"``, which calibrates on the gaps that the samples see.
+The rate: each `INTERVAL` seconds when stragglers are judged, and with ``hang_timeout="auto"``
+(which calibrates on the gaps that the samples see). With a ``hang_timeout`` in seconds alone, a
+sample each `CALM` seconds while nothing looks wrong, each `INTERVAL` seconds for a window once
+the hang judge suspects something (every rank where the last sample found it, some waiting).
 
 A worker answers a sample from its own thread (`slurmrun.stacks.report.capture`: well under a
 millisecond of its time; docs/stuck.md has the measured cost). One that does not answer within
@@ -91,7 +91,10 @@ class Sampling:
         self.pool = pool
         ranks = sum(share.workers for share in shares.values())
         self.interval = max(INTERVAL, PER_RANK * ranks)
-        self.calm = self.interval if hang_timeout == "auto" else max(CALM, self.interval)
+        # Stragglers are named from many samples: at the calm rate, a rank 30 % slower was
+        # sometimes named only after 25 s (its first samples happened to find nothing).
+        fast = stragglers or hang_timeout == "auto"
+        self.calm = self.interval if fast else max(CALM, self.interval)
         window = WINDOW * self.interval / INTERVAL
         self._alert_until = 0.0  # sample each `interval` s until then, else each `calm` s
         self.stragglers = StragglerJudge(window) if stragglers else None
