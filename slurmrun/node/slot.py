@@ -215,6 +215,11 @@ def _join_group(
     dist.init_process_group(
         backend=backend, store=store, rank=place.rank, world_size=place.per_item, timeout=wait
     )
+    if backend == "gloo" and place.per_item > 1:
+        # gloo connects the slot's full mesh in each rank's init, and one rank may return from
+        # it while another still connects: a slot given no item then ends at once, and closes
+        # what the other still connects to (seen on the test cluster).
+        dist.barrier()
     return True
 
 
