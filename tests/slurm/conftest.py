@@ -82,7 +82,7 @@ CLUSTER_GROUP = "slurm-cluster"  # the xdist groups of the tests here: slurm-clu
 # one more worker for the tests that need no cluster). More than 2 breaks the rule that shared
 # tests fit side by side (2 CPUs of a node each, of 4); and the cluster tests keep this
 # machine's 2 cores busy already (1.7 of them for test_launch_slurm.py alone).
-CLUSTER_GROUPS = int(os.environ.get("SLURMRUN_TEST_CLUSTER_GROUPS", "2"))
+CLUSTER_GROUPS = int(os.environ.get("SLURMRUN_TEST_CLUSTER_GROUPS", "1"))
 EXCLUSIVE = "cluster_exclusive"  # the marker of a test that has the cluster to itself
 CONTAINER_TESTS = "test_containers_slurm.py"  # they need the image tests/run.sh builds
 # The files of the SLURM version leg (`-m slurm_version_leg`): what `tests/run.sh` also runs on
