@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slurmrun.batch.array import submit_array
-    from slurmrun.batch.handle import SubmittedLaunch, attach
+    from slurmrun.batch.handle import SubmittedLaunch, SubmittedMap, attach
     from slurmrun.batch.listing import jobs
+    from slurmrun.batch.map_submit import submit_map
     from slurmrun.batch.requeue import Requeue, requeue_requested
     from slurmrun.batch.reserve import Reservation, release, reserve
     from slurmrun.batch.submit import submit
@@ -55,6 +56,7 @@ _EXPORTS = {
     "Launcher": "slurmrun.launcher",
     "SlurmAllocation": "slurmrun.slurm.job",
     "SubmittedLaunch": "slurmrun.batch",
+    "SubmittedMap": "slurmrun.batch",
     "VersionMismatchError": "slurmrun.errors",
     "WorkerFailedError": "slurmrun.errors",
     "add_filter_to_handler": "slurmrun.handlers",
@@ -66,6 +68,7 @@ _EXPORTS = {
     "jobs": "slurmrun.batch",
     "submit": "slurmrun.batch",
     "submit_array": "slurmrun.batch",
+    "submit_map": "slurmrun.batch",
     "Requeue": "slurmrun.batch",
     "Reservation": "slurmrun.batch.reserve",
     "release": "slurmrun.batch.reserve",
@@ -90,6 +93,7 @@ __all__ = [
     "Reservation",
     "SlurmAllocation",
     "SubmittedLaunch",
+    "SubmittedMap",
     "VersionMismatchError",
     "WorkerFailedError",
     "add_filter_to_handler",
@@ -105,6 +109,7 @@ __all__ = [
     "stream_handler",
     "submit",
     "submit_array",
+    "submit_map",
     "worker_state",
 ]
 

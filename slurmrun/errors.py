@@ -189,6 +189,27 @@ class MapFailedError(RuntimeError):
         self.results = results
         self.failed = failed
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickling drops an exception's __cause__: each failed item's remote traceback goes
+        # along (a submitted map's error reaches its submitter so).
+        causes = [
+            r.__cause__
+            if isinstance(r, BaseException) and isinstance(r.__cause__, RemoteTraceback)
+            else None
+            for r in self.results
+        ]
+        return _map_failed, (str(self), self.results, self.failed, causes), self.__dict__
+
+
+def _map_failed(
+    message: str, results: list[object], failed: list[int], causes: list[RemoteTraceback | None]
+) -> MapFailedError:
+    """A `MapFailedError` unpickled: each item's exception with its remote traceback again."""
+    for result, cause in zip(results, causes, strict=True):
+        if cause is not None and isinstance(result, BaseException):
+            result.__cause__ = cause
+    return MapFailedError(message, results=results, failed=failed)
+
 
 class ItemTimeoutError(TimeoutError):
     """An item of a `Launcher.map` ran longer than ``item_timeout``: its worker was killed."""

@@ -476,6 +476,59 @@ def test_cli_submit_array_refuses_a_bad_file_before_submitting(tmp_path, capsys)
     assert not (tmp_path / "jobs").exists()
 
 
+def test_cli_submit_map_shows_each_item_and_refuses_bad_options(tmp_path, capsys):
+    from slurmrun.cli.main import main
+
+    (tmp_path / "args.txt").write_text("--lr 0.1\n# skipped\n--lr 0.2 --tag 'a b'\n")
+    folder = ["--folder", str(tmp_path / "jobs")]
+    argv = ["submit", "--dry-run", *folder, "--map", str(tmp_path / "args.txt"), "--nodes", "2"]
+    more = ["--workers-per-node", "2", "--workers-per-item", "2"]
+    assert main([*argv, *more, "-m", "json.tool", "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --nodes=2\n" in out
+    assert "--array" not in out
+    assert out.endswith(
+        "# The job's batch step maps 2 items on every slot of its nodes:\n"
+        "#   item 0: -m json.tool --epochs 2 --lr 0.1\n"
+        "#   item 1: -m json.tool --epochs 2 --lr 0.2 --tag 'a b'\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text("raise AssertionError('must not run')\n")
+    args = ["--map", str(tmp_path / "args.txt")]
+    for argv, message in (
+        (["--retries", "1"], "--retries goes with --map ARGS_FILE"),
+        ([*args, "--array", str(tmp_path / "args.txt")], "--map and --array: give one"),
+        (["--map", str(tmp_path / "missing.txt")], "no such file"),
+        ([*args, "--workers-per-item", "3", "--gpus-per-node", "2"], "the job runs 2 workers a"),
+    ):
+        assert main(["submit", *folder, *argv, str(script)]) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    for argv in (["--retries", "-1"], ["--item-timeout", "0"], ["--workers-per-item", "0"]):
+        with pytest.raises(SystemExit) as info:  # the verb's own: argparse exits
+            main(["submit", *folder, *args, *argv, str(script)])
+        assert info.value.code == 2, argv
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_a_map_failed_error_pickles_with_every_items_remote_traceback():
+    from slurmrun.errors import MapFailedError, RemoteTraceback
+    from slurmrun.pickling import dumps_inband, loads
+
+    failed = ValueError("bad item")
+    failed.__cause__ = RemoteTraceback("Traceback ...\nValueError: bad item\n")
+    error = MapFailedError("1 of 2 items failed", results=[4, failed], failed=[1])
+    error.add_note("slurmrun: a note")
+    back = loads(dumps_inband(error))
+    assert isinstance(back, MapFailedError)
+    assert str(back) == "1 of 2 items failed"
+    assert back.failed == [1]
+    assert back.results[0] == 4
+    assert isinstance(back.results[1], ValueError)
+    assert isinstance(back.results[1].__cause__, RemoteTraceback)
+    assert back.results[1].__cause__.text == "Traceback ...\nValueError: bad item\n"
+    assert back.__notes__ == ["slurmrun: a note"]
+
+
 REPO = Path(__file__).resolve().parents[1]
 REQUEUED = """
 from slurmrun.batch.requeue import requeue_this_job

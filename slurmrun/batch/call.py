@@ -42,7 +42,7 @@ from slurmrun.slurm.job import own_job_id
 from slurmrun.slurm.job_end import preemption
 from slurmrun.variables import IGNORED_SIGNALS_VAR, WORKER_UMASK_VAR
 
-__all__ = ["JobCall", "Outcome"]
+__all__ = ["JobCall", "MapJob", "Outcome"]
 
 # In the job's folder once a run ended the job at its requeue cap (`RequeueLimitError`'s text).
 CAPPED_FILE = "requeue.capped"
@@ -101,12 +101,32 @@ class Outcome:
         raise exc from RemoteTraceback(self.traceback)
 
 
+@dataclass(frozen=True)
+class MapJob:
+    """A submitted map: the job calls `Launcher.map` over its items with these options."""
+
+    workers_per_item: int = 1
+    retries: int = 0
+    item_timeout: float | None = None
+
+    def run(self, launcher: Launcher, func: Any, items: list[Any]) -> list[Any]:
+        """The map, in the job; its values in the items' order."""
+        return launcher.map(
+            func,
+            items,
+            workers_per_item=self.workers_per_item,
+            retries=self.retries,
+            item_timeout=self.item_timeout,
+        )
+
+
 @dataclass
 class JobCall:
     """The call a submitted job runs (pickled by submitit).
 
     Attributes:
-        payload: ``(launcher, func, args, kwargs, workers_per_node)``, pickled by cloudpickle.
+        payload: ``(launcher, func, args, kwargs, workers_per_node, map_job)``, pickled by
+            cloudpickle; with a `MapJob`, ``args`` is ``(items,)`` and the job maps them.
         sys_path: the submitter's ``sys.path`` (``""`` resolved to its working directory).
         cwd: the submitter's working directory.
         folder: the folder the job was submitted into; its files are in ``<folder>/<job id>``.
@@ -149,11 +169,14 @@ class JobCall:
             if capped is not None:
                 return capped
             self._restore()
-            launcher, func, args, kwargs, workers = self._unpickle()
+            launcher, func, args, kwargs, workers, mapped = self._unpickle()
             launcher = _job_launcher(launcher, workers, job_dir)
             os.environ.setdefault(LOG_DIR_VAR, os.path.join(job_dir, "logs"))
             with watch or contextlib.nullcontext():
-                result = launcher.run(func, args, kwargs)
+                if mapped is None:
+                    result: Any = launcher.run(func, args, kwargs)
+                else:
+                    result = mapped.run(launcher, func, args[0])
                 outcome = Outcome(value=dumps_inband(result))
         except Exception as exc:
             outcome = Outcome.of_error(exc)
@@ -184,9 +207,12 @@ class JobCall:
         os.chdir(self.cwd)
         sys.path[:] = [*self.sys_path, *(p for p in sys.path if p not in self.sys_path)]
 
-    def _unpickle(self) -> tuple[Launcher, Any, tuple[Any, ...], dict[str, Any], int | None]:
+    def _unpickle(
+        self,
+    ) -> tuple[Launcher, Any, tuple[Any, ...], dict[str, Any], int | None, MapJob | None]:
         try:
-            launcher, func, args, kwargs, workers = loads(self.payload)
+            # (a job submitted by a slurmrun without maps has no sixth item)
+            launcher, func, args, kwargs, workers, *mapped = loads(self.payload)
         except ImportError as e:
             missing = [p for p in self.existing if not os.path.exists(p)]
             if not missing:
@@ -196,7 +222,7 @@ class JobCall:
                 f"sys.path has {', '.join(missing)}, which does not exist there: put the "
                 "project on a filesystem the compute nodes share"
             ) from e
-        return launcher, func, tuple(args), dict(kwargs), workers
+        return launcher, func, tuple(args), dict(kwargs), workers, (mapped or [None])[0]
 
 
 def _preempted(outcome: Outcome | None, job_id: str) -> bool:

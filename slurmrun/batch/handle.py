@@ -1,4 +1,4 @@
-"""`SubmittedLaunch`: a handle on a submitted job, made of its job id and its folder.
+"""`SubmittedLaunch` and `SubmittedMap`: handles on a submitted job, made of its id and folder.
 
 The handle holds no connection and no submitit object: it asks SLURM about its job id
 (`query_states`) and reads the job's folder, so it pickles, and `attach` rebuilds it in
@@ -11,6 +11,7 @@ import os
 import pickle
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -21,11 +22,20 @@ from slurmrun.logs import tail_file
 from slurmrun.result import LaunchResult
 from slurmrun.slurm.queue import FINAL_STATES, UNKNOWN, query_states
 
-__all__ = ["JobFailedError", "SubmittedLaunch", "attach"]
+__all__ = [
+    "JobFailedError",
+    "SubmittedJob",
+    "SubmittedLaunch",
+    "SubmittedMap",
+    "attach",
+    "handle_of",
+]
 
 T = TypeVar("T")
 # A finished job's result file may show up a moment after SLURM says COMPLETED (NFS).
 RESULT_GRACE = 10.0
+# What ``slurmrun.json`` says a job runs (its "kind"): a launch unless it says a map.
+MAP_KIND = "map"
 
 
 class JobFailedError(RuntimeError):
@@ -45,8 +55,8 @@ class JobFailedError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class SubmittedLaunch(Generic[T]):
-    """A launch submitted as a SLURM batch job (`slurmrun.submit`, `slurmrun.attach`).
+class SubmittedJob:
+    """A submitted SLURM batch job: what `SubmittedLaunch` and `SubmittedMap` share.
 
     Attributes:
         job_id: the SLURM job id.
@@ -100,33 +110,12 @@ class SubmittedLaunch(Generic[T]):
             else:
                 time.sleep(poll)
 
-    def result(self, timeout: float | None = None, poll: float = 1.0) -> LaunchResult[T]:
-        """Waits for the job and returns the launch's result, or raises what the launch raised.
-
-        A worker's exception is raised with its own type and the worker's traceback as
-        ``__cause__``, as `slurmrun.launch` raises it; so are `WorkerFailedError` and
-        `AgentFailedError`.
-
-        Args:
-            timeout: seconds to wait at most (None: as long as the job takes).
-            poll: seconds between two queries of SLURM.
-
-        Raises:
-            TimeoutError: the job has not ended within `timeout` (it keeps running).
-            JobFailedError: the job ended without a result (cancelled, timed out...).
-            slurmrun.batch.JobFolderError: the job's folder is not yours alone (nothing in it
-                is read).
-            slurmrun.errors.JobFolderTamperedError: the job's call or result in its folder was
-                not written by your slurmrun (its seal failed): nothing of it was unpickled.
-            slurmrun.errors.JobKeyError: your job key (``~/.config/slurmrun/job-key``) is
-                missing, or open to others.
-            Exception: what the launch raised.
-        """
+    def _outcome(self, timeout: float | None, poll: float) -> Any:
+        """Waits for the job; the value it returned, or raises what it raised."""
         state = self.wait(timeout, poll)
         self.files.check()
         outcome = self._read_result(state)
-        value: LaunchResult[T] = outcome.unwrap()
-        return value
+        return outcome.unwrap()
 
     def cancel(self) -> None:
         """Cancels the job (``scancel``); returns at once (`wait` sees it ``CANCELLED``)."""
@@ -191,7 +180,70 @@ class SubmittedLaunch(Generic[T]):
         return value
 
 
-def states_of(handles: list[SubmittedLaunch[Any]]) -> dict[str, str]:
+@dataclass(frozen=True)
+class SubmittedLaunch(SubmittedJob, Generic[T]):
+    """A launch submitted as a SLURM batch job (`slurmrun.submit`, `slurmrun.attach`).
+
+    Attributes:
+        job_id: the SLURM job id.
+        folder: the folder the job was submitted into (its files are in ``folder/job_id``).
+    """
+
+    def result(self, timeout: float | None = None, poll: float = 1.0) -> LaunchResult[T]:
+        """Waits for the job and returns the launch's result, or raises what the launch raised.
+
+        A worker's exception is raised with its own type and the worker's traceback as
+        ``__cause__``, as `slurmrun.launch` raises it; so are `WorkerFailedError` and
+        `AgentFailedError`.
+
+        Args:
+            timeout: seconds to wait at most (None: as long as the job takes).
+            poll: seconds between two queries of SLURM.
+
+        Raises:
+            TimeoutError: the job has not ended within `timeout` (it keeps running).
+            JobFailedError: the job ended without a result (cancelled, timed out...).
+            slurmrun.batch.JobFolderError: the job's folder is not yours alone (nothing in it
+                is read).
+            slurmrun.errors.JobFolderTamperedError: the job's call or result in its folder was
+                not written by your slurmrun (its seal failed): nothing of it was unpickled.
+            slurmrun.errors.JobKeyError: your job key (``~/.config/slurmrun/job-key``) is
+                missing, or open to others.
+            Exception: what the launch raised.
+        """
+        value: LaunchResult[T] = self._outcome(timeout, poll)
+        return value
+
+
+@dataclass(frozen=True)
+class SubmittedMap(SubmittedJob, Generic[T]):
+    """A `Launcher.map` submitted as a SLURM batch job (`slurmrun.submit_map`).
+
+    Attributes:
+        job_id: the SLURM job id.
+        folder: the folder the job was submitted into (its files are in ``folder/job_id``).
+    """
+
+    def result(self, timeout: float | None = None, poll: float = 1.0) -> list[T]:
+        """Waits for the job and returns each item's value in the items' order.
+
+        Args:
+            timeout: seconds to wait at most (None: as long as the job takes).
+            poll: seconds between two queries of SLURM.
+
+        Raises:
+            slurmrun.MapFailedError: items failed; its ``results`` holds every item's value
+                or exception (each with its worker's traceback as ``__cause__``).
+            TimeoutError, JobFailedError, slurmrun.batch.JobFolderError,
+                slurmrun.errors.JobFolderTamperedError, slurmrun.errors.JobKeyError: as
+                `SubmittedLaunch.result` raises them.
+            Exception: what the map raised as a whole (e.g. every node lost).
+        """
+        values: list[T] = self._outcome(timeout, poll)
+        return values
+
+
+def states_of(handles: Sequence[SubmittedJob]) -> dict[str, str]:
     """The states of several jobs, from one query of SLURM for all of them."""
     found = query_states(h.job_id for h in handles)
     states: dict[str, str] = {}
@@ -210,8 +262,10 @@ def states_of(handles: list[SubmittedLaunch[Any]]) -> dict[str, str]:
 
 def attach(
     job_id: str | int, folder: str | os.PathLike[str] = "slurmrun_jobs"
-) -> SubmittedLaunch[Any]:
+) -> SubmittedLaunch[Any] | SubmittedMap[Any]:
     """The handle of a job submitted into `folder`, from any process (e.g. another terminal).
+
+    A job of `slurmrun.submit_map` gets a `SubmittedMap`, any other a `SubmittedLaunch`.
 
     Args:
         job_id: the SLURM job id that `submit` gave.
@@ -223,11 +277,20 @@ def attach(
             another user owns it, or others may write to it or replace it (nothing in it is
             read; the message says what to do).
     """
-    handle: SubmittedLaunch[Any] = SubmittedLaunch(str(job_id), base_folder(folder))
-    handle.files.check()
-    if not handle.files.submitted_pickle.exists():
+    job = SubmittedJob(str(job_id), base_folder(folder))
+    job.files.check()
+    if not job.files.submitted_pickle.exists():
         raise FileNotFoundError(
-            f"no job {job_id} was submitted into {handle.folder} "
-            f"(there is no {handle.files.submitted_pickle})"
+            f"no job {job_id} was submitted into {job.folder} "
+            f"(there is no {job.files.submitted_pickle})"
         )
-    return handle
+    return handle_of(job.job_id, job.folder, job.files.meta())
+
+
+def handle_of(
+    job_id: str, folder: Path, meta: dict[str, Any]
+) -> SubmittedLaunch[Any] | SubmittedMap[Any]:
+    """The handle of job `job_id` of `folder`, of the kind its recorded `meta` says."""
+    if meta.get("kind") == MAP_KIND:
+        return SubmittedMap(job_id, folder)
+    return SubmittedLaunch(job_id, folder)

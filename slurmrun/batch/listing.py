@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from slurmrun.batch.folder import base_folder, check_folder, submitted_jobs
-from slurmrun.batch.handle import SubmittedLaunch, states_of
+from slurmrun.batch.handle import SubmittedLaunch, SubmittedMap, handle_of, states_of
 
 __all__ = ["JobInfo", "jobs"]
 
@@ -22,14 +22,14 @@ class JobInfo:
         state: its state now (SLURM's name, ``UNKNOWN`` if no record is left).
         function: the submitted function (``module.qualname``), if recorded.
         submitted: when it was submitted (seconds since the epoch), if recorded.
-        handle: its `SubmittedLaunch`.
+        handle: its `SubmittedLaunch` (a `SubmittedMap` for a job of `slurmrun.submit_map`).
     """
 
     job_id: str
     state: str
     function: str
     submitted: float | None
-    handle: SubmittedLaunch[Any]
+    handle: SubmittedLaunch[Any] | SubmittedMap[Any]
 
 
 def jobs(folder: str | os.PathLike[str] = "slurmrun_jobs") -> list[JobInfo]:
@@ -44,11 +44,11 @@ def jobs(folder: str | os.PathLike[str] = "slurmrun_jobs") -> list[JobInfo]:
     base: Path = base_folder(folder)
     check_folder(base)
     found = submitted_jobs(base)
-    handles: list[SubmittedLaunch[Any]] = [SubmittedLaunch(f.job_id, base) for f in found]
+    metas = [f.meta() for f in found]
+    handles = [handle_of(f.job_id, base, meta) for f, meta in zip(found, metas, strict=True)]
     states = states_of(handles)
     infos = []
-    for files, handle in zip(found, handles, strict=True):
-        meta = files.meta()
+    for meta, handle in zip(metas, handles, strict=True):
         submitted = meta.get("submitted")
         infos.append(
             JobInfo(

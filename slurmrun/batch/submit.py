@@ -11,15 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
-from slurmrun.batch.call import JobCall
+from slurmrun.batch.call import JobCall, MapJob
 from slurmrun.batch.folder import base_folder, check_folder
-from slurmrun.batch.handle import SubmittedLaunch
+from slurmrun.batch.handle import MAP_KIND, SubmittedLaunch
 from slurmrun.batch.job_resources import JobOptions, JobResources, job_resources
 from slurmrun.batch.requeue import Requeue
 from slurmrun.batch.sbatch import batch_script
 from slurmrun.batch.seal import new_nonce
 from slurmrun.launcher import Launcher
 from slurmrun.launcher.checks import check_call
+from slurmrun.launcher.mapping import check_map
 from slurmrun.launcher.plan import check_for_hosts
 from slurmrun.pickling import dumps_inband
 from slurmrun.private import private_umask, umask
@@ -153,6 +154,7 @@ class JobSpec:
     params: dict[str, Any]
     requeue: Requeue | None
     umask: int = field(default_factory=umask)  # the submitter's: the job's workers run with it
+    map_job: MapJob | None = None  # the job maps ``func_args[0]``, the items
 
     @classmethod
     def make(
@@ -164,11 +166,16 @@ class JobSpec:
         *,
         folder: str | os.PathLike[str],
         job: JobResources,
+        map_job: MapJob | None = None,
     ) -> JobSpec:
         """Checks the options (raises before anything is submitted) and makes the spec."""
         launcher = Launcher() if launcher is None else launcher
         kwargs = {} if func_kwargs is None else func_kwargs
-        check_call(launcher, func, tuple(func_args), kwargs)
+        if map_job is None:
+            check_call(launcher, func, tuple(func_args), kwargs)
+        else:
+            m = map_job
+            check_map(launcher, func, func_args[0], m.workers_per_item, m.retries, m.item_timeout)
         check_folder(base_folder(folder))
         job = job.resolved()
         workers_per_node = job.workers_per_node
@@ -187,6 +194,12 @@ class JobSpec:
             workers_per_node = asked
         policy = job.requeue_policy
         tasks = workers_per_node or job.gpus_per_node or 1
+        if map_job is not None and map_job.workers_per_item > tasks:
+            raise ValueError(
+                f"workers_per_item={map_job.workers_per_item}, but the job runs {tasks} "
+                f"worker{'s' * (tasks != 1)} a node, and a slot's workers are on one node: ask for "
+                f"workers_per_node={map_job.workers_per_item} (or gpus_per_node) or more"
+            )
         params: dict[str, Any] = {
             "nodes": job.nodes,
             "ntasks_per_node": tasks,
@@ -222,6 +235,7 @@ class JobSpec:
             base=base_folder(folder),
             params=params,
             requeue=policy,
+            map_job=map_job,
         )
 
     def dry_run(self, executor: Any, map_count: int | None = None) -> SubmitDryRun:
@@ -285,7 +299,14 @@ class JobSpec:
         """What the job runs (`func_args`: other positional arguments, for an array element)."""
         args = self.func_args if func_args is None else tuple(func_args)
         sys_path = [p or os.getcwd() for p in sys.path]
-        payload = (self.launcher, self.func, args, self.func_kwargs, self.workers_per_node)
+        payload = (
+            self.launcher,
+            self.func,
+            args,
+            self.func_kwargs,
+            self.workers_per_node,
+            self.map_job,
+        )
         return JobCall(
             payload=dumps_inband(payload),
             sys_path=sys_path,
@@ -299,7 +320,9 @@ class JobSpec:
     def meta(self, job_id: str) -> dict[str, Any]:
         """What ``slurmrun.json`` records."""
         func = self.func
+        kind = {} if self.map_job is None else {"kind": MAP_KIND}
         return {
+            **kind,
             "job_id": job_id,
             "function": f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', func)}",
             "nodes": self.params["nodes"],

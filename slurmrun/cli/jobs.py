@@ -111,7 +111,10 @@ def _status(args: argparse.Namespace) -> int:
         except Exception as e:  # what the launch raised, or JobFailedError
             print(failure_text(e))
         else:
-            print(f"every rank finished ({len(result.values())} workers)")
+            if isinstance(result, list):  # a map's values
+                print(f"every item finished ({len(result)} items)")
+            else:
+                print(f"every rank finished ({len(result.values())} workers)")
     return 0
 
 

@@ -18,7 +18,7 @@ import re
 import shlex
 import sys
 import textwrap
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from slurmrun.cli.command import (
     DEFAULT_FOLDER,
@@ -31,7 +31,12 @@ from slurmrun.cli.command import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from slurmrun.batch.job_resources import JobOptions
+    from slurmrun.cli.map_command import Sweep
+
+T = TypeVar("T")
 
 __all__ = ["main", "parse_time", "read_array_file"]
 
@@ -74,7 +79,8 @@ def _positive(text: str) -> int:
 SUBMIT_USAGE = """\
 slurmrun submit [-h] [--dry-run] [SUBMIT OPTIONS] [LAUNCHER OPTIONS] SCRIPT.py [ARGS...]
        slurmrun submit [-h] [--dry-run] [SUBMIT OPTIONS] [LAUNCHER OPTIONS] -m MODULE [ARGS...]
-       slurmrun submit --array FILE [--max-parallel N] [...] SCRIPT.py [ARGS...]"""
+       slurmrun submit --array FILE [--max-parallel N] [...] SCRIPT.py [ARGS...]
+       slurmrun submit --map ARGS_FILE [--workers-per-item N] [...] SCRIPT.py [ARGS...]"""
 
 SUBMIT_EPILOG = """\
 Launcher options: those of `slurmrun SCRIPT.py` (`slurmrun --help`): {options}. As there, the
@@ -91,7 +97,9 @@ def _submit_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
         description=(
             "Submits `slurmrun SCRIPT.py [ARGS]` as a batch job and prints its job id; with "
             "--array FILE, a job array whose element K adds FILE's K-th line of arguments to "
-            "ARGS (# starts a comment; empty lines are skipped), and prints an id per element."
+            "ARGS (# starts a comment; empty lines are skipped), and prints an id per element; "
+            "with --map ARGS_FILE, one job that runs `slurmrun --map ARGS_FILE SCRIPT.py "
+            "[ARGS]`: the script once per line, packed on every slot of the job's nodes."
         ),
         epilog=textwrap.fill(
             SUBMIT_EPILOG.format(options=", ".join(launcher_options())), break_on_hyphens=False
@@ -130,9 +138,40 @@ def _submit_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
         help="submit a job array: element K adds FILE's K-th line of arguments to the script's",
     )
     add("--max-parallel", type=_positive, default=None, help="with --array: elements at once")
+    add(
+        "--map",
+        default=None,
+        metavar="ARGS_FILE",
+        help="one job that runs the script once per line of ARGS_FILE on every slot (a sweep)",
+    )
+    add("--workers-per-item", type=_positive, default=None, help="with --map: a slot's workers")
+    add("--retries", type=_whole, default=None, help="with --map: tries again of a failed line")
+    add(
+        "--item-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="with --map: seconds a line may run",
+    )
     add("--no-requeue", action="store_true", help="never requeue the job")
     add("--folder", default=DEFAULT_FOLDER, help=FOLDER_HELP)
     return parser, own
+
+
+def _whole(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number (0 or more), got {text!r}")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return seconds
 
 
 def _sbatch_option(text: str) -> tuple[str, str | bool]:
@@ -165,11 +204,43 @@ def main(argv: list[str]) -> int:
         check_target(cmd)
         _check_job_launcher(launcher)
         elements = None if args.array is None else read_array_file(args.array)
+        sweep = _sweep(args)
     except UsageError as e:
         return _submit_error(str(e))
     if args.max_parallel is not None and elements is None:
         return _submit_error("--max-parallel needs --array FILE")
+    if sweep is not None:
+        return _submit_map(args, cmd, launcher, sweep)
     return _submit_job(args, cmd, launcher, elements)
+
+
+def _sweep(args: argparse.Namespace) -> Sweep | None:
+    """``--map``'s lines and options; None without ``--map``.
+
+    Raises:
+        UsageError: a map's option without ``--map``, ``--map`` with ``--array``, or a bad
+            file (`read_args_file`).
+    """
+    from slurmrun.cli.map_command import Sweep, read_args_file  # noqa: PLC0415
+
+    options = {"--workers-per-item": args.workers_per_item, "--retries": args.retries}
+    options["--item-timeout"] = args.item_timeout
+    if args.map is None:
+        given = [name for name, value in options.items() if value is not None]
+        if given:
+            raise UsageError(f"{given[0]} goes with --map ARGS_FILE (a map's option)")
+        return None
+    if args.array is not None:
+        raise UsageError(
+            "--map and --array: give one (--map runs every line in one job, on every slot of "
+            "its nodes; --array submits a job per line)"
+        )
+    return Sweep(
+        read_args_file(args.map),
+        workers_per_item=args.workers_per_item or 1,
+        retries=args.retries or 0,
+        item_timeout=args.item_timeout,
+    )
 
 
 def _check_job_launcher(launcher: Any) -> None:
@@ -217,66 +288,109 @@ def read_array_file(path: str) -> list[list[str]]:
 def _submit_job(
     args: argparse.Namespace, cmd: Any, launcher: Any, elements: list[list[str]] | None
 ) -> int:
-    from submitit.core.utils import FailedJobError  # noqa: PLC0415
-
     from slurmrun.batch import submit, submit_array  # noqa: PLC0415 - only this verb pays for it
     from slurmrun.cli.script import run_script  # noqa: PLC0415
-    from slurmrun.slurm.cluster import SlurmUnavailableError, placement  # noqa: PLC0415
 
     job = _job_options(args)
     target = ["-m", cmd.target] if cmd.module else [os.path.abspath(cmd.target)]
     kwargs = {"module": cmd.module}
     lines = [[*cmd.script_args, *more] for more in elements or [[]]]  # each element's argv
     calls = [(target[-1], argv) for argv in lines]
-    try:
-        if elements is None:
-            made = submit(
-                run_script,
-                calls[0],
-                kwargs,
-                launcher=launcher,
-                folder=args.folder,
-                dry_run=cmd.dry_run,
-                **job,
+    common: dict[str, Any] = {"launcher": launcher, "folder": args.folder, "dry_run": cmd.dry_run}
+    if elements is None:
+        made = _submitted(lambda: submit(run_script, calls[0], kwargs, **common, **job))
+    else:
+        made = _submitted(
+            lambda: submit_array(
+                run_script, calls, kwargs, max_parallel=args.max_parallel, **common, **job
             )
-        else:
-            made = submit_array(
-                run_script,
-                calls,
-                kwargs,
-                launcher=launcher,
-                folder=args.folder,
-                max_parallel=args.max_parallel,
-                dry_run=cmd.dry_run,
-                **job,
-            )
-    except (ValueError, TypeError) as e:
-        return _submit_error(str(e))
-    except SlurmUnavailableError as e:
-        print(f"slurmrun submit: {e}", file=sys.stderr)
-        return 1
-    except FailedJobError:  # submitit printed sbatch's message
-        print("slurmrun submit: sbatch refused the job; nothing was submitted", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"slurmrun submit: {e}", file=sys.stderr)
-        return 1
+        )
+    if isinstance(made, int):
+        return made
     if cmd.dry_run:
         print(f"{made}\n{_what_runs(launcher, target, lines, elements is not None)}")
         return 0
     kind = "module" if cmd.module else "script"
     jobs = made if elements is not None else [made]
-    print("\n".join(job.job_id for job in jobs), flush=True)  # first: they are submitted
+    what = "job" if elements is None else "job array"
+    _print_submitted(jobs, what, "" if elements is None else f" ({len(jobs)} elements)")
+    for job_handle, argv in zip(jobs, lines, strict=True):
+        meta = job_handle.files.meta()
+        meta["function"] = shlex.join([kind, cmd.target, *argv])
+        job_handle.files.write_meta(meta)
+    return 0
+
+
+def _submit_map(args: argparse.Namespace, cmd: Any, launcher: Any, sweep: Sweep) -> int:
+    """``slurmrun submit --map``: one job whose batch step maps the script over the lines."""
+    import functools  # noqa: PLC0415
+
+    from slurmrun.batch import submit_map  # noqa: PLC0415 - only this verb pays for it
+    from slurmrun.cli.script import run_item  # noqa: PLC0415
+
+    target = cmd.target if cmd.module else os.path.abspath(cmd.target)
+    own_group = launcher.backend is None  # the script makes its own: ended after each item
+    func = functools.partial(run_item, target, cmd.script_args, cmd.module, own_group)
+    made = _submitted(
+        lambda: submit_map(
+            func,
+            [line.words for line in sweep.lines],
+            workers_per_item=sweep.workers_per_item,
+            retries=sweep.retries,
+            item_timeout=sweep.item_timeout,
+            launcher=launcher,
+            folder=args.folder,
+            dry_run=cmd.dry_run,
+            **_job_options(args),
+        )
+    )
+    if isinstance(made, int):
+        return made
+    words = ["-m", cmd.target] if cmd.module else [target]
+    if cmd.dry_run:
+        runs = [
+            f"#   item {k}: {shlex.join([*words, *cmd.script_args, *line.words])}"
+            for k, line in enumerate(sweep.lines)
+        ]
+        head = f"# The job's batch step maps {len(runs)} items on every slot of its nodes:"
+        print("\n".join([str(made), head, *runs]))
+        return 0
+    _print_submitted([made], "job", f" (a map of {len(sweep.lines)} items)")
+    meta = made.files.meta()
+    kind = "module" if cmd.module else "script"
+    meta["function"] = shlex.join(["map", args.map, kind, cmd.target, *cmd.script_args])
+    made.files.write_meta(meta)
+    return 0
+
+
+def _submitted(make: Callable[[], T]) -> T | int:
+    """What `make` submitted, or the command's exit status when it could not submit."""
+    from submitit.core.utils import FailedJobError  # noqa: PLC0415
+
+    from slurmrun.slurm.cluster import SlurmUnavailableError  # noqa: PLC0415
+
+    try:
+        return make()
+    except (ValueError, TypeError) as e:
+        return _submit_error(str(e))
+    except SlurmUnavailableError as e:
+        print(f"slurmrun submit: {e}", file=sys.stderr)
+    except FailedJobError:  # submitit printed sbatch's message
+        print("slurmrun submit: sbatch refused the job; nothing was submitted", file=sys.stderr)
+    except OSError as e:
+        print(f"slurmrun submit: {e}", file=sys.stderr)
+    return 1
+
+
+def _print_submitted(jobs: list[Any], what: str, more: str) -> None:
+    """The job ids on stdout (first: they are submitted), then which cluster took them."""
+    from slurmrun.slurm.cluster import placement  # noqa: PLC0415
+
+    print("\n".join(job.job_id for job in jobs), flush=True)
     # Which cluster took it: SLURM's configuration here may name another one than meant.
     first = jobs[0].job_id.partition("_")[0]
-    what = f"job {first}" if elements is None else f"job array {first} ({len(jobs)} elements)"
     where = placement(first)
-    print(f"submitted {what}" + (f" to {where}" if where else ""), file=sys.stderr)
-    for job, argv in zip(jobs, lines, strict=True):
-        meta = job.files.meta()
-        meta["function"] = shlex.join([kind, cmd.target, *argv])
-        job.files.write_meta(meta)
-    return 0
+    print(f"submitted {what} {first}{more}" + (f" to {where}" if where else ""), file=sys.stderr)
 
 
 def _job_options(args: argparse.Namespace) -> JobOptions:

@@ -61,6 +61,34 @@ def script(tmp_path: Path) -> str:
     return "train.py"
 
 
+def test_submit_a_map_of_a_scripts_lines(slurm_cluster, tmp_path):
+    """`slurmrun submit --map ARGS_FILE`: one job runs the script once per line, per GPU."""
+    (tmp_path / "train.py").write_text(
+        "import os, sys\n"
+        "name = f'run{sys.argv[2]}.txt'\n"
+        "with open(name, 'w') as f:\n"
+        "    f.write(os.environ['SLURMD_NODENAME'] + ' ' + os.environ['CUDA_VISIBLE_DEVICES'])\n"
+        "sys.exit(int(sys.argv[2] == '3') * 7)\n"
+    )
+    (tmp_path / "args.txt").write_text("".join(f"--k {k}\n" for k in range(4)))
+    head = ["submit", "--map", "args.txt", "--nodes", "2", "--gpus-per-node", "2"]
+    done = slurmrun(tmp_path, *head, "--time", "0:05:00", "train.py")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip()
+    assert f"submitted job {job_id} (a map of 4 items) to cluster" in done.stderr
+    try:
+        _wait_completed(tmp_path, job_id)  # the job ends well: its outcome says which failed
+    finally:
+        slurmrun(tmp_path, "cancel", job_id)
+    status = slurmrun(tmp_path, "status", job_id).stdout
+    assert "failed: MapFailedError: 1 of 4 items failed" in status, status
+    assert "item 3: ScriptExit" in status, status
+    runs = [(tmp_path / f"run{k}.txt").read_text().split() for k in range(4)]
+    assert {node for node, _ in runs} <= {"node1", "node2"}, runs
+    assert {gpu for _, gpu in runs} <= {"0", "1"}, "one GPU a run"
+    assert "map args.txt script train.py" in slurmrun(tmp_path, "jobs").stdout
+
+
 @pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
 def test_submit_status_logs_jobs(slurm_cluster, tmp_path, script):
     done = slurmrun(tmp_path, "submit", "--nodes", "2", "--time", "0:05:00", script, "--lr", "3")

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import slurmrun
+from slurmrun.errors import RemoteTraceback
 from tests.slurm.test_elastic_slurm import _batch_job, _result
 from tests.slurm.test_faults_slurm import (  # the fixture checks node2 is back after each test
     LOST_NODE,
@@ -230,28 +231,39 @@ def test_a_warm_launcher_maps_on_a_reservations_agents(
     assert node_processes() == {}
 
 
-def sweep(count: int) -> list[Any]:
-    """A submitted job's function that maps (it runs once: on the job's first node)."""
-    return slurmrun.Launcher(backend=None, timeout=60).map(on_a_gpu, range(count))
+def on_a_gpu_but_5(k: int) -> list[object]:
+    if k == 5:
+        raise ValueError("item 5 fails")
+    return on_a_gpu(k)
 
 
-def test_a_submitted_jobs_function_maps_on_every_gpu_of_the_job(tmp_path: Path) -> None:
-    once = slurmrun.Launcher(hosts=1, max_restarts=1, workers_per_host=1, backend=None)
-    job = slurmrun.submit(
-        sweep,
-        (12,),
-        launcher=once,
+def test_a_submitted_map_runs_on_every_gpu_of_the_job(tmp_path: Path) -> None:
+    """`slurmrun.submit_map`: one job, its batch step maps; a failed item keeps its traceback."""
+    job = slurmrun.submit_map(
+        on_a_gpu_but_5,
+        range(12),
+        launcher=slurmrun.Launcher(backend=None, timeout=60),
         nodes=3,
         gpus_per_node=2,
         folder=tmp_path / "%j",
         time_min=3,
         slurm_parameters={"job_name": "slurmrun-test"},
     )
+    assert isinstance(slurmrun.attach(job.job_id, tmp_path), slurmrun.SubmittedMap)
     try:
-        (values,) = job.result(timeout=120, poll=0.5).values()
+        with pytest.raises(slurmrun.MapFailedError) as info:
+            job.result(timeout=120, poll=0.5)
     except TimeoutError:
         job.cancel()
         pytest.fail(f"{job.job_id} did not finish within 120 s:\n{job.logs(0)}")
-    assert [v[0] for v in values] == list(range(12))
+    results = info.value.results
+    assert info.value.failed == [5]
+    failed = results[5]
+    assert isinstance(failed, ValueError), results
+    assert isinstance(failed.__cause__, RemoteTraceback)
+    assert 'raise ValueError("item 5 fails")' in failed.__cause__.text
+    values = [v for k, v in enumerate(results) if k != 5]
+    assert [v[0] for v in values] == [k for k in range(12) if k != 5]
     gpus = {(v[1], v[3]) for v in values}
     assert gpus == {(n, g) for n in ("node1", "node2", "node3") for g in "01"}, values
+    assert {v[2] for v in values} == {"1"}, "each item a world of its own"
