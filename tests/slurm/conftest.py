@@ -72,6 +72,7 @@ from pathlib import Path
 import pytest
 
 from tests.slurm.cluster_turn import ClusterTurns, ClusterTurnTimeout, require_exclusive
+from tests.slurm.session_jobs import _cancel, _jobs, _ours, _session, _shared_jobs, _wait_no_jobs
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "tests" / "cluster" / "slurm-cluster.sh"
@@ -273,19 +274,6 @@ def _read_cluster() -> SlurmCluster | str:
         release=facts.get("SLURM_CLUSTER_RELEASE", "host"),
         slurm_version=facts.get("SLURM_CLUSTER_SLURM_VERSION", ""),
     )
-
-
-# This session's pytest basetemp: jobs submitted from below it (and their processes) are ours.
-_session: dict[str, str] = {}
-# Jobs a module's fixture keeps across its tests (a reservation its tests share): the
-# clean-state check after each test leaves them, their batch step and their agents alone, not
-# their workers (`share_job`).
-_shared_jobs: set[str] = set()
-
-
-def _ours(path: str) -> bool:
-    root = _session.get("dir")
-    return root is not None and (path == root or path.startswith(root + os.sep))
 
 
 @pytest.fixture(scope="session")
@@ -603,32 +591,6 @@ def share_job(
         assert not left, f"job {job_id} left processes on the nodes: {left}"
 
     return share
-
-
-# --------------------------------------------------------------------------- clean state
-def _jobs() -> list[str]:
-    """This session's jobs still in the queue, as "id name state nodes"."""
-    cp = subprocess.run(
-        ["squeue", "-h", "-o", "%A %j %T %N %Z"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=10,
-    )
-    lines = (line.rsplit(" ", 1) for line in cp.stdout.splitlines() if " " in line)
-    return [job for job, workdir in lines if _ours(workdir) and job.split()[0] not in _shared_jobs]
-
-
-def _cancel(jobs: list[str]) -> None:
-    if jobs:
-        subprocess.run(["scancel", *(j.split()[0] for j in jobs)], timeout=10, check=False)
-
-
-def _wait_no_jobs(wait: float) -> list[str]:
-    deadline = time.monotonic() + wait
-    while (jobs := _jobs()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return jobs
 
 
 @pytest.fixture(scope="session")
