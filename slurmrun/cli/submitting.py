@@ -145,7 +145,12 @@ def _submit_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
         help="one job that runs the script once per line of ARGS_FILE on every slot (a sweep)",
     )
     add("--workers-per-item", type=_positive, default=None, help="with --map: a slot's workers")
-    add("--retries", type=_whole, default=None, help="with --map: tries again of a failed line")
+    add(
+        "--retries",
+        type=_whole,
+        default=None,
+        help="with --map: how many times a failed line is tried again",
+    )
     add(
         "--item-timeout",
         type=_seconds,
