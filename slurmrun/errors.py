@@ -182,12 +182,18 @@ class MapFailedError(RuntimeError):
             `WorkerFailedError` for a worker that died; an `ItemTimeoutError`), in the
             items' order.
         failed: the indices of the failed items, in order.
+        ended: why the map ended before every item had run (e.g. a node lost below
+            ``min_hosts``: its items without an outcome failed with that node's error), or
+            ``""`` when every item ran.
     """
 
-    def __init__(self, message: str, *, results: list[object], failed: list[int]) -> None:
+    def __init__(
+        self, message: str, *, results: list[object], failed: list[int], ended: str = ""
+    ) -> None:
         super().__init__(message)
         self.results = results
         self.failed = failed
+        self.ended = ended
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickling drops an exception's __cause__: each failed item's remote traceback goes

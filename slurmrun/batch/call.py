@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from slurmrun.batch.folder import JobFolder
+from slurmrun.batch.map_done import DoneItems
 from slurmrun.batch.requeue import (
     REQUEUE_COUNT_VAR,
     REQUEUE_FLAG_VAR,
@@ -32,9 +34,11 @@ from slurmrun.batch.requeue import (
     RequeueWatch,
     requeue_this_job,
 )
-from slurmrun.errors import RemoteTraceback
+from slurmrun.batch.seal import job_key, read_sealed
+from slurmrun.errors import MapFailedError, RemoteTraceback
 from slurmrun.handlers import _FileHandler, stream_handler
 from slurmrun.launcher import Launcher
+from slurmrun.launcher.mapping import failure_message
 from slurmrun.log_dirs import LOG_DIR_VAR
 from slurmrun.pickling import dumps_inband, loads
 from slurmrun.private import PRIVATE_UMASK, SLURM_UMASK_VAR
@@ -109,15 +113,43 @@ class MapJob:
     retries: int = 0
     item_timeout: float | None = None
 
-    def run(self, launcher: Launcher, func: Any, items: list[Any]) -> list[Any]:
-        """The map, in the job; its values in the items' order."""
-        return launcher.map(
-            func,
-            items,
-            workers_per_item=self.workers_per_item,
-            retries=self.retries,
-            item_timeout=self.item_timeout,
-        )
+    def run(self, launcher: Launcher, func: Any, items: list[Any], done: DoneItems) -> list[Any]:
+        """The map, in the job; its values in the items' order.
+
+        Items that an earlier run of this job finished (it was requeued) are not run again;
+        each value is kept in `done` as it comes.
+
+        Raises:
+            MapFailedError: items failed (``results`` holds every item's outcome).
+        """
+        results: dict[int, Any] = done.read(len(items))
+        todo = [index for index in range(len(items)) if index not in results]
+        if len(results) > 0:
+            print(
+                f"slurmrun: {len(results)} of the map's {len(items)} items were finished by an "
+                f"earlier run of this job: {len(todo)} left",
+                file=sys.stderr,
+                flush=True,
+            )
+        options = {"workers_per_item": self.workers_per_item, "retries": self.retries}
+        try:
+            for j, value in launcher.imap(
+                func, [items[i] for i in todo], **options, item_timeout=self.item_timeout
+            ):
+                results[todo[j]] = value
+                done.write(todo[j], value)
+        except MapFailedError as e:
+            for j, outcome in enumerate(e.results):
+                results.setdefault(todo[j], outcome)
+            merged = [results[i] for i in range(len(items))]
+            failed = sorted(todo[j] for j in e.failed)
+            message = failure_message(merged, failed)
+            if e.ended:
+                message = f"{e.ended}\n{message}"
+            raise MapFailedError(
+                message, results=merged, failed=failed, ended=e.ended
+            ) from e.__cause__
+        return [results[i] for i in range(len(items))]
 
 
 @dataclass
@@ -176,7 +208,7 @@ class JobCall:
                 if mapped is None:
                     result: Any = launcher.run(func, args, kwargs)
                 else:
-                    result = mapped.run(launcher, func, args[0])
+                    result = mapped.run(launcher, func, args[0], _done_items(job_dir, job_id))
                 outcome = Outcome(value=dumps_inband(result))
         except Exception as exc:
             outcome = Outcome.of_error(exc)
@@ -223,6 +255,13 @@ class JobCall:
                 "project on a filesystem the compute nodes share"
             ) from e
         return launcher, func, tuple(args), dict(kwargs), workers, (mapped or [None])[0]
+
+
+def _done_items(job_dir: str, job_id: str) -> DoneItems:
+    """Where this job's map keeps its finished items, sealed as this submission's call is."""
+    key = job_key(create=False)
+    nonce = read_sealed(JobFolder(Path(job_dir), job_id).submitted_pickle, key=key).nonce
+    return DoneItems(job_dir, key, nonce)
 
 
 def _preempted(outcome: Outcome | None, job_id: str) -> bool:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from slurmrun.launcher.pool import AgentPool
     from slurmrun.launcher.run_setup import Call, Output, Watching
 
-__all__ = ["MapCall", "check_map", "iter_map", "map_title", "run_map"]
+__all__ = ["MapCall", "check_map", "failure_message", "iter_map", "map_title", "run_map"]
 
 # A failure's message lists this many failed items; `MapFailedError.results` holds them all.
 LISTED = 5
@@ -192,14 +192,18 @@ def run_map(  # noqa: PLR0917 - private: `Launcher.map` and `imap` call it
     outcomes = run.outcomes()
     failed = sorted(run.book.failed)
     if run.fatal is not None:
-        message = f"{run.fatal.message()}\n{_failure_message(outcomes, failed)}"
-        raise MapFailedError(message, results=outcomes, failed=failed) from run.fatal.error
+        ended = run.fatal.message()
+        message = f"{ended}\n{failure_message(outcomes, failed)}"
+        raise MapFailedError(
+            message, results=outcomes, failed=failed, ended=ended
+        ) from run.fatal.error
     if failed:
-        raise MapFailedError(_failure_message(outcomes, failed), results=outcomes, failed=failed)
+        raise MapFailedError(failure_message(outcomes, failed), results=outcomes, failed=failed)
     return outcomes
 
 
-def _failure_message(outcomes: list[Any], failed: list[int]) -> str:
+def failure_message(outcomes: list[Any], failed: list[int]) -> str:
+    """`MapFailedError`'s message: how many items failed, and the first few with their errors."""
     lines = [f"{len(failed)} of {len(outcomes)} items failed (their exceptions: .results)"]
     for index in failed[:LISTED]:
         error = outcomes[index]

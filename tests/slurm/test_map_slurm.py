@@ -8,7 +8,9 @@ its items run on node1 and node3, and the map ends with every value (`min_hosts=
 
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 
 import slurmrun
 from slurmrun.errors import RemoteTraceback
+from tests.slurm.slurm_helpers import cancelled_on_failure, wait_for
 from tests.slurm.test_elastic_slurm import _batch_job, _result
 from tests.slurm.test_faults_slurm import (  # the fixture checks node2 is back after each test
     LOST_NODE,
@@ -267,3 +270,45 @@ def test_a_submitted_map_runs_on_every_gpu_of_the_job(tmp_path: Path) -> None:
     gpus = {(v[1], v[3]) for v in values}
     assert gpus == {(n, g) for n in ("node1", "node2", "node3") for g in "01"}, values
     assert {v[2] for v in values} == {"1"}, "each item a world of its own"
+
+
+def until_requeued(k: int, folder: str) -> int:
+    """Items 0 and 1 end at once; the others, in the job's first run, wait to be requeued."""
+    import os
+    import pathlib
+    import time
+
+    run = os.environ["SLURMRUN_REQUEUE_COUNT"]
+    pathlib.Path(folder, f"{k}.{run}").touch()
+    if run == "0" and k >= 2:
+        time.sleep(120)  # stopped by the requeue
+    return k * 10 + int(run)
+
+
+def test_a_requeued_map_runs_only_the_items_its_first_run_did_not_finish(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    job = slurmrun.submit_map(
+        functools.partial(until_requeued, folder=str(runs)),
+        range(6),
+        launcher=slurmrun.Launcher(backend=None, timeout=60),
+        nodes=1,
+        gpus_per_node=2,
+        folder=tmp_path / "jobs",
+        time_min=5,
+        requeue=slurmrun.Requeue(grace_seconds=1),
+    )
+    with cancelled_on_failure(job):
+        wait_for(lambda: {"2.0", "3.0"} <= {p.name for p in runs.iterdir()}, 90, "items 2, 3")
+        subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=30)
+        values = job.result(timeout=150, poll=0.5)
+    assert values == [0, 10, 21, 31, 41, 51]
+    assert {p.name for p in runs.iterdir()} == {
+        "0.0",
+        "1.0",
+        "2.0",
+        "3.0",
+        *(f"{k}.1" for k in range(2, 6)),
+    }
+    err = (tmp_path / "jobs" / job.job_id / f"{job.job_id}_0_log.err").read_text()
+    assert "2 of the map's 6 items were finished by an earlier run of this job: 4 left" in err
