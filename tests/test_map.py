@@ -102,6 +102,7 @@ def test_an_item_whose_worker_dies_is_recorded_and_the_others_run() -> None:
     assert info.value.failed == [1]
     assert isinstance(results[1], slurmrun.WorkerFailedError)
     assert "exited with code 3" in str(results[1])
+    assert info.value.ended == "", "every item ran"
     pids = {r for i, r in enumerate(results) if i != 1}
     assert len(pids) >= 2, "the other slots ran the other items"
     assert gone(pids)
@@ -368,6 +369,7 @@ def test_below_min_hosts_a_lost_node_fails_the_map_and_the_results_keep_what_fin
     assert info.value.failed == [2, 3], results
     assert all(isinstance(r, slurmrun.AgentFailedError) for r in results[2:]), results
     assert isinstance(info.value.__cause__, slurmrun.AgentFailedError)
+    assert "min_hosts=2" in info.value.ended, "why the map ended early"
     assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
 
 
