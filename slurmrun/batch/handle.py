@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from slurmrun.batch.folder import JobFolder, base_folder
+from slurmrun.batch.map_done import FOLDER as DONE_FOLDER
 from slurmrun.batch.seal import Sealed, job_key, read_sealed
 from slurmrun.logs import tail_file
 from slurmrun.result import LaunchResult
@@ -241,6 +242,18 @@ class SubmittedMap(SubmittedJob, Generic[T]):
         """
         values: list[T] = self._outcome(timeout, poll)
         return values
+
+    def progress(self) -> tuple[int, int]:
+        """``(finished, items)``: the items whose value the job kept so far, and how many it maps.
+
+        Read from the job's folder (files counted, nothing unpickled), also while it runs; a
+        requeued job's count includes what its earlier runs finished.
+        """
+        self.files.check()
+        items = self.files.meta().get("items")
+        done = self.files.path / DONE_FOLDER
+        count = sum(1 for _ in done.glob("*_value.pkl")) if done.is_dir() else 0
+        return count, items if isinstance(items, int) else count
 
 
 def states_of(handles: Sequence[SubmittedJob]) -> dict[str, str]:

@@ -320,7 +320,7 @@ class JobSpec:
     def meta(self, job_id: str) -> dict[str, Any]:
         """What ``slurmrun.json`` records."""
         func = self.func
-        kind = {} if self.map_job is None else {"kind": MAP_KIND}
+        kind = {} if self.map_job is None else {"kind": MAP_KIND, "items": len(self.func_args[0])}
         return {
             **kind,
             "job_id": job_id,

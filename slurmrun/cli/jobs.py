@@ -98,11 +98,15 @@ def _handle(args: argparse.Namespace) -> Any:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from slurmrun.batch.handle import SubmittedMap  # noqa: PLC0415
     from slurmrun.slurm.queue import FINAL_STATES  # noqa: PLC0415
 
     job = _handle(args)
     state = job.state
     print(f"{job.job_id} {state}")
+    if isinstance(job, SubmittedMap) and state not in FINAL_STATES:
+        done, items = job.progress()
+        print(f"{done} of {items} items finished")
     if state in FINAL_STATES:
         try:
             result = job.result(timeout=0)

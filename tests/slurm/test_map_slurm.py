@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +302,13 @@ def test_a_requeued_map_runs_only_the_items_its_first_run_did_not_finish(tmp_pat
     )
     with cancelled_on_failure(job):
         wait_for(lambda: {"2.0", "3.0"} <= {p.name for p in runs.iterdir()}, 90, "items 2, 3")
+        wait_for(lambda: job.progress() == (2, 6), 10, "items 0 and 1 kept")
+        status = subprocess.run(
+            [sys.executable, "-m", "slurmrun", "status", job.job_id, "--folder", "jobs"],
+            capture_output=True, text=True, timeout=30, cwd=tmp_path, check=True,
+            env={**os.environ, "PYTHONPATH": REPO},
+        )  # fmt: skip
+        assert status.stdout == f"{job.job_id} RUNNING\n2 of 6 items finished\n", status.stdout
         subprocess.run(["scancel", "--signal=USR2", job.job_id], check=True, timeout=30)
         values = job.result(timeout=150, poll=0.5)
     assert values == [0, 10, 21, 31, 41, 51]
