@@ -8,7 +8,10 @@ of 1.5 s on the 6 slots, cold (the map starts the agents) and warm; and, beside 
 12 items as a loop of `Launcher.run` calls on a warm launcher (one item a call, every worker
 of the allocation running it), and a cold `launch` of a no-op (the cold start). Outside, the
 same 12 items as a SLURM job array of 12 tasks (one GPU each), timed from sbatch to the last
-task's end. Prints one ``BENCH_JSON`` line; benchmarks/results/map.json keeps three runs.
+task's end; and from the login side as slurmrun submits them, each timed from the submission
+to the last value: `slurmrun.submit_map` (one job of 3 nodes x 2 GPUs that maps them) and
+`slurmrun.submit_array` (12 one-GPU jobs, each a launch of its own). Prints one
+``BENCH_JSON`` line; benchmarks/results/map.json keeps three runs.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -98,6 +102,32 @@ def job_array() -> float:
     raise TimeoutError("the job array did not end within 300 s")
 
 
+def submitted(folder: str) -> dict[str, float]:
+    """Seconds from submitting to the last value: 12 items as one mapped job, and as an array."""
+    import slurmrun
+
+    data: dict[str, float] = {}
+    t0 = time.perf_counter()
+    job = slurmrun.submit_map(
+        busy,
+        range(12),
+        launcher=slurmrun.Launcher(backend="gloo"),
+        nodes=3,
+        gpus_per_node=2,
+        folder=folder,
+        time_min=5,
+    )
+    assert job.result(timeout=300, poll=0.1) == list(range(12))
+    data["12x1.5s_submit_map_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    jobs = slurmrun.submit_array(
+        busy, [(k,) for k in range(12)], nodes=1, gpus_per_node=1, folder=folder, time_min=5
+    )
+    assert [j.result(timeout=300, poll=0.1).values() for j in jobs] == [[k] for k in range(12)]
+    data["12x1.5s_submit_array_s"] = time.perf_counter() - t0
+    return data
+
+
 def main() -> None:
     """Runs itself in salloc, then the job array; prints the numbers."""
     parser = argparse.ArgumentParser(description=__doc__)
@@ -125,6 +155,8 @@ def main() -> None:
         return
     data = json.loads(found[0])
     data["12x1.5s_job_array_s"] = job_array()
+    with tempfile.TemporaryDirectory(dir=os.getcwd()) as folder:  # the nodes see it
+        data.update(submitted(folder))
     emit(data)
 
 
