@@ -45,18 +45,22 @@ and costs the next run at most what each worker of the last run paid for it.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import importlib.machinery
 import os
+import pickle
 import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from slurmrun.node import successor
 from slurmrun.node.import_effects import ProcessState
-from slurmrun.node.parent_death import die_with_parent
 from slurmrun.torch_import import import_module
+from slurmrun.waiting import wait_readable
 
 __all__ = [
     "MAX_BYTES",
@@ -72,8 +76,9 @@ MAX_NAMES = 200
 MAX_NAME = 100
 MAX_BYTES = 16 << 10  # under a pipe's smallest capacity (one page is the floor; 64 KiB usual)
 PROBE_TIMEOUT = 60.0
+HANDOVER_WAIT = 5.0  # a successor answers a takeover at once; this bounds a wedged one
+STARTED = "+"  # the mark of a worker's line written as an import starts (`node.import_notes`)
 _INSTALLED_DIRS = ("site-packages", "dist-packages")
-_SAFE = "ok"
 
 
 def thread_count() -> int:
@@ -100,7 +105,8 @@ def _origin(module: object) -> str | None:
     return path if isinstance(path, str) else None
 
 
-def _is_installed(path: str) -> bool:
+def is_installed(path: str) -> bool:
+    """Whether `path` lies in an installed packages' directory (``site-packages``)."""
     parts = path.split(os.sep)
     return any(d in parts for d in _INSTALLED_DIRS)
 
@@ -117,7 +123,7 @@ def installed_top_level(modules: Mapping[str, object], known: Iterable[str] = ()
         if "." in name or name in skip or name.startswith("_"):
             continue
         origin = _origin(module)
-        if origin is not None and _is_installed(origin):
+        if origin is not None and is_installed(origin):
             found[name] = origin
     return found
 
@@ -163,37 +169,8 @@ def report(fd: int | None, known: Iterable[str]) -> None:
 # ------------------------------------------------------------------ the spawner's side
 
 
-def _probe(names: Mapping[str, str], out: int) -> None:  # pragma: no cover - in the probe
-    """Imports `names` one by one; writes ``verdict name`` per name into `out`."""
-    for name, origin in names.items():
-        verdict = _SAFE
-        spec = None
-        with contextlib.suppress(Exception):
-            spec = importlib.util.find_spec(name)
-        if spec is None:
-            verdict = "missing"
-        elif origin and _origin_of_spec(spec) != origin:
-            verdict = "another-file"
-        else:
-            threads, before = thread_count(), ProcessState.now()
-            try:
-                import_module(name)
-            except BaseException:
-                verdict = "failed"
-            else:
-                changes = ProcessState.now().changes(before)
-                if thread_count() > threads:
-                    verdict = "threads"
-                elif cuda_initialised():
-                    verdict = "cuda"
-                elif changes:
-                    verdict = "changes-" + ",".join(changes)
-        os.write(out, f"{verdict} {name}\n".encode())
-        if verdict != _SAFE:
-            return  # what it left behind would taint the next verdicts
-
-
-def _origin_of_spec(spec: importlib.machinery.ModuleSpec) -> str | None:
+def spec_origin(spec: importlib.machinery.ModuleSpec) -> str | None:
+    """The file a module spec loads (a namespace package's first directory), or None."""
     if spec.origin not in (None, "namespace"):
         return spec.origin
     locations = list(spec.submodule_search_locations or [])
@@ -203,11 +180,24 @@ def _origin_of_spec(spec: importlib.machinery.ModuleSpec) -> str | None:
 @dataclass
 class _Probe:
     pid: int
-    fd: int  # the read end of its verdicts
+    ctl: socket.socket  # its verdicts come in here (and a successor's takeover goes out)
     names: dict[str, str]
     deadline: float
+    later: list[str] = field(default_factory=list)  # a successor's trusted imports
     data: bytes = b""
     exited: bool = False  # reaped by the spawner: its pid may be another process's now
+    ready: bool = False  # a successor that judged every name safe, waiting to take over
+
+    @property
+    def fd(self) -> int:
+        return self.ctl.fileno()
+
+
+@dataclass
+class _Report:
+    fd: int  # the read end of a worker's report pipe
+    data: bytes = b""  # a line not whole yet
+    size: int = 0
 
 
 @dataclass
@@ -225,8 +215,20 @@ class Preloads:
     pending: dict[str, str] = field(default_factory=dict)  # reported, not yet probed
     safe: list[str] = field(default_factory=list)  # probed, not yet imported here
     skipped: set[str] = field(default_factory=set)
+    confirmed: dict[str, str] = field(default_factory=dict)  # imported by a worker, from there
+    unfinished: set[str] = field(default_factory=set)  # a worker's import started, never ended
     probe: _Probe | None = None
-    _pipes: dict[int, int] = field(default_factory=dict)  # worker pid -> read end
+    # Set by the spawner where it can hand over to a successor (`slurmrun.node.successor`):
+    # what the successor runs once it takes over, and the spawner's descriptors it closes.
+    become: Callable[[socket.socket, bytes, list[int]], None] | None = None
+    inherited: Callable[[], list[int]] = list
+    _pipes: dict[int, _Report] = field(default_factory=dict)  # worker pid -> its report
+    _gone: set[int] = field(default_factory=set)  # probes killed, not yet reaped
+
+    @property
+    def handover(self) -> bool:
+        """Whether a probe may succeed the spawner (else the spawner imports what it approved)."""
+        return self.become is not None
 
     def worker_pipe(self) -> tuple[int, int] | None:
         """A (read, write) pipe for the next worker's report, or None when learning is off."""
@@ -234,47 +236,73 @@ class Preloads:
 
     def started(self, pid: int, read_end: int) -> None:
         """Worker `pid` got the write end of the pipe whose read end is `read_end`."""
-        self._pipes[pid] = read_end
+        if self.handover:
+            os.set_blocking(read_end, False)
+        self._pipes[pid] = _Report(read_end)
 
     def reaped(self, pid: int) -> None:
         """Worker `pid` exited: takes its report (written before it exited) from its pipe."""
         if self.probe is not None and self.probe.pid == pid:
             self.probe.exited = True
-        fd = self._pipes.pop(pid, None)
-        if fd is None:
-            return
-        data = b""
-        with contextlib.suppress(OSError):
-            os.set_blocking(fd, False)  # a process it started may hold the write end open
-            while len(data) <= MAX_BYTES and (chunk := os.read(fd, MAX_BYTES)):
-                data += chunk
-        os.close(fd)
-        for name, origin in decode(data[:MAX_BYTES]).items():
-            if name not in sys.modules and name not in self.skipped:
-                self.pending.setdefault(name, origin)
+        self._gone.discard(pid)
+        report = self._pipes.pop(pid, None)
+        if report is not None and report.fd >= 0:
+            self._read(report, final=True)
 
     def fds(self) -> list[int]:
-        """What the spawner's loop waits on for us: the probe's verdicts."""
-        return [] if self.probe is None else [self.probe.fd]
+        """What the spawner's loop waits on for us: the probe's verdicts, workers' notes."""
+        fds = [] if self.probe is None else [self.probe.fd]
+        if self.handover:
+            fds += [r.fd for r in self._pipes.values() if r.fd >= 0]
+        return fds
+
+    def private_fds(self) -> list[int]:
+        """Ours, which a worker must not hold."""
+        return [*([] if self.probe is None else [self.probe.fd]), *self._report_fds()]
+
+    def _report_fds(self) -> list[int]:
+        return [r.fd for r in self._pipes.values() if r.fd >= 0]
 
     def timeout(self) -> float | None:
         """How long the spawner's loop may wait before `between_runs` must look at the probe."""
-        if self.probe is None:
+        if self.probe is None or self.probe.ready:
             return None
         return max(0.0, self.probe.deadline - time.monotonic())
 
     def own(self, pid: int) -> bool:
         """Whether `pid` is the probe (no stray of a run's)."""
-        return self.probe is not None and self.probe.pid == pid
+        return (self.probe is not None and self.probe.pid == pid) or pid in self._gone
+
+    def ready(self) -> bool:
+        """Whether a successor waits, and every worker imported what it holds from its files."""
+        probe = self.probe
+        return bool(
+            probe is not None
+            and probe.ready
+            and not probe.exited
+            and all(self.confirmed.get(n) == o for n, o in probe.names.items())
+        )
 
     def between_runs(self, idle: bool) -> None:
-        """Moves learning on: reads the probe, imports what is safe, starts the next probe.
+        """Moves learning on: reads reports and the probe, starts the next probe.
 
         Args:
-            idle: no worker runs (imports are made only then).
+            idle: no worker runs (where there is no successor, imports are made only then).
         """
+        if self.handover:
+            for report in list(self._pipes.values()):
+                self._read(report, final=False)
         if self.probe is not None:
             self._read_probe()
+        if self.handover:
+            if idle and self.probe is not None and self.probe.ready and not self.ready():
+                # Every worker reported: one whose import failed, or came from another file.
+                self.unfinished.update(n for n in self.probe.names if n not in self.confirmed)
+                self._discard(keep=[n for n in self.probe.names if n in self.confirmed])
+            wanted = self.pending or (idle and self.later)
+            if self.probe is None and wanted and (self.learn or self.later):
+                self._start_probe()
+            return
         if not idle:
             return
         while self.later:  # trusted: torch starts a thread of its own, and never CUDA
@@ -284,6 +312,87 @@ class Preloads:
             self._import(self.safe.pop(0))
         if self.probe is None and self.pending and self.learn:
             self._start_probe()
+
+    def hand_over(self, sock: socket.socket, request: bytes, fds: list[int]) -> bool:
+        """Hands the agent's socket and `request` to the successor; True: it serves now.
+
+        Call only while `ready()` and no worker of this spawner lives; on True the spawner
+        exits at once. False: the successor refused (it was discarded) or is gone; the
+        spawner serves `request` itself.
+        """
+        probe = self.probe
+        assert probe is not None  # noqa: S101 - called only when ready()
+        state = {
+            "request": request,
+            "pending": {n: o for n, o in self.pending.items() if n not in probe.names},
+            "confirmed": self.confirmed,
+            "skipped": self.skipped,
+            "unfinished": self.unfinished,
+            "learn": self.learn,
+        }
+        answer = b""
+        with contextlib.suppress(OSError):
+            socket.send_fds(probe.ctl, [pickle.dumps(state)], [sock.fileno(), *fds])
+            if wait_readable([probe.fd], HANDOVER_WAIT):
+                answer = os.read(probe.fd, 4096)
+        if answer == successor.OK:
+            return True
+        if answer:  # refused: its state changed since its verdicts
+            print(
+                f"slurmrun spawner: the process that imported {', '.join(probe.names)} changed "
+                f"{answer.decode(errors='replace').split()[-1]} after a probe's verdicts; "
+                "learning preloads stops for this launcher",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.learn = False
+        self._discard(keep=[])
+        return False
+
+    def _take_over(
+        self, sock: socket.socket, request: bytes, fds: list[int], state: dict[str, Any]
+    ) -> None:
+        """In the successor: the learning state it serves with, then the spawner's loop."""
+        assert self.become is not None  # noqa: S101 - a successor exists only then
+        self.probe, self._pipes, self._gone, self.later = None, {}, set(), []
+        self.confirmed, self.skipped, self.learn = (
+            state["confirmed"],
+            state["skipped"],
+            state["learn"],
+        )
+        self.unfinished = state["unfinished"]
+        self.pending = {n: o for n, o in state["pending"].items() if n not in sys.modules}
+        self.become(sock, request, fds)
+
+    def _read(self, report: _Report, final: bool) -> None:
+        """Takes what a worker wrote into its report pipe: notes as they come, the final list."""
+        eof = final
+        with contextlib.suppress(OSError):  # (blocking: the worker left it empty)
+            while report.size <= 2 * MAX_BYTES and (chunk := os.read(report.fd, MAX_BYTES)):
+                report.data += chunk
+                report.size += len(chunk)
+            eof = True
+        lines = report.data.split(b"\n")
+        report.data = b"" if final else lines.pop()  # a cut last line is dropped at the end
+        for line in lines[:-1] if final else lines:
+            self._noted(line.decode(errors="replace"))
+        if eof or report.size > 2 * MAX_BYTES:  # a process it started may hold the write end
+            os.close(report.fd)
+            report.fd = -1
+
+    def _noted(self, line: str) -> None:
+        started = line.startswith(STARTED)
+        name, _, origin = line.removeprefix(STARTED).partition("\t")
+        if not name.isidentifier() or len(name) > MAX_NAME or name in self.skipped:
+            return
+        if started and (not self.handover or name in self.unfinished):
+            return  # (no early probe: the spawner imports what the probe approves, when idle)
+        if not started:
+            self.confirmed[name] = origin
+        if name in sys.modules or (self.probe is not None and name in self.probe.names):
+            return
+        if len(self.pending) < MAX_NAMES:
+            self.pending.setdefault(name, origin)
 
     def _import(self, name: str) -> None:
         threads, before, loaded = thread_count(), ProcessState.now(), set(sys.modules)
@@ -316,27 +425,24 @@ class Preloads:
     def _start_probe(self) -> None:
         names = {n: o for n, o in self.pending.items() if n not in sys.modules}
         self.pending.clear()
-        if not names:
+        later = [n for n in self.later if n not in sys.modules] if self.handover else []
+        self.later = [] if self.handover else self.later
+        if not names and not later:
             return
-        read_end, write_end = os.pipe()
+        ctl, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         parent = os.getpid()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the probe
-            code = 0
-            try:
-                signal.set_wakeup_fd(-1)
-                die_with_parent(parent)
-                os.close(read_end)
-                _probe(names, write_end)
-            except BaseException:
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(write_end)
-        os.set_blocking(read_end, False)
-        self.probe = _Probe(pid, read_end, names, time.monotonic() + PROBE_TIMEOUT)
+            inherited = [ctl.fileno(), *self._report_fds(), *self.inherited()]
+            take_over = self._take_over if self.handover else None
+            successor.run(
+                names, later, theirs, parent=parent, inherited=inherited, take_over=take_over
+            )
+        theirs.close()
+        ctl.setblocking(False)
+        self.probe = _Probe(pid, ctl, names, time.monotonic() + PROBE_TIMEOUT, later)
 
     def _read_probe(self) -> None:
         probe = self.probe
@@ -347,26 +453,52 @@ class Preloads:
                 probe.data += chunk
             ended = True
         except BlockingIOError:
-            ended = time.monotonic() >= probe.deadline
+            probe.ready = probe.data.endswith(successor.READY)
+            ended = not probe.ready and time.monotonic() >= probe.deadline
         except OSError:
             ended = True
-        if not ended:
-            return
-        if not probe.exited:
-            with contextlib.suppress(OSError):
-                os.kill(probe.pid, signal.SIGKILL)  # still importing: the deadline passed
-        os.close(probe.fd)
-        self.probe = None
+        if ended:
+            self._end_probe()
+
+    def _end_probe(self) -> None:
+        """Takes the verdicts of a probe that ended (or is killed now: its deadline passed)."""
+        probe = self.probe
+        assert probe is not None  # noqa: S101 - called only with one
+        self._kill(probe)
         judged: set[str] = set()
-        stopped = False  # the probe stopped after an unsafe import (see `_probe`)
+        stopped = False  # the probe stopped after an unsafe import (see `successor`)
         for line in probe.data.decode(errors="replace").splitlines():
             verdict, _, name = line.partition(" ")
+            if name not in probe.names:
+                continue  # (its ready line)
             judged.add(name)
-            stopped = verdict != _SAFE
-            (self.safe.append if verdict == _SAFE else self.skipped.add)(name)
+            stopped = verdict != successor.SAFE
+            if stopped:
+                self.skipped.add(name)
+            elif self.handover:  # a successor that failed later: the next one imports it
+                self.pending.setdefault(name, probe.names[name])
+            else:
+                self.safe.append(name)
         unjudged = [n for n in probe.names if n not in judged]
         if unjudged and not stopped:
             # The first never ended its import (it hung, or the probe died in it): skipped.
             self.skipped.add(unjudged.pop(0))
         for name in unjudged:  # never tried: they wait for the next probe
             self.pending.setdefault(name, probe.names[name])
+
+    def _discard(self, keep: list[str]) -> None:
+        """Ends a successor that will not serve; `keep`: its names the next one imports."""
+        probe = self.probe
+        assert probe is not None  # noqa: S101 - called only with one
+        self._kill(probe)
+        for name in keep:
+            self.pending.setdefault(name, probe.names[name])
+
+    def _kill(self, probe: _Probe) -> None:
+        if not probe.exited:
+            with contextlib.suppress(OSError):
+                os.kill(probe.pid, signal.SIGKILL)  # still importing, or waiting to take over
+            self._gone.add(probe.pid)  # no stray: reaped by the spawner's loop
+        probe.ctl.close()
+        self.probe = None
+        self.later += [n for n in probe.later if n not in sys.modules]

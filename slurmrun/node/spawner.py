@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmrun.node.parent_death import die_with_parent
+from slurmrun.node.parent_death import be_subreaper, die_with_parent
 from slurmrun.node.preloads import Preloads
 from slurmrun.node.proctitle import SPAWNER_COMM, node_name, set_title
 from slurmrun.stacks import stacks_signal
@@ -50,7 +50,7 @@ from slurmrun.waiting import wait_readable
 
 __all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any"]
 
-_PID = struct.Struct("!q")
+_REPLY = struct.Struct("!qq")  # a pid or a count, and the answering spawner's pid
 _CODE = struct.Struct("!i")
 _SLICE = 0.01  # seconds a poll waits holding a worker's lock, at most
 MAX_REQUEST_BYTES = 1 << 20
@@ -62,6 +62,14 @@ _END_STRAYS = b"end-strays"  # the agent's request (not a pickle: one never star
 STRAY_GRACE = 1.0
 STRAY_KILL_WAIT = 5.0
 _STRAY_POLL = 0.01
+# A successor that took over waits this long at most for the old spawner to exit.
+REPARENT_WAIT = 5.0
+# Workers get the dispositions a Python program starts with (Ctrl-C: KeyboardInterrupt).
+_RESTORE = {
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGCHLD: signal.SIG_DFL,
+    signal.SIGTERM: signal.SIG_DFL,
+}
 
 
 class SpawnError(RuntimeError):
@@ -170,10 +178,15 @@ def wait_any(processes: Sequence[WorkerProcess], timeout: float) -> list[WorkerP
 
 @dataclass
 class Spawner:
-    """The agent's end of the spawner process."""
+    """The agent's end of the spawner process.
+
+    Where the agent is a child subreaper, a spawner may hand over to a successor
+    (`slurmrun.node.successor`): answers then come from it, and name its pid.
+    """
 
     pid: int
     sock: socket.socket
+    retired: list[int] = field(default_factory=list)  # spawners that handed over, to reap
 
     @classmethod
     def start(
@@ -194,6 +207,8 @@ class Spawner:
             learn: whether it imports, between runs, what the last run's workers imported
                 (`slurmrun.node.preloads`).
         """
+        # A successor outlives the spawner it succeeds: the agent must become its parent.
+        handover = bool(learn or later) and be_subreaper()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -205,7 +220,7 @@ class Spawner:
                 for name in forget:
                     forget_variable(name)
                 mine.close()
-                _serve(theirs, preload, agent_pid, Preloads(list(later), learn))
+                _serve(theirs, preload, agent_pid, Preloads(list(later), learn), handover)
             except ModuleNotFoundError as e:  # this Python lacks a package slurmrun needs
                 print(f"slurmrun.node.spawner: {missing_dependency(e.name or str(e))}")
                 code = 1
@@ -233,14 +248,11 @@ class Spawner:
         finally:
             os.close(status_w)
         try:
-            reply = self.sock.recv(_PID.size)
-        except OSError as e:
+            pid = self._answer()
+        except SpawnError:
             os.close(status_r)
-            raise SpawnError(f"the worker spawner (pid {self.pid}) did not answer: {e}") from e
-        if len(reply) != _PID.size:
-            os.close(status_r)
-            raise SpawnError(f"the worker spawner (pid {self.pid}) died; see the agent's log")
-        return WorkerProcess(_PID.unpack(reply)[0], status_r)
+            raise
+        return WorkerProcess(pid, status_r)
 
     def end_strays(self) -> int:
         """Ends every process that workers started and left behind; call once they are gone.
@@ -253,12 +265,27 @@ class Spawner:
         """
         try:
             self.sock.send(_END_STRAYS)
-            reply = self.sock.recv(_PID.size)
         except OSError as e:
             raise SpawnError(f"the worker spawner (pid {self.pid}) did not answer: {e}") from e
-        if len(reply) != _PID.size:
+        return self._answer()
+
+    def _answer(self) -> int:
+        try:
+            reply = self.sock.recv(_REPLY.size)
+        except OSError as e:
+            raise SpawnError(f"the worker spawner (pid {self.pid}) did not answer: {e}") from e
+        if len(reply) != _REPLY.size:
             raise SpawnError(f"the worker spawner (pid {self.pid}) died; see the agent's log")
-        return int(_PID.unpack(reply)[0])
+        value, pid = _REPLY.unpack(reply)
+        if pid != self.pid:  # a successor took over; the old spawner exits
+            self.retired.append(self.pid)
+            self.pid = pid
+        for old in list(self.retired):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(old, os.WNOHANG) == (0, 0):
+                    continue
+            self.retired.remove(old)
+        return int(value)
 
     def close(self, timeout: float = 5.0) -> None:
         """Ends the spawner and reaps it; call once every worker was stopped.
@@ -271,25 +298,22 @@ class Spawner:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(self.pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
-                time.sleep(0.001)
+        for pid in [self.pid, *self.retired]:
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+                    time.sleep(0.001)
 
 
 # ------------------------------------------------------------------ the spawner process
 
 
-def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int, preloads: Preloads) -> None:
+def _serve(
+    sock: socket.socket, preload: Sequence[str], agent_pid: int, preloads: Preloads, handover: bool
+) -> None:
     # SLURM ends a step with SIGTERM to every process in it: had the spawner died of it, its
     # workers would have died with it (PDEATHSIG) with no time to checkpoint. Its life is the
     # agent's: PDEATHSIG, or the agent's socket closing, ends it.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Workers get the dispositions a Python program starts with (Ctrl-C: KeyboardInterrupt).
-    restore = {
-        signal.SIGINT: signal.default_int_handler,
-        signal.SIGCHLD: signal.SIG_DFL,
-        signal.SIGTERM: signal.SIG_DFL,
-    }
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
     # Until a worker arms it (`inbox.arm_stacks_signal`), a dump request must not kill it.
     signal.signal(stacks_signal(), signal.SIG_IGN)
@@ -301,59 +325,123 @@ def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int, preloads
             import_module(module)
     from slurmrun.node.worker import run_worker  # noqa: PLC0415 - after torch, like the workers
 
-    wake_r, wake_w = socket.socketpair()
-    wake_w.setblocking(False)
-    signal.set_wakeup_fd(wake_w.fileno())
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD wakes select
-    status: dict[int, int] = {}  # worker pid -> write end of its status pipe
-    agent_gone = False
-    while not agent_gone or status:
-        waits: list[socket.socket | int] = [wake_r]
-        if not agent_gone:
-            waits += [sock, *preloads.fds()]
-        ready, _, _ = select.select(waits, [], [], preloads.timeout())
-        if wake_r in ready:
-            wake_r.recv(4096)
-            _reap(status, preloads)
-        if not agent_gone and (not ready or set(ready) & set(preloads.fds())):
-            preloads.between_runs(idle=not status)  # the probe answered, or is late
-        if sock in ready:
-            try:
-                msg, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, WORKER_FDS + 2)
-            except OSError:
-                msg, fds = b"", []
-            if not msg:
-                agent_gone = True  # finish reaping; PDEATHSIG ends the workers with us anyway
-                for fd in fds:
-                    os.close(fd)
-                continue
-            if msg == _END_STRAYS:
-                agent_gone = not _answer(sock, _end_strays(status, preloads))
-                preloads.between_runs(idle=not status)  # the run is over: learn, unless asked
-                continue
-            spec = pickle.loads(msg)  # noqa: S301 - from the agent, our parent, over a socketpair
-            pid = _fork_worker(
-                functools.partial(
-                    _worker_child,
-                    run_worker,
-                    spec,
-                    fds,
-                    own=[sock, wake_r, wake_w],
-                    status=status,
-                    restore=restore,
-                ),
-                preloads,
-            )
-            for fd in fds[:-1]:
-                os.close(fd)
-            status[pid] = fds[-1]  # the status pipe's write end comes last
-            agent_gone = not _answer(sock, pid)
+    _Loop(sock, agent_pid, run_worker, preloads, handover).serve()
+
+
+class _Loop:
+    """The spawner's loop: forks workers on the agent's requests, reaps them, learns preloads."""
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        agent_pid: int,
+        run_worker: Any,
+        preloads: Preloads,
+        handover: bool,
+    ) -> None:
+        self.sock, self.agent_pid, self.run_worker, self.preloads = (
+            sock,
+            agent_pid,
+            run_worker,
+            preloads,
+        )
+        self.status: dict[int, int] = {}  # worker pid -> write end of its status pipe
+        self.wake_r, self.wake_w = socket.socketpair()
+        self.wake_w.setblocking(False)
+        signal.set_wakeup_fd(self.wake_w.fileno())
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD wakes select
+        preloads.become = self._become if handover else None
+        preloads.inherited = lambda: [self.sock.fileno(), *self._own(), *self.status.values()]
+
+    def _own(self) -> list[int]:
+        return [self.wake_r.fileno(), self.wake_w.fileno()]
+
+    def _become(self, sock: socket.socket, request: bytes, fds: list[int]) -> None:
+        """In a successor that took over (`slurmrun.node.successor`): serves from now on."""
+        old = os.getppid()
+        _Loop(sock, self.agent_pid, self.run_worker, self.preloads, handover=True).serve(
+            (request, fds), old
+        )
+
+    def serve(self, first: tuple[bytes, list[int]] | None = None, old: int | None = None) -> None:
+        """Serves the agent until it is gone and every worker was reaped.
+
+        Args:
+            first: a request to serve first (the one a successor took over with).
+            old: the spawner this one took over from (our parent until it exited).
+        """
+        sock, preloads = self.sock, self.preloads
+        agent_gone = first is not None and not self._spawn(*first)
+        # Once the old spawner exited, the agent (a child subreaper) is our parent.
+        reparented = time.monotonic() + REPARENT_WAIT
+        while not agent_gone or self.status:
+            if old is not None and (os.getppid() != old or time.monotonic() > reparented):
+                die_with_parent(self.agent_pid, reaper=True)  # exits if it is not the agent
+                old = None
+            waits: list[socket.socket | int] = [self.wake_r]
+            if not agent_gone:
+                waits += [sock, *preloads.fds()]
+            timeout = preloads.timeout()
+            if old is not None:
+                timeout = min(timeout or _SLICE, _SLICE)
+            ready, _, _ = select.select(waits, [], [], timeout)
+            if self.wake_r in ready:
+                self.wake_r.recv(4096)
+                _reap(self.status, preloads)
+            if not agent_gone and (not ready or set(ready) & set(preloads.fds())):
+                preloads.between_runs(idle=not self.status)  # the probe answered, or is late
+            if sock in ready:
+                try:
+                    msg, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, WORKER_FDS + 2)
+                except OSError:
+                    msg, fds = b"", []
+                if not msg:
+                    agent_gone = True  # finish reaping; PDEATHSIG ends the workers with us anyway
+                    for fd in fds:
+                        os.close(fd)
+                    continue
+                if msg == _END_STRAYS:
+                    agent_gone = not _answer(sock, _end_strays(self.status, preloads))
+                    preloads.between_runs(idle=not self.status)  # the run is over: learn
+                    continue
+                if preloads.ready() and self._idle() and preloads.hand_over(sock, msg, fds):
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(0)  # the successor serves this request and every later one
+                agent_gone = not self._spawn(msg, fds)
+                preloads.between_runs(idle=False)  # a successor may start: after the answer
+
+    def _idle(self) -> bool:
+        """No worker of ours runs, and nothing a worker left behind (the successor aside)."""
+        _reap(self.status, self.preloads)
+        return not self.status and not {p for p in _children() if not self.preloads.own(p)}
+
+    def _spawn(self, msg: bytes, fds: list[int]) -> bool:
+        """Forks the worker that `msg` asks for; False if the agent is gone."""
+        spec = pickle.loads(msg)  # noqa: S301 - from the agent, our parent, over a socketpair
+        pid = _fork_worker(
+            functools.partial(
+                _worker_child,
+                self.run_worker,
+                spec,
+                fds,
+                own=[self.sock, self.wake_r, self.wake_w],
+                status=self.status,
+                private=self.preloads.private_fds(),
+                early=self.preloads.handover,
+            ),
+            self.preloads,
+        )
+        for fd in fds[:-1]:
+            os.close(fd)
+        self.status[pid] = fds[-1]  # the status pipe's write end comes last
+        return _answer(self.sock, pid)
 
 
 def _answer(sock: socket.socket, value: int) -> bool:
-    """Sends the agent a pid or a count; False if it is gone."""
+    """Sends the agent a pid or a count, and our pid (a successor's is new); False if it is gone."""
     try:
-        sock.send(_PID.pack(value))
+        sock.send(_REPLY.pack(value, os.getpid()))
     except OSError:
         return False
     return True
@@ -380,24 +468,26 @@ def _worker_child(
     *,
     own: list[socket.socket],
     status: dict[int, int],
-    restore: dict[signal.Signals, Any],
+    private: list[int],
+    early: bool,
     imports: tuple[int, int] | None,
 ) -> None:  # pragma: no cover - runs in the forked worker
     code = 1
     try:
         os.setsid()  # its own session and process group: what it starts is the run's
         signal.set_wakeup_fd(-1)
-        for signum, handler in restore.items():
+        for signum, handler in _RESTORE.items():
             signal.signal(signum, handler)
         for s in own:
             s.close()
-        for fd in [*status.values(), fds[-1]]:
+        for fd in [*status.values(), fds[-1], *private]:
             os.close(fd)
         report = None
         if imports is not None:
             os.close(imports[0])
             report = imports[1]
-        run_worker(spec, *(socket.socket(fileno=fd) for fd in fds[:-1]), imports=report)
+        sockets = (socket.socket(fileno=fd) for fd in fds[:-1])
+        run_worker(spec, *sockets, imports=report, early=early)
         code = 0
     except BaseException:
         traceback.print_exc()
