@@ -299,6 +299,8 @@ class Preloads:
                 # Every worker reported: one whose import failed, or came from another file.
                 self.unfinished.update(n for n in self.probe.names if n not in self.confirmed)
                 self._discard(keep=[n for n in self.probe.names if n in self.confirmed])
+            if self.probe is not None and self.pending:
+                self._send_more(self.probe)
             wanted = self.pending or (idle and self.later)
             if self.probe is None and wanted and (self.learn or self.later):
                 self._start_probe()
@@ -453,7 +455,7 @@ class Preloads:
                 probe.data += chunk
             ended = True
         except BlockingIOError:
-            probe.ready = probe.data.endswith(successor.READY)
+            probe.ready = probe.data.endswith(successor.READY + f" {len(probe.names)}\n".encode())
             ended = not probe.ready and time.monotonic() >= probe.deadline
         except OSError:
             ended = True
@@ -485,6 +487,18 @@ class Preloads:
             self.skipped.add(unjudged.pop(0))
         for name in unjudged:  # never tried: they wait for the next probe
             self.pending.setdefault(name, probe.names[name])
+
+    def _send_more(self, probe: _Probe) -> None:
+        """Gives a successor the names reported since it started, to import before it serves."""
+        more = {n: o for n, o in self.pending.items() if n not in probe.names}
+        if probe.exited or not more:
+            return
+        with contextlib.suppress(OSError):  # full, or it is gone: they wait
+            probe.ctl.send(successor.MORE + pickle.dumps(more))
+            probe.names.update(more)
+            probe.ready = False
+            probe.deadline = time.monotonic() + PROBE_TIMEOUT
+            self.pending.clear()
 
     def _discard(self, keep: list[str]) -> None:
         """Ends a successor that will not serve; `keep`: its names the next one imports."""

@@ -27,10 +27,11 @@ from slurmrun.node.import_effects import ProcessState
 from slurmrun.node.parent_death import be_subreaper, die_with_parent, outlive_parent
 from slurmrun.torch_import import import_module
 
-__all__ = ["MAX_TAKEOVER_BYTES", "MAX_TAKEOVER_FDS", "OK", "READY", "SAFE", "run"]
+__all__ = ["MAX_TAKEOVER_BYTES", "MAX_TAKEOVER_FDS", "MORE", "OK", "READY", "SAFE", "run"]
 
 SAFE = "ok"  # a candidate's verdict: imported, and nothing it should not do
-READY = b"ready\n"  # a successor: every candidate judged safe, waits to take over
+READY = b"ready"  # a successor: every candidate judged safe (this many), waits to take over
+MORE = b"more:"  # the old spawner's message of more names to judge (else: the takeover)
 OK = b"ok\n"  # a successor's answer to the takeover: it serves now
 MAX_TAKEOVER_BYTES = (1 << 20) + (64 << 10)  # a request (`spawner.MAX_REQUEST_BYTES`) and state
 MAX_TAKEOVER_FDS = 8  # the agent's socket and a request's (`spawner.WORKER_FDS` + 2)
@@ -59,7 +60,7 @@ def run(
             with contextlib.suppress(Exception):
                 import_module(name)
         if _judge(names, ctl.fileno()) and take_over is not None:
-            _succeed(ctl, take_over)
+            _succeed(ctl, dict(names), take_over)
     except BaseException:
         code = 1
     finally:
@@ -99,22 +100,32 @@ def _judge(names: Mapping[str, str], out: int) -> bool:  # pragma: no cover - in
     return True
 
 
-def _succeed(ctl: socket.socket, take_over: TakeOver) -> None:  # pragma: no cover - in the probe
-    """Waits to take over; then serves, if nothing changed here since the verdicts."""
+def _succeed(
+    ctl: socket.socket, names: dict[str, str], take_over: TakeOver
+) -> None:  # pragma: no cover - in the probe
+    """Waits to take over, judging the names that come meanwhile; then serves (if it may)."""
     from slurmrun.node.preloads import cuda_initialised, thread_count  # noqa: PLC0415
 
-    threads, state = thread_count(), ProcessState.now()
-    os.write(ctl.fileno(), READY)
     ctl.setblocking(True)
-    msg, fds, _, _ = socket.recv_fds(ctl, MAX_TAKEOVER_BYTES, MAX_TAKEOVER_FDS)
-    if not msg or not fds:  # discarded, or the old spawner died
-        return
+    while True:
+        threads, state = thread_count(), ProcessState.now()
+        os.write(ctl.fileno(), READY + f" {len(names)}\n".encode())
+        msg, fds, _, _ = socket.recv_fds(ctl, MAX_TAKEOVER_BYTES, MAX_TAKEOVER_FDS)
+        if not msg:  # discarded, or the old spawner died
+            return
+        if msg.startswith(MORE):  # more names a run is importing
+            more: dict[str, str] = pickle.loads(msg[len(MORE) :])  # noqa: S301 - our parent's
+            names.update(more)
+            if not _judge(more, ctl.fileno()):
+                return
+            continue
+        break
     changed = ProcessState.now().changes(state)
     if thread_count() > threads:
         changed.append("threads")
     if cuda_initialised():
         changed.append("cuda")
-    if changed:
+    if changed or not fds:
         os.write(ctl.fileno(), f"refused {','.join(changed)}\n".encode())
         return
     outlive_parent()  # from here on, the old spawner's exit must not end us
