@@ -1,7 +1,7 @@
 """What a worker tells its spawner about its imports: each one as it starts, all at the end.
 
 The spawner learns preloads from them (`slurmrun.node.preloads`). Two kinds of line go into
-the worker's report pipe, both bounded (`preloads.MAX_NAMES`, `preloads.MAX_BYTES` each)
+the worker's report pipe, both bounded (`MAX_NAMES`, `MAX_BYTES` each)
 and written without ever blocking (a full pipe drops the line):
 
 - as an import of an installed top-level package starts (a finder first on
@@ -10,7 +10,7 @@ and written without ever blocking (a full pipe drops the line):
   while the run goes on: a run that imports a package first thing and takes as long as the
   import again finds it preloaded at the next run.
 - once the run's function has ended: what the worker imported, as before
-  (`preloads.report`): ``name<TAB>file`` per installed top-level package, the file it was
+  (`report`): ``name<TAB>file`` per installed top-level package, the file it was
   loaded from. Only a package named there (from the same file) is ever preloaded: one whose
   import failed in the worker, or came from another file, is not.
 """
@@ -21,15 +21,29 @@ import contextlib
 import importlib.machinery
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
-from slurmrun.node import preloads
+__all__ = [
+    "MAX_BYTES",
+    "MAX_NAME",
+    "MAX_NAMES",
+    "STARTED",
+    "Notes",
+    "decode",
+    "encode",
+    "installed_top_level",
+    "is_installed",
+    "report",
+    "spec_origin",
+]
 
-__all__ = ["STARTED", "Notes"]
-
-STARTED = preloads.STARTED
+MAX_NAMES = 200
+MAX_NAME = 100
+MAX_BYTES = 16 << 10  # per kind of line; both kinds fit a pipe (64 KiB; a full one drops lines)
+STARTED = "+"  # the mark of a line written as an import starts
+_INSTALLED_DIRS = ("site-packages", "dist-packages")
 _MAX_LINE = 1024  # well under PIPE_BUF: each line is written whole or not at all
 
 
@@ -59,16 +73,16 @@ class Notes:
         """Notes the start of an installed top-level package's import; finds nothing itself."""
         if path is not None or "." in name or name in self._seen or self.pipe is None:
             return
-        if os.getpid() != self._pid or len(self._seen) >= preloads.MAX_NAMES:
+        if os.getpid() != self._pid or len(self._seen) >= MAX_NAMES:
             return
         if not _importing(name):  # `importlib.util.find_spec`: a package asks what is there
             return
         self._seen.add(name)
-        origin = _origin(name)
-        if origin is None or not preloads.is_installed(origin) or name.startswith("_"):
+        origin = _found_origin(name)
+        if origin is None or not is_installed(origin) or name.startswith("_"):
             return
         line = f"{STARTED}{name}\t{origin}\n".encode(errors="replace")
-        if len(line) > _MAX_LINE or self._written + len(line) > preloads.MAX_BYTES:
+        if len(line) > _MAX_LINE or self._written + len(line) > MAX_BYTES:
             return
         with contextlib.suppress(OSError):  # full: dropped (the report at the end still counts)
             self._written += os.write(self.pipe, line)
@@ -80,8 +94,86 @@ class Notes:
         """Reports what the run imported and closes the pipe (a kept worker's later runs: no)."""
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)  # type: ignore[arg-type]
-        preloads.report(self.pipe, self.known)
+        report(self.pipe, self.known)
         self.pipe = None
+
+
+def _origin(module: object) -> str | None:
+    """The file a module was loaded from (a namespace package's first directory), or None."""
+    path = getattr(module, "__file__", None)
+    if path is None:
+        paths = list(getattr(module, "__path__", []) or [])
+        path = paths[0] if paths else None
+    return path if isinstance(path, str) else None
+
+
+def is_installed(path: str) -> bool:
+    """Whether `path` lies in an installed packages' directory (``site-packages``)."""
+    parts = path.split(os.sep)
+    return any(d in parts for d in _INSTALLED_DIRS)
+
+
+def installed_top_level(modules: Mapping[str, object], known: Iterable[str] = ()) -> dict[str, str]:
+    """The top-level installed packages among `modules` (``sys.modules``), less `known`.
+
+    Returns:
+        Name to the file it was loaded from, in import order.
+    """
+    skip = set(known)
+    found: dict[str, str] = {}
+    for name, module in list(modules.items()):
+        if "." in name or name in skip or name.startswith("_"):
+            continue
+        origin = _origin(module)
+        if origin is not None and is_installed(origin):
+            found[name] = origin
+    return found
+
+
+def encode(found: Mapping[str, str]) -> bytes:
+    """One ``name<TAB>origin`` line per module, cut to the bounds (see the module's docstring)."""
+    out = bytearray()
+    for count, (name, origin) in enumerate(found.items()):
+        line = f"{name}\t{origin}\n".encode(errors="replace")
+        if count >= MAX_NAMES or len(out) + len(line) > MAX_BYTES:
+            break
+        if len(name) <= MAX_NAME and name.isidentifier():
+            out += line
+    return bytes(out)
+
+
+def decode(data: bytes) -> dict[str, str]:
+    """The names and origins `encode` wrote (a cut last line is dropped)."""
+    found: dict[str, str] = {}
+    for line in data.decode(errors="replace").split("\n")[:-1]:
+        name, _, origin = line.partition("\t")
+        if name.isidentifier() and len(name) <= MAX_NAME and len(found) < MAX_NAMES:
+            found[name] = origin
+    return found
+
+
+def report(fd: int | None, known: Iterable[str]) -> None:
+    """Writes what this worker imported beyond `known` into the spawner's pipe; never blocks.
+
+    Args:
+        fd: the pipe's write end (None: learning is off); closed here.
+        known: the modules the worker started with (the spawner's).
+    """
+    if fd is None:
+        return
+    with contextlib.suppress(OSError):
+        os.set_blocking(fd, False)  # a full pipe cuts the list, and never holds the exit up
+        os.write(fd, encode(installed_top_level(sys.modules, known)))
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def spec_origin(spec: importlib.machinery.ModuleSpec) -> str | None:
+    """The file a module spec loads (a namespace package's first directory), or None."""
+    if spec.origin not in (None, "namespace"):
+        return spec.origin
+    locations = list(spec.submodule_search_locations or [])
+    return locations[0] if locations else None
 
 
 def _importing(name: str) -> bool:
@@ -95,7 +187,7 @@ def _importing(name: str) -> bool:
     return not isinstance(locks, dict) or name in locks
 
 
-def _origin(name: str) -> str | None:
+def _found_origin(name: str) -> str | None:
     """The file the path finder finds for top-level `name` (None: none, or it failed)."""
     try:
         spec: Any = importlib.machinery.PathFinder.find_spec(name)
@@ -103,4 +195,4 @@ def _origin(name: str) -> str | None:
         return None
     if spec is None:
         return None
-    return preloads.spec_origin(spec)
+    return spec_origin(spec)

@@ -45,7 +45,6 @@ and costs the next run at most what each worker of the last run paid for it.
 from __future__ import annotations
 
 import contextlib
-import importlib.machinery
 import os
 import pickle
 import signal
@@ -53,32 +52,40 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from slurmrun.node import successor
 from slurmrun.node.import_effects import ProcessState
+from slurmrun.node.import_notes import (
+    MAX_BYTES,
+    MAX_NAME,
+    MAX_NAMES,
+    STARTED,
+    decode,
+    encode,
+    installed_top_level,
+    report,
+)
 from slurmrun.torch_import import import_module
 from slurmrun.waiting import wait_readable
 
-__all__ = [
+__all__ = [  # the worker's side is `slurmrun.node.import_notes`'s (named here too)
     "MAX_BYTES",
     "MAX_NAME",
     "MAX_NAMES",
     "PROBE_TIMEOUT",
+    "STARTED",
     "Preloads",
+    "decode",
+    "encode",
     "installed_top_level",
     "report",
 ]
 
-MAX_NAMES = 200
-MAX_NAME = 100
-MAX_BYTES = 16 << 10  # under a pipe's smallest capacity (one page is the floor; 64 KiB usual)
 PROBE_TIMEOUT = 60.0
 HANDOVER_WAIT = 5.0  # a successor answers a takeover at once; this bounds a wedged one
-STARTED = "+"  # the mark of a worker's line written as an import starts (`node.import_notes`)
-_INSTALLED_DIRS = ("site-packages", "dist-packages")
 
 
 def thread_count() -> int:
@@ -96,85 +103,7 @@ def cuda_initialised() -> bool:
     return bool(cuda is not None and cuda.is_initialized())
 
 
-def _origin(module: object) -> str | None:
-    """The file a module was loaded from (a namespace package's first directory), or None."""
-    path = getattr(module, "__file__", None)
-    if path is None:
-        paths = list(getattr(module, "__path__", []) or [])
-        path = paths[0] if paths else None
-    return path if isinstance(path, str) else None
-
-
-def is_installed(path: str) -> bool:
-    """Whether `path` lies in an installed packages' directory (``site-packages``)."""
-    parts = path.split(os.sep)
-    return any(d in parts for d in _INSTALLED_DIRS)
-
-
-def installed_top_level(modules: Mapping[str, object], known: Iterable[str] = ()) -> dict[str, str]:
-    """The top-level installed packages among `modules` (``sys.modules``), less `known`.
-
-    Returns:
-        Name to the file it was loaded from, in import order.
-    """
-    skip = set(known)
-    found: dict[str, str] = {}
-    for name, module in list(modules.items()):
-        if "." in name or name in skip or name.startswith("_"):
-            continue
-        origin = _origin(module)
-        if origin is not None and is_installed(origin):
-            found[name] = origin
-    return found
-
-
-def encode(found: Mapping[str, str]) -> bytes:
-    """One ``name<TAB>origin`` line per module, cut to the bounds (see the module's docstring)."""
-    out = bytearray()
-    for count, (name, origin) in enumerate(found.items()):
-        line = f"{name}\t{origin}\n".encode(errors="replace")
-        if count >= MAX_NAMES or len(out) + len(line) > MAX_BYTES:
-            break
-        if len(name) <= MAX_NAME and name.isidentifier():
-            out += line
-    return bytes(out)
-
-
-def decode(data: bytes) -> dict[str, str]:
-    """The names and origins `encode` wrote (a cut last line is dropped)."""
-    found: dict[str, str] = {}
-    for line in data.decode(errors="replace").split("\n")[:-1]:
-        name, _, origin = line.partition("\t")
-        if name.isidentifier() and len(name) <= MAX_NAME and len(found) < MAX_NAMES:
-            found[name] = origin
-    return found
-
-
-def report(fd: int | None, known: Iterable[str]) -> None:
-    """Writes what this worker imported beyond `known` into the spawner's pipe; never blocks.
-
-    Args:
-        fd: the pipe's write end (None: learning is off); closed here.
-        known: the modules the worker started with (the spawner's).
-    """
-    if fd is None:
-        return
-    with contextlib.suppress(OSError):
-        os.set_blocking(fd, False)  # a full pipe cuts the list, and never holds the exit up
-        os.write(fd, encode(installed_top_level(sys.modules, known)))
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
 # ------------------------------------------------------------------ the spawner's side
-
-
-def spec_origin(spec: importlib.machinery.ModuleSpec) -> str | None:
-    """The file a module spec loads (a namespace package's first directory), or None."""
-    if spec.origin not in (None, "namespace"):
-        return spec.origin
-    locations = list(spec.submodule_search_locations or [])
-    return locations[0] if locations else None
 
 
 @dataclass
@@ -236,8 +165,7 @@ class Preloads:
 
     def started(self, pid: int, read_end: int) -> None:
         """Worker `pid` got the write end of the pipe whose read end is `read_end`."""
-        if self.handover:
-            os.set_blocking(read_end, False)
+        os.set_blocking(read_end, False)  # a process the worker started may hold the write end
         self._pipes[pid] = _Report(read_end)
 
     def reaped(self, pid: int) -> None:
@@ -369,7 +297,7 @@ class Preloads:
     def _read(self, report: _Report, final: bool) -> None:
         """Takes what a worker wrote into its report pipe: notes as they come, the final list."""
         eof = final
-        with contextlib.suppress(OSError):  # (blocking: the worker left it empty)
+        with contextlib.suppress(OSError):  # (would block: nothing more for now)
             while report.size <= 2 * MAX_BYTES and (chunk := os.read(report.fd, MAX_BYTES)):
                 report.data += chunk
                 report.size += len(chunk)

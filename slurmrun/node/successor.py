@@ -69,7 +69,8 @@ def run(
 
 def _judge(names: Mapping[str, str], out: int) -> bool:  # pragma: no cover - in the probe
     """Imports `names` one by one; writes ``verdict name`` per name; False at an unsafe one."""
-    from slurmrun.node.preloads import cuda_initialised, spec_origin, thread_count  # noqa: PLC0415
+    from slurmrun.node.import_notes import spec_origin  # noqa: PLC0415
+    from slurmrun.node.preloads import cuda_initialised, thread_count  # noqa: PLC0415
 
     for name, origin in names.items():
         verdict = SAFE
