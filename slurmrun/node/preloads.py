@@ -1,11 +1,10 @@
-"""Preloads the spawner learns from the last run: what its workers imported, imported once.
+"""Preloads the spawner learns from its runs: what workers imported, imported once, ahead.
 
 A warm launcher forks fresh workers for every run, so a function that imports a package
-pays for that import at every run. At its end, each worker writes the top-level installed
-packages it imported (and the spawner had not) into a pipe that the spawner made for it
-(`report`); the spawner reads the pipe once the worker is reaped. Between runs (once the
-agent has asked for the run's strays to be ended, and only while no worker runs) it imports
-them, so that the next run's workers start with them loaded.
+pays for that import at every run. Each worker tells its spawner what it imports through a
+pipe the spawner made for it (`slurmrun.node.import_notes`): each installed package's import
+as it starts, and at the end of the run's function every installed top-level package it
+imported (and the spawner had not).
 
 Which modules are learned:
 
@@ -14,8 +13,8 @@ Which modules are learned:
   library is left out (what a package needs of it comes with the package; a stdlib module
   imported on its own costs milliseconds), and so is the user's own code (the working
   directory, ``PYTHONPATH``, editable installs): fresh workers must see an edited file.
-- at most `MAX_NAMES` names of at most `MAX_NAME` characters, `MAX_BYTES` bytes in all per
-  worker; what is over is dropped, never an error.
+- at most `MAX_NAMES` names of at most `MAX_NAME` characters, `MAX_BYTES` bytes of each kind
+  of line per worker; what is over is dropped, never an error.
 
 What stays out: a forked child has only the thread that forked, so a package that starts a
 thread when it is imported (a BLAS thread pool, a monitor thread) or that initialises CUDA
@@ -24,22 +23,32 @@ another state than a fresh interpreter that imports the package in the worker: a
 that changes logging (``logging.basicConfig()``), a signal handler, a hook, ``faulthandler``,
 the working directory, the environment, the standard streams or ``sys.path`` when it is
 imported is left to the workers (`slurmrun.node.import_effects` says why, and what is
-restored). Every candidate is therefore first imported in a probe: a throwaway fork of the
-spawner, in the spawner's very state, that imports the candidates one by one and reports,
-for each, whether the process's threads (its native tasks, `/proc/self/task`) grew, whether
-torch's CUDA became initialised, whether the import changed any of that state
-(`ProcessState`), or whether the name now resolves to another file than the worker's. The
-probe runs while the spawner goes on serving; it has `PROBE_TIMEOUT` seconds, and a
-candidate whose import had not ended by then is skipped for good, as is every candidate
-that failed or was unsafe. The spawner then imports what the probe found safe, and checks
-again: a package that started a thread in the spawner after all cannot be unloaded, so the
-spawner says so in the agent's log and learns nothing more; one that changed the process's
-state after all has that state restored and its modules dropped (the workers import them
-again), and learning stops too.
+restored). Every candidate is therefore imported in a probe (`slurmrun.node.successor`): a
+fork of the spawner, in the spawner's very state, that imports the candidates one by one and
+reports, for each, whether the process's threads (its native tasks, `/proc/self/task`) grew,
+whether torch's CUDA became initialised, whether the import changed any of that state
+(`ProcessState`), or whether the name now resolves to another file than the worker's. A
+probe has `PROBE_TIMEOUT` seconds for its imports; a candidate whose import had not ended by
+then is skipped for good, as is every candidate that failed or was unsafe.
 
-The spawner imports in its own single thread: a run that asks for workers while the probe
-works is served at once; an import the probe approved is made only while no worker runs,
-and costs the next run at most what each worker of the last run paid for it.
+Where the agent is a child subreaper (Linux), the probe is the spawner's **successor**: it
+starts as soon as a worker's import starts (the spawner reads the workers' pipes as they
+write), takes the names that come while it works, and once it judged them all safe, waits.
+At the next request for a worker, if no worker of the old spawner runs and every worker
+that ran imported each of its names from the same file (its report at the end said so: a
+package whose import failed in the worker is never preloaded), the old spawner hands it the
+agent's socket and the request, and exits; the successor serves from then on. Nothing is
+imported twice, and no request ever waits for an import: one that comes while the
+successor works is served by the old spawner at once (its workers import the package
+themselves). `later` modules (torch, when the launch asked for no process group) are the
+successor's first imports, trusted and unprobed, after the first run.
+
+Elsewhere the probe is thrown away and the spawner imports what it approved, between runs
+and only while no worker runs, checking again: a package that started a thread in the
+spawner after all cannot be unloaded, so the spawner says so in the agent's log and learns
+nothing more; one that changed the process's state after all has that state restored and
+its modules dropped (the workers import them again), and learning stops too. Such an
+import costs the next run at most what each worker of the last run paid for it.
 """
 
 from __future__ import annotations

@@ -17,8 +17,12 @@ server, a DataLoader worker, a daemon that called setsid) becomes the spawner's 
 parent exits. Once a run's workers are gone, the agent asks the spawner to end those strays
 (`Spawner.end_strays`): SIGTERM, a short grace, then SIGKILL, until none is left.
 
-Between runs, the spawner imports what the last run's workers imported
-(`slurmrun.node.preloads`: learned preloads, each tried in a throwaway probe first).
+What workers import, a fork of the spawner imports too, while the spawner goes on serving
+(`slurmrun.node.preloads`: learned preloads). That fork then succeeds the spawner: at a
+request that finds no worker of the old spawner running, it takes the agent's socket and
+answers from then on, with its own pid in each answer; the old spawner exits. The agent is
+a child subreaper (`Spawner.start`), so the successor becomes its child, dies with it, and
+is the one `Spawner.close` ends. The spawner's side is `slurmrun.node.spawner_process`.
 """
 
 from __future__ import annotations
