@@ -65,7 +65,7 @@ class Notes:
         if pipe is not None and early:
             with contextlib.suppress(OSError):
                 os.set_blocking(pipe, False)
-            sys.meta_path.insert(0, self)  # type: ignore[arg-type]  # a finder, duck-typed
+            sys.meta_path.insert(0, self)
 
     def find_spec(
         self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
@@ -93,7 +93,7 @@ class Notes:
     def report(self) -> None:
         """Reports what the run imported and closes the pipe (a kept worker's later runs: no)."""
         with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)  # type: ignore[arg-type]
+            sys.meta_path.remove(self)
         report(self.pipe, self.known)
         self.pipe = None
 

@@ -59,7 +59,7 @@ _STRAY_POLL = 0.01
 REPARENT_WAIT = 5.0
 _SLICE = 0.01  # how often a successor looks whether it was adopted by the agent yet
 # Workers get the dispositions a Python program starts with (Ctrl-C: KeyboardInterrupt).
-_RESTORE = {
+_RESTORE: dict[signal.Signals, Any] = {
     signal.SIGINT: signal.default_int_handler,
     signal.SIGCHLD: signal.SIG_DFL,
     signal.SIGTERM: signal.SIG_DFL,
