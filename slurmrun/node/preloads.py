@@ -452,4 +452,5 @@ class Preloads:
             self._gone.add(probe.pid)  # no stray: reaped by the spawner's loop
         probe.ctl.close()
         self.probe = None
-        self.later += [n for n in probe.later if n not in sys.modules]
+        if probe.data:  # (one that died in its trusted imports is not started again for them)
+            self.later += [n for n in probe.later if n not in sys.modules]
