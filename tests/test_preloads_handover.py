@@ -80,6 +80,26 @@ def test_no_run_waits_for_the_import_of_a_learned_preload(site: Path) -> None:
         assert loaded[run - 1] <= (took < SLOW_IMPORT / 2), f"run {run} took {took:.2f} s"
 
 
+def import_if_it_can(name: str, wait: float) -> bool:
+    """Whether `name` was loaded when this worker started; tries to import it, waits `wait` s."""
+    loaded = name in sys.modules
+    with contextlib.suppress(ImportError):
+        importlib.import_module(name)
+    time.sleep(wait)
+    return loaded
+
+
+def test_a_package_whose_import_fails_in_the_workers_is_never_preloaded(site: Path) -> None:
+    # It imports in the spawner (no RANK there) and fails in every worker.
+    (site / "workerless.py").write_text(
+        "import os\n\nif 'RANK' in os.environ:\n    raise ImportError('not in a worker')\n"
+    )
+    with slurmrun.Launcher(**OPTIONS) as launcher:
+        for wait in (2.0, 0.0, 0.0, 0.0):  # the first lets the fork finish its import
+            loaded = launcher.run(import_if_it_can, ("workerless", wait)).values()
+            assert not any(loaded), "a package whose import failed in the workers was preloaded"
+
+
 def test_what_a_spawner_handed_over_to_dies_with_the_agent(site: Path) -> None:
     with slurmrun.Launcher(**OPTIONS) as launcher:
         before = launcher.run(import_then_wait, ("learnme", 3.0)).values()[0]["spawner"]

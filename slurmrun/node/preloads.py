@@ -442,8 +442,8 @@ class Preloads:
         probe = self.probe
         assert probe is not None  # noqa: S101 - called only with one
         self._kill(probe)
-        for name in keep:
-            self.pending.setdefault(name, probe.names[name])
+        for name in keep:  # from the file the workers imported it from (the next probe checks)
+            self.pending.setdefault(name, self.confirmed.get(name, probe.names[name]))
 
     def _kill(self, probe: _Probe) -> None:
         if not probe.exited:
