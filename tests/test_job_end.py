@@ -115,7 +115,8 @@ def test_stopping_a_worker_signals_it_once():
     once: its pid and its group both signalled ran its handler twice whenever the first
     arrived in between (a loaded machine). So for a stray that leads a group. A realtime
     signal, blocked, is never merged: every send is counted."""
-    from slurmrun.node.spawner import WorkerProcess, _signal_stray
+    from slurmrun.node.spawner import WorkerProcess
+    from slurmrun.node.spawner_process import signal_stray
     from slurmrun.node.supervisor import signal_group
 
     reaped_r, reaped_w = os.pipe()  # the spawner's status pipe: never written while it lives
@@ -125,7 +126,7 @@ def test_stopping_a_worker_signals_it_once():
         os.close(reaped_w)
         os.close(reaped_r)
     assert sent == "1"
-    assert _counted(_signal_stray) == "1"
+    assert _counted(signal_stray) == "1"
 
 
 DIES_OF_SIGTERM = """

@@ -192,7 +192,7 @@ def test_a_package_that_configures_logging_at_import_leaves_each_record_shown_on
     with slurmrun.Launcher(**OPTIONS) as launcher:
         deadline = time.monotonic() + LEARN_WITHIN
         while True:
-            markers.append(f"record of run {len(markers) + 1}")
+            markers.append(f"record of run {len(markers) + 1}.")  # run 10's has run 1's prefix
             answer = launcher.run(log_a_record, (markers[-1], names)).values()[0]
             if answer["learnme"] or time.monotonic() > deadline:
                 break

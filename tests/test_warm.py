@@ -242,7 +242,8 @@ def test_a_sigkilled_launcher_leaves_no_agent_or_worker_behind(tmp_path: Path, m
         proc.wait(timeout=30)
     finally:
         proc.kill()
-    assert len(left) == (2 if mode == "idle" else 4), "agent, spawner (and 2 workers)"
+    # (and a successor, while it imports what the workers import: `slurmrun.node.successor`)
+    assert len(left) >= (2 if mode == "idle" else 4), "agent, spawner (and 2 workers)"
     assert gone(left), "agents end once their launcher's connection does"
 
 

@@ -17,51 +17,40 @@ server, a DataLoader worker, a daemon that called setsid) becomes the spawner's 
 parent exits. Once a run's workers are gone, the agent asks the spawner to end those strays
 (`Spawner.end_strays`): SIGTERM, a short grace, then SIGKILL, until none is left.
 
-Between runs, the spawner imports what the last run's workers imported
-(`slurmrun.node.preloads`: learned preloads, each tried in a throwaway probe first).
+What workers import, a fork of the spawner imports too, while the spawner goes on serving
+(`slurmrun.node.preloads`: learned preloads). That fork then succeeds the spawner: at a
+request that finds no worker of the old spawner running, it takes the agent's socket and
+answers from then on, with its own pid in each answer; the old spawner exits. The agent is
+a child subreaper (`Spawner.start`), so the successor becomes its child, dies with it, and
+is the one `Spawner.close` ends. The spawner's side is `slurmrun.node.spawner_process`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import os
 import pickle
-import select
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmrun.node.parent_death import die_with_parent
+from slurmrun.node.parent_death import be_subreaper
 from slurmrun.node.preloads import Preloads
-from slurmrun.node.proctitle import SPAWNER_COMM, node_name, set_title
-from slurmrun.stacks import stacks_signal
-from slurmrun.torch_import import import_module
+from slurmrun.node.spawner_process import CODE, END_STRAYS, REPLY, serve
 from slurmrun.versions import missing_dependency
 from slurmrun.waiting import wait_readable
 
 __all__ = ["Spawner", "WorkerProcess", "forget_variable", "wait_any"]
 
-_PID = struct.Struct("!q")
-_CODE = struct.Struct("!i")
 _SLICE = 0.01  # seconds a poll waits holding a worker's lock, at most
-MAX_REQUEST_BYTES = 1 << 20
-WORKER_FDS = 4  # control, stdout, stderr, streams (see agent.Agent.spawn)
-# ... and rank 0's may come with a fifth: the listening socket of the run's store.
 SPAWN_TIMEOUT = 120.0  # the spawner answers once its imports are done; this bounds a wedged one
-_END_STRAYS = b"end-strays"  # the agent's request (not a pickle: one never starts this way)
-# How long strays may take to exit after SIGTERM, and to vanish after SIGKILL.
-STRAY_GRACE = 1.0
-STRAY_KILL_WAIT = 5.0
-_STRAY_POLL = 0.01
 
 
 class SpawnError(RuntimeError):
@@ -129,9 +118,9 @@ class WorkerProcess:
                 left = deadline - time.monotonic()
                 wait = max(0.0, min(_SLICE, left))
                 if self.exitcode is None and wait_readable([self.sentinel], wait):
-                    data = os.read(self.sentinel, _CODE.size)
+                    data = os.read(self.sentinel, CODE.size)
                     # No code: the spawner itself died, and took the worker with it (PDEATHSIG).
-                    code = _CODE.unpack(data)[0] if len(data) == _CODE.size else -signal.SIGKILL
+                    code = CODE.unpack(data)[0] if len(data) == CODE.size else -signal.SIGKILL
                     os.close(self.sentinel)
                     self.exitcode = code
             if left <= 0:
@@ -170,10 +159,15 @@ def wait_any(processes: Sequence[WorkerProcess], timeout: float) -> list[WorkerP
 
 @dataclass
 class Spawner:
-    """The agent's end of the spawner process."""
+    """The agent's end of the spawner process.
+
+    Where the agent is a child subreaper, a spawner may hand over to a successor
+    (`slurmrun.node.successor`): answers then come from it, and name its pid.
+    """
 
     pid: int
     sock: socket.socket
+    retired: list[int] = field(default_factory=list)  # spawners that handed over, to reap
 
     @classmethod
     def start(
@@ -194,6 +188,8 @@ class Spawner:
             learn: whether it imports, between runs, what the last run's workers imported
                 (`slurmrun.node.preloads`).
         """
+        # A successor outlives the spawner it succeeds: the agent must become its parent.
+        handover = bool(learn or later) and be_subreaper()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -205,7 +201,7 @@ class Spawner:
                 for name in forget:
                     forget_variable(name)
                 mine.close()
-                _serve(theirs, preload, agent_pid, Preloads(list(later), learn))
+                serve(theirs, preload, agent_pid, Preloads(list(later), learn), handover)
             except ModuleNotFoundError as e:  # this Python lacks a package slurmrun needs
                 print(f"slurmrun.node.spawner: {missing_dependency(e.name or str(e))}")
                 code = 1
@@ -233,14 +229,11 @@ class Spawner:
         finally:
             os.close(status_w)
         try:
-            reply = self.sock.recv(_PID.size)
-        except OSError as e:
+            pid = self._answer()
+        except SpawnError:
             os.close(status_r)
-            raise SpawnError(f"the worker spawner (pid {self.pid}) did not answer: {e}") from e
-        if len(reply) != _PID.size:
-            os.close(status_r)
-            raise SpawnError(f"the worker spawner (pid {self.pid}) died; see the agent's log")
-        return WorkerProcess(_PID.unpack(reply)[0], status_r)
+            raise
+        return WorkerProcess(pid, status_r)
 
     def end_strays(self) -> int:
         """Ends every process that workers started and left behind; call once they are gone.
@@ -252,13 +245,28 @@ class Spawner:
             SpawnError: the spawner is gone or did not answer.
         """
         try:
-            self.sock.send(_END_STRAYS)
-            reply = self.sock.recv(_PID.size)
+            self.sock.send(END_STRAYS)
         except OSError as e:
             raise SpawnError(f"the worker spawner (pid {self.pid}) did not answer: {e}") from e
-        if len(reply) != _PID.size:
+        return self._answer()
+
+    def _answer(self) -> int:
+        try:
+            reply = self.sock.recv(REPLY.size)
+        except OSError as e:
+            raise SpawnError(f"the worker spawner (pid {self.pid}) did not answer: {e}") from e
+        if len(reply) != REPLY.size:
             raise SpawnError(f"the worker spawner (pid {self.pid}) died; see the agent's log")
-        return int(_PID.unpack(reply)[0])
+        value, pid = REPLY.unpack(reply)
+        if pid != self.pid:  # a successor took over; the old spawner exits
+            self.retired.append(self.pid)
+            self.pid = pid
+        for old in list(self.retired):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(old, os.WNOHANG) == (0, 0):
+                    continue
+            self.retired.remove(old)
+        return int(value)
 
     def close(self, timeout: float = 5.0) -> None:
         """Ends the spawner and reaps it; call once every worker was stopped.
@@ -271,197 +279,7 @@ class Spawner:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         deadline = time.monotonic() + timeout
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(self.pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
-                time.sleep(0.001)
-
-
-# ------------------------------------------------------------------ the spawner process
-
-
-def _serve(sock: socket.socket, preload: Sequence[str], agent_pid: int, preloads: Preloads) -> None:
-    # SLURM ends a step with SIGTERM to every process in it: had the spawner died of it, its
-    # workers would have died with it (PDEATHSIG) with no time to checkpoint. Its life is the
-    # agent's: PDEATHSIG, or the agent's socket closing, ends it.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Workers get the dispositions a Python program starts with (Ctrl-C: KeyboardInterrupt).
-    restore = {
-        signal.SIGINT: signal.default_int_handler,
-        signal.SIGCHLD: signal.SIG_DFL,
-        signal.SIGTERM: signal.SIG_DFL,
-    }
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the agent decides when workers stop
-    # Until a worker arms it (`inbox.arm_stacks_signal`), a dump request must not kill it.
-    signal.signal(stacks_signal(), signal.SIG_IGN)
-    die_with_parent(agent_pid, reaper=True)
-    # Before torch's import starts threads: they inherit the comm (top's name) of their creator.
-    set_title(f"slurmrun spawner ({node_name(os.environ)})", SPAWNER_COMM)
-    for module in preload:
-        with contextlib.suppress(ImportError):  # e.g. no torch on this node: backend=None works
-            import_module(module)
-    from slurmrun.node.worker import run_worker  # noqa: PLC0415 - after torch, like the workers
-
-    wake_r, wake_w = socket.socketpair()
-    wake_w.setblocking(False)
-    signal.set_wakeup_fd(wake_w.fileno())
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD wakes select
-    status: dict[int, int] = {}  # worker pid -> write end of its status pipe
-    agent_gone = False
-    while not agent_gone or status:
-        waits: list[socket.socket | int] = [wake_r]
-        if not agent_gone:
-            waits += [sock, *preloads.fds()]
-        ready, _, _ = select.select(waits, [], [], preloads.timeout())
-        if wake_r in ready:
-            wake_r.recv(4096)
-            _reap(status, preloads)
-        if not agent_gone and (not ready or set(ready) & set(preloads.fds())):
-            preloads.between_runs(idle=not status)  # the probe answered, or is late
-        if sock in ready:
-            try:
-                msg, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST_BYTES, WORKER_FDS + 2)
-            except OSError:
-                msg, fds = b"", []
-            if not msg:
-                agent_gone = True  # finish reaping; PDEATHSIG ends the workers with us anyway
-                for fd in fds:
-                    os.close(fd)
-                continue
-            if msg == _END_STRAYS:
-                agent_gone = not _answer(sock, _end_strays(status, preloads))
-                preloads.between_runs(idle=not status)  # the run is over: learn, unless asked
-                continue
-            spec = pickle.loads(msg)  # noqa: S301 - from the agent, our parent, over a socketpair
-            pid = _fork_worker(
-                functools.partial(
-                    _worker_child,
-                    run_worker,
-                    spec,
-                    fds,
-                    own=[sock, wake_r, wake_w],
-                    status=status,
-                    restore=restore,
-                ),
-                preloads,
-            )
-            for fd in fds[:-1]:
-                os.close(fd)
-            status[pid] = fds[-1]  # the status pipe's write end comes last
-            agent_gone = not _answer(sock, pid)
-
-
-def _answer(sock: socket.socket, value: int) -> bool:
-    """Sends the agent a pid or a count; False if it is gone."""
-    try:
-        sock.send(_PID.pack(value))
-    except OSError:
-        return False
-    return True
-
-
-def _fork_worker(child: Callable[..., None], preloads: Preloads) -> int:
-    """Forks a worker that runs `child(imports=...)` (its report's pipe); returns its pid."""
-    imports = preloads.worker_pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the worker
-        die_with_parent(parent)
-        child(imports=imports)
-    if imports is not None:
-        os.close(imports[1])
-        preloads.started(pid, imports[0])
-    return pid
-
-
-def _worker_child(
-    run_worker: Any,
-    spec: Any,
-    fds: list[int],
-    *,
-    own: list[socket.socket],
-    status: dict[int, int],
-    restore: dict[signal.Signals, Any],
-    imports: tuple[int, int] | None,
-) -> None:  # pragma: no cover - runs in the forked worker
-    code = 1
-    try:
-        os.setsid()  # its own session and process group: what it starts is the run's
-        signal.set_wakeup_fd(-1)
-        for signum, handler in restore.items():
-            signal.signal(signum, handler)
-        for s in own:
-            s.close()
-        for fd in [*status.values(), fds[-1]]:
-            os.close(fd)
-        report = None
-        if imports is not None:
-            os.close(imports[0])
-            report = imports[1]
-        run_worker(spec, *(socket.socket(fileno=fd) for fd in fds[:-1]), imports=report)
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        os._exit(code)
-
-
-def _children() -> set[int]:
-    """This process's children (strays that were reparented here included)."""
-    found: set[int] = set()
-    with contextlib.suppress(OSError):
-        for task in os.listdir("/proc/self/task"):
-            with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/children") as f:
-                found.update(int(pid) for pid in f.read().split())
-    return found
-
-
-def _signal_stray(pid: int, signum: int) -> None:
-    """Signals a stray and the process group it leads, if it leads one (not ours): once."""
-    with contextlib.suppress(OSError):
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signum)
-            return
-        os.kill(pid, signum)
-
-
-def _end_strays(status: dict[int, int], preloads: Preloads) -> int:
-    """Ends every child that is not a live worker (see the module's docstring); returns how many.
-
-    Killing a stray makes its own children ours in turn: they are found on the next look.
-    The preloads' probe is no stray.
-    """
-    _reap(status, preloads)
-    strays = {pid for pid in _children() - set(status) if not preloads.own(pid)}
-    if not strays:
-        return 0
-    seen = set(strays)
-    for pid in strays:
-        _signal_stray(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STRAY_GRACE
-    kill_deadline = deadline + STRAY_KILL_WAIT
-    while strays and time.monotonic() < kill_deadline:
-        time.sleep(_STRAY_POLL)
-        _reap(status, preloads)
-        strays = {pid for pid in _children() - set(status) if not preloads.own(pid)}
-        seen |= strays
-        if time.monotonic() >= deadline:
-            for pid in strays:
-                _signal_stray(pid, signal.SIGKILL)
-    return len(seen)
-
-
-def _reap(status: dict[int, int], preloads: Preloads) -> None:
-    """Reaps every child that exited: workers (their code goes to their status pipe) and strays."""
-    while True:
-        try:
-            pid, wait_status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        preloads.reaped(pid)  # before the agent hears of it: the next run may come at once
-        fd = status.pop(pid, None)
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(fd, _CODE.pack(os.waitstatus_to_exitcode(wait_status)))
-            os.close(fd)
+        for pid in [self.pid, *self.retired]:
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+                    time.sleep(0.001)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 from slurmrun import protocol, variables, worker_env
-from slurmrun.node import debugger, inbox, preloads, slot
+from slurmrun.node import debugger, import_notes, inbox, slot
 from slurmrun.node.proctitle import set_title, worker_comm, worker_title
 from slurmrun.output import MAX_LINE, log_frame
 from slurmrun.pickling import dumps, loads
@@ -391,14 +391,17 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
     store_listener: socket.socket | None = None,
     *,
     imports: int | None = None,
+    early: bool = False,
 ) -> None:
     """Entry point of a worker process (forked by the agent's spawner).
 
     `store_listener`: rank 0's, the listening socket of the run's store (see
     `slurmrun.node.store_port`). `imports`: the pipe for what the run imported, for the
-    spawner to preload (`slurmrun.node.preloads`); None: learning is off.
+    spawner to preload (`slurmrun.node.preloads`); None: learning is off. `early`: each
+    import is noted there as it starts, too (`slurmrun.node.import_notes`).
     """
-    known = set(sys.modules)  # the spawner's, as this is its fork
+    # First of all: an import from here on is noted as it starts (the spawner's are known).
+    notes = import_notes.Notes(imports, set(sys.modules), early=early)
     # First, before any thread starts: threads inherit the comm (top's name) of their creator.
     set_title(
         worker_title(spec.place.rank, spec.hostname, spec.place.local_rank),
@@ -421,24 +424,12 @@ def run_worker(  # noqa: PLR0917 - the spawner passes the worker's sockets in or
         if frame is None:
             os._exit(71)
         inbox.watch_agent(conn)
-        code = _serve(spec, conn, streams, frame, store_listener, _Imports(imports, known))
+        code = _serve(spec, conn, streams, frame, store_listener, notes)
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
     # Skip interpreter teardown: after an error the process group may be wedged in a collective.
     os._exit(code)
-
-
-@dataclass
-class _Imports:
-    """Where the worker reports what its first run imported (`slurmrun.node.preloads`)."""
-
-    pipe: int | None  # None: learning is off, or reported already
-    known: set[str]  # the spawner's modules
-
-    def report(self) -> None:
-        preloads.report(self.pipe, self.known)
-        self.pipe = None  # a kept worker's later runs fork nothing: once is enough
 
 
 def _serve(  # noqa: PLR0917 - private, called once
@@ -447,7 +438,7 @@ def _serve(  # noqa: PLR0917 - private, called once
     streams: socket.socket,
     frame: Frame,
     store_listener: socket.socket | None,
-    imports: _Imports,
+    imports: import_notes.Notes,
 ) -> int:
     """Runs the call in `frame`, and a kept worker's later calls; returns the exit code.
 

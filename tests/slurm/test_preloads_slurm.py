@@ -1,0 +1,106 @@
+"""Learned preloads on the real 3-node SLURM test cluster: a successor takes each spawner's place.
+
+Each test runs a launcher script inside ``salloc -N3`` whose workers import `learnme` from a
+``site-packages`` directory under tmp_path; the autouse fixture of conftest.py fails any
+test that leaves a job in the queue or a process on a node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import slurmrun
+
+REPO = str(Path(slurmrun.__file__).parents[1])
+
+COMMON = """
+import json, os, subprocess, sys, time
+import slurmrun
+
+def import_then_wait(wait):
+    loaded = "learnme" in sys.modules
+    import learnme
+    time.sleep(wait)
+    return [os.environ["SLURMD_NODENAME"], loaded, os.getppid()]
+
+def emit(name, value):
+    print(name + " " + json.dumps(value), flush=True)
+"""
+
+
+def lines(cp: subprocess.CompletedProcess[str], name: str) -> list[object]:
+    found = [json.loads(x[len(name) + 1 :]) for x in cp.stdout.splitlines() if x.startswith(name)]
+    assert found, f"no {name} line\n--- stdout\n{cp.stdout}\n--- stderr\n{cp.stderr}"
+    return found
+
+
+def site(tmp_path: Path) -> dict[str, str]:
+    packages = tmp_path / "site-packages"
+    packages.mkdir()
+    (packages / "learnme.py").write_text("VALUE = 1\n")
+    return {"PYTHONPATH": os.pathsep.join([REPO, str(packages)])}
+
+
+@pytest.mark.quick  # the smoke test of this file in `tests/run.sh --quick`
+def test_what_run_1_imported_early_is_loaded_on_every_node_at_run_2(
+    run_in_allocation, tmp_path: Path
+) -> None:
+    cp = run_in_allocation(
+        ["-N3"],
+        COMMON
+        + """
+with slurmrun.Launcher(timeout=60, backend=None) as launcher:
+    emit("RUN", launcher.run(import_then_wait, (3.0,)).return_values)
+    emit("RUN", launcher.run(import_then_wait, (0.0,)).return_values)
+""",
+        timeout=120,
+        env=site(tmp_path),
+    )
+    first, second = (
+        {n: (loaded, spawner) for [[n, loaded, spawner]] in run} for run in lines(cp, "RUN")
+    )  # type: ignore[attr-defined]
+    assert sorted(second) == ["node1", "node2", "node3"]
+    assert not any(loaded for loaded, _ in first.values())
+    assert all(loaded for loaded, _ in second.values()), f"not preloaded: {second}"
+    assert all(first[n][1] != second[n][1] for n in first), "a spawner was not succeeded"
+
+
+def test_a_sigkilled_launcher_leaves_no_successor_on_any_node(
+    run_in_allocation, node_processes, tmp_path: Path
+) -> None:
+    cp = run_in_allocation(
+        ["-N3"],
+        COMMON
+        + """
+if sys.argv[1:] == ["child"]:
+    with slurmrun.Launcher(timeout=60, heartbeat_timeout=20, backend=None) as launcher:
+        launcher.run(import_then_wait, (3.0,))
+        emit("SECOND", launcher.run(import_then_wait, (0.0,)).return_values)
+        time.sleep(300)
+child = subprocess.Popen([sys.executable, __file__, "child"], stdout=subprocess.PIPE, text=True)
+print(child.stdout.readline(), flush=True)
+child.kill()
+child.wait()
+job = os.environ["SLURM_JOB_ID"]
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"],
+                           capture_output=True, text=True).stdout.split()
+    left = [s for s in steps if s.split(".")[-1].isdigit()]
+    if not left:
+        break
+    time.sleep(0.2)
+emit("STEPS_LEFT", left)
+""",
+        timeout=180,
+        env=site(tmp_path),
+    )
+    (second,) = lines(cp, "SECOND")
+    assert all(loaded for [[_, loaded, _]] in second), f"not preloaded: {second}"  # type: ignore[attr-defined]
+    assert lines(cp, "STEPS_LEFT") == [[]], "the agents' step ended with its launcher"
+    assert node_processes() == {}
