@@ -77,6 +77,7 @@ from slurmrun.node.import_notes import (
     installed_top_level,
     report,
 )
+from slurmrun.node.import_reports import Reports
 from slurmrun.torch_import import import_module
 from slurmrun.waiting import wait_readable
 
@@ -89,6 +90,7 @@ __all__ = [  # the worker's side is `slurmrun.node.import_notes`'s (named here t
     "Preloads",
     "decode",
     "encode",
+    "import_checked",
     "installed_top_level",
     "report",
 ]
@@ -132,13 +134,6 @@ class _Probe:
 
 
 @dataclass
-class _Report:
-    fd: int  # the read end of a worker's report pipe
-    data: bytes = b""  # a line not whole yet
-    size: int = 0
-
-
-@dataclass
 class Preloads:
     """The spawner's learned preloads (see the module's docstring); lives in the spawner.
 
@@ -160,7 +155,7 @@ class Preloads:
     # what the successor runs once it takes over, and the spawner's descriptors it closes.
     become: Callable[[socket.socket, bytes, list[int]], None] | None = None
     inherited: Callable[[], list[int]] = list
-    _pipes: dict[int, _Report] = field(default_factory=dict)  # worker pid -> its report
+    _reports: Reports = field(default_factory=Reports)
     _gone: set[int] = field(default_factory=set)  # probes killed, not yet reaped
 
     @property
@@ -174,31 +169,25 @@ class Preloads:
 
     def started(self, pid: int, read_end: int) -> None:
         """Worker `pid` got the write end of the pipe whose read end is `read_end`."""
-        os.set_blocking(read_end, False)  # a process the worker started may hold the write end
-        self._pipes[pid] = _Report(read_end)
+        self._reports.add(pid, read_end)
 
     def reaped(self, pid: int) -> None:
         """Worker `pid` exited: takes its report (written before it exited) from its pipe."""
         if self.probe is not None and self.probe.pid == pid:
             self.probe.exited = True
         self._gone.discard(pid)
-        report = self._pipes.pop(pid, None)
-        if report is not None and report.fd >= 0:
-            self._read(report, final=True)
+        self._reports.take_last(pid, self._noted)
 
     def fds(self) -> list[int]:
         """What the spawner's loop waits on for us: the probe's verdicts, workers' notes."""
         fds = [] if self.probe is None else [self.probe.fd]
         if self.handover:
-            fds += [r.fd for r in self._pipes.values() if r.fd >= 0]
+            fds += self._reports.fds()
         return fds
 
     def private_fds(self) -> list[int]:
         """Ours, which a worker must not hold."""
-        return [*([] if self.probe is None else [self.probe.fd]), *self._report_fds()]
-
-    def _report_fds(self) -> list[int]:
-        return [r.fd for r in self._pipes.values() if r.fd >= 0]
+        return [*([] if self.probe is None else [self.probe.fd]), *self._reports.fds()]
 
     def timeout(self) -> float | None:
         """How long the spawner's loop may wait before `between_runs` must look at the probe."""
@@ -227,8 +216,7 @@ class Preloads:
             idle: no worker runs (where there is no successor, imports are made only then).
         """
         if self.handover:
-            for report in list(self._pipes.values()):
-                self._read(report, final=False)
+            self._reports.take_notes(self._noted)
         if self.probe is not None:
             self._read_probe()
         if self.handover:
@@ -248,7 +236,7 @@ class Preloads:
             with contextlib.suppress(Exception):  # not installed here: workers do without
                 import_module(self.later.pop(0))
         while self.safe and self.learn:
-            self._import(self.safe.pop(0))
+            self.learn = import_checked(self.safe.pop(0))
         if self.probe is None and self.pending and self.learn:
             self._start_probe()
 
@@ -293,7 +281,7 @@ class Preloads:
     ) -> None:
         """In the successor: the learning state it serves with, then the spawner's loop."""
         assert self.become is not None  # noqa: S101 - a successor exists only then
-        self.probe, self._pipes, self._gone, self.later = None, {}, set(), []
+        self.probe, self._reports, self._gone, self.later = None, Reports(), set(), []
         self.confirmed, self.skipped, self.learn = (
             state["confirmed"],
             state["skipped"],
@@ -302,22 +290,6 @@ class Preloads:
         self.unfinished = state["unfinished"]
         self.pending = {n: o for n, o in state["pending"].items() if n not in sys.modules}
         self.become(sock, request, fds)
-
-    def _read(self, report: _Report, final: bool) -> None:
-        """Takes what a worker wrote into its report pipe: notes as they come, the final list."""
-        eof = final
-        with contextlib.suppress(OSError):  # (would block: nothing more for now)
-            while report.size <= 2 * MAX_BYTES and (chunk := os.read(report.fd, MAX_BYTES)):
-                report.data += chunk
-                report.size += len(chunk)
-            eof = True
-        lines = report.data.split(b"\n")
-        report.data = b"" if final else lines.pop()  # a cut last line is dropped at the end
-        for line in lines[:-1] if final else lines:
-            self._noted(line.decode(errors="replace"))
-        if eof or report.size > 2 * MAX_BYTES:  # a process it started may hold the write end
-            os.close(report.fd)
-            report.fd = -1
 
     def _noted(self, line: str) -> None:
         started = line.startswith(STARTED)
@@ -333,34 +305,6 @@ class Preloads:
         if len(self.pending) < MAX_NAMES:
             self.pending.setdefault(name, origin)
 
-    def _import(self, name: str) -> None:
-        threads, before, loaded = thread_count(), ProcessState.now(), set(sys.modules)
-        with contextlib.suppress(Exception):  # not installed here, or broken: workers import it
-            import_module(name)
-        if thread_count() > threads or cuda_initialised():
-            # Cannot be undone; say so, and risk no more.
-            print(
-                f"slurmrun spawner: importing {name!r} started a thread or initialised CUDA "
-                "here although a probe did not; learning preloads stops for this launcher",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.learn = False
-            return
-        changes = ProcessState.now().changes(before)
-        if changes:  # undone, and left to the workers (see `slurmrun.node.import_effects`)
-            before.restore()
-            for module in set(sys.modules) - loaded:
-                del sys.modules[module]
-            print(
-                f"slurmrun spawner: importing {name!r} changed {', '.join(changes)} here "
-                "although a probe did not; undone, not preloaded, and learning preloads stops "
-                "for this launcher",
-                file=sys.stderr,
-                flush=True,
-            )
-            self.learn = False
-
     def _start_probe(self) -> None:
         names = {n: o for n, o in self.pending.items() if n not in sys.modules}
         self.pending.clear()
@@ -374,7 +318,7 @@ class Preloads:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the probe
-            inherited = [ctl.fileno(), *self._report_fds(), *self.inherited()]
+            inherited = [ctl.fileno(), *self._reports.fds(), *self.inherited()]
             take_over = self._take_over if self.handover else None
             successor.run(
                 names, later, theirs, parent=parent, inherited=inherited, take_over=take_over
@@ -454,3 +398,37 @@ class Preloads:
         self.probe = None
         if probe.data:  # (one that died in its trusted imports is not started again for them)
             self.later += [n for n in probe.later if n not in sys.modules]
+
+
+def import_checked(name: str) -> bool:
+    """Imports `name` in the spawner, as a probe approved; False: learning must stop.
+
+    An import that started a thread or initialised CUDA here after all cannot be undone; one
+    that changed the process's state is undone (its modules dropped: the workers import it).
+    """
+    threads, before, loaded = thread_count(), ProcessState.now(), set(sys.modules)
+    with contextlib.suppress(Exception):  # not installed here, or broken: workers import it
+        import_module(name)
+    if thread_count() > threads or cuda_initialised():
+        # Cannot be undone; say so, and risk no more.
+        print(
+            f"slurmrun spawner: importing {name!r} started a thread or initialised CUDA "
+            "here although a probe did not; learning preloads stops for this launcher",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    changes = ProcessState.now().changes(before)
+    if changes:  # undone, and left to the workers (see `slurmrun.node.import_effects`)
+        before.restore()
+        for module in set(sys.modules) - loaded:
+            del sys.modules[module]
+        print(
+            f"slurmrun spawner: importing {name!r} changed {', '.join(changes)} here "
+            "although a probe did not; undone, not preloaded, and learning preloads stops "
+            "for this launcher",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    return True
