@@ -193,10 +193,11 @@ class Options:
     """
 
     learn_preloads: bool = True
-    """Between the runs of a warm launcher, each node imports the installed packages that the
-    last run's workers imported, so that the next run's workers start with them loaded
-    (packages that start threads or initialise CUDA when imported are left out; see
-    `slurmrun.node.preloads`). False: workers import them at every run."""
+    """A warm launcher's nodes learn the installed packages that a run's workers import: a
+    fork of each node's spawner imports them while the run goes on and serves the next run,
+    whose workers start with them loaded; no run waits for it (packages that start threads or
+    initialise CUDA when imported are left out; see `slurmrun.node.preloads`). False: workers
+    import them at every run."""
 
     def __new__(cls: type[_O], *args: Any, **kwargs: Any) -> _O:
         """Refuses a misspelt option by the name of the class called (``Launcher``).
