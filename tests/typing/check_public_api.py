@@ -66,6 +66,11 @@ assert_type([job.state for job in slurmrun.jobs(folder="slurmrun_jobs")], list[s
 swept = slurmrun.submit_array(double, [(1,), (2,)], nodes=2, requeue=slurmrun.Requeue("USR1"))
 assert_type(swept, list[slurmrun.SubmittedLaunch[int]])
 assert_type(slurmrun.requeue_requested(), bool)
+mapped = slurmrun.submit_map(double, range(4), workers_per_item=1, nodes=2, gpus_per_node=2)
+assert_type(mapped, slurmrun.SubmittedMap[int])
+assert_type(mapped.result(timeout=60), list[int])
+assert_type(mapped.progress(), tuple[int, int])
+assert_type(slurmrun.submit_map(double, [1], dry_run=True).script, str)
 sized = slurmrun.submit(double, (21,), nodes=2, gpus_per_node=8, time_min=30, resources="gpu_x8")
 assert_type(sized, slurmrun.SubmittedLaunch[int])
 slurmrun.submit(double, (21,), nodes="2")  # type: ignore[call-overload]  # the keywords are typed
