@@ -7,6 +7,16 @@ does so in a clearly larger share of the samples than a typical rank is a stragg
 less the typical rank's is its score: balanced ranks take turns at being last, so theirs stay
 near 0, while a rank 30 % slower than the others is last in about a quarter of the samples.
 
+A rank can also be last because it waited for a CPU: on a busy core (the launcher, its agent,
+other jobs) a balanced rank is runnable but descheduled, and the others wait for it in bursts
+that no count of samples tells from a slow rank's. Its return from a collective is late too,
+and the others, already working, look like the ones it waits for. Each answer carries its main
+thread's time on the run queue (`slurmrun.stacks.sched`): a rank that spent a clearly larger
+share of the time between its answers there than a typical rank (`STARVED`) is starved of CPU,
+and is left out of that sample and of the one before (its wait shows only once it ran again),
+as if it were not in the run. A rank that sleeps or waits for I/O is not on the run queue: it
+still counts. So each sample is judged once the next one is in; until then, provisionally.
+
 Pure: samples in, findings out (the caller emits, warns and writes them).
 """
 
@@ -18,8 +28,9 @@ from dataclasses import dataclass
 
 from slurmrun.stacks.classify import Activity, activity, hot_frame
 from slurmrun.stacks.report import RankStacks, StackReport, StackSource, where
+from slurmrun.stacks.sched import Sched
 
-__all__ = ["SCORE", "WINDOW", "Found", "StragglerJudge"]
+__all__ = ["SCORE", "STARVED", "WINDOW", "Found", "StragglerJudge"]
 
 WINDOW = 15.0  # seconds of samples judged together
 SCORE = 0.15  # the least score of a straggler
@@ -32,6 +43,10 @@ _SUSPECT_SAMPLES = 4  # before this, no rank is suspected
 _Z_SUSPECT = 1.0
 _Z_FOUND = 2.5
 _HOT_FRAMES = 3
+# A rank that spent this share of an interval between samples on the run queue more than a
+# typical rank did was starved of CPU then (a slow rank's share, on a machine shared with a
+# busy process: under 2 %; a descheduled balanced rank's, last as often as a slow one: ~20 %).
+STARVED = 0.05
 
 
 @dataclass(frozen=True)
@@ -69,20 +84,27 @@ class StragglerJudge:
         self._samples: deque[_Sample] = deque()
         self._ranks: dict[int, str] = {}  # every rank seen, and its host
         self._reported: dict[int, float] = {}  # when each rank was last reported
+        self._sched: dict[int, tuple[float, Sched]] = {}  # each rank's last figures, and when
+        # The last sample, judged once the next one is in: its time, stacks, starved ranks.
+        self._last: tuple[float, StackReport, frozenset[int]] | None = None
         self.lone: frozenset[int] = frozenset()  # the last sample's ranks that held others back
         # Whether some rank's score so far is at least half a straggler's: sample more often.
         self.suspect = False
 
     def add(self, report: StackReport, now: float) -> list[Found]:
         """Takes one sample (every rank's stacks at `now`); returns the stragglers found."""
-        sample = _lone_workers(report, now)
+        starved = self._starved(report, now)
+        if self._last is not None:
+            when, last, starved_then = self._last
+            self._samples.append(_lone_workers(last, when, starved_then | starved))
+        self._last = (now, report, starved)
+        sample = _lone_workers(report, now, starved)  # provisional, until the next sample
         self.lone = sample.lone
-        self._samples.append(sample)
         for stacks in report.ranks:
             self._ranks[stacks.rank] = stacks.host
         while self._samples and self._samples[0].when < now - self.window:
             self._samples.popleft()
-        samples = list(self._samples)
+        samples = [*self._samples, sample]
         if len(self._ranks) < 2:
             return []
         counts = Counter(rank for sample in samples for rank in sample.lone)
@@ -118,6 +140,22 @@ class StragglerJudge:
             )
         return found
 
+    def _starved(self, report: StackReport, now: float) -> frozenset[int]:
+        """The ranks of `report` starved of CPU since their last answer (`STARVED`)."""
+        queued: dict[int, float] = {}  # each rank's share of the time on the run queue
+        for stacks in report.ranks:
+            if stacks.sched is None:
+                continue
+            last = self._sched.get(stacks.rank)
+            self._sched[stacks.rank] = (now, stacks.sched)
+            if last is not None and now > last[0]:
+                waited = stacks.sched.queued_ns - last[1].queued_ns
+                queued[stacks.rank] = max(0, waited) / 1e9 / (now - last[0])
+        if len(queued) < 2:
+            return frozenset()
+        excess = _scores(queued)  # less a typical rank's
+        return frozenset(rank for rank, share in excess.items() if share > STARVED)
+
 
 def _z(score: float, share: float, samples: int) -> float:
     """`score` in standard errors of a difference of two shares of `samples` samples."""
@@ -147,14 +185,18 @@ def _doing(stacks: RankStacks) -> Activity:
     return Activity.WORKING if stacks.source is StackSource.SILENT else activity(stacks)
 
 
-def _lone_workers(report: StackReport, now: float) -> _Sample:
-    """The ranks of a sample that work while most of the others wait, and where each is."""
-    doing = {stacks.rank: _doing(stacks) for stacks in report.ranks}
+def _lone_workers(report: StackReport, now: float, starved: frozenset[int]) -> _Sample:
+    """The ranks of a sample that work while most of the others wait, and where each is.
+
+    The `starved` ranks are left out, as if they were not in the run.
+    """
+    ranks = [stacks for stacks in report.ranks if stacks.rank not in starved]
+    doing = {stacks.rank: _doing(stacks) for stacks in ranks}
     known = [r for r, a in doing.items() if a in (Activity.WAITING, Activity.WORKING)]
     waiting = sum(doing[r] is Activity.WAITING for r in known)
     lone: set[int] = set()
     hot: dict[int, str] = {}
-    for stacks in report.ranks:
+    for stacks in ranks:
         rank = stacks.rank
         if doing[rank] is not Activity.WORKING:
             continue
