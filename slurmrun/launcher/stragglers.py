@@ -22,6 +22,7 @@ Pure: samples in, findings out (the caller emits, warns and writes them).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter, deque
 from dataclasses import dataclass
@@ -85,8 +86,9 @@ class StragglerJudge:
         self._ranks: dict[int, str] = {}  # every rank seen, and its host
         self._reported: dict[int, float] = {}  # when each rank was last reported
         self._sched: dict[int, tuple[float, Sched]] = {}  # each rank's last figures, and when
-        # The last sample, judged once the next one is in: its time, stacks, starved ranks.
-        self._last: tuple[float, StackReport, frozenset[int]] | None = None
+        # The last sample, judged once the next one is in: its time, stacks, what each rank
+        # did, and the ranks starved then.
+        self._last: tuple[float, StackReport, dict[int, Activity], frozenset[int]] | None = None
         self.lone: frozenset[int] = frozenset()  # the last sample's ranks that held others back
         # Whether some rank's score so far is at least half a straggler's: sample more often.
         self.suspect = False
@@ -95,10 +97,11 @@ class StragglerJudge:
         """Takes one sample (every rank's stacks at `now`); returns the stragglers found."""
         starved = self._starved(report, now)
         if self._last is not None:
-            when, last, starved_then = self._last
-            self._samples.append(_lone_workers(last, when, starved_then | starved))
-        self._last = (now, report, starved)
-        sample = _lone_workers(report, now, starved)  # provisional, until the next sample
+            when, last, did, starved_then = self._last
+            self._samples.append(_lone_workers(last, did, when, starved_then | starved))
+        doing = {stacks.rank: _doing(stacks) for stacks in report.ranks}
+        self._last = (now, report, doing, starved)
+        sample = _lone_workers(report, doing, now, starved)  # provisional: see the docstring
         self.lone = sample.lone
         for stacks in report.ranks:
             self._ranks[stacks.rank] = stacks.host
@@ -107,7 +110,7 @@ class StragglerJudge:
         samples = [*self._samples, sample]
         if len(self._ranks) < 2:
             return []
-        counts = Counter(rank for sample in samples for rank in sample.lone)
+        counts = Counter(rank for one in samples for rank in one.lone)
         shares = {rank: counts[rank] / len(samples) for rank in self._ranks}
         scores = _scores(shares)
         n = len(samples)
@@ -153,8 +156,12 @@ class StragglerJudge:
                 queued[stacks.rank] = max(0, waited) / 1e9 / (now - last[0])
         if len(queued) < 2:
             return frozenset()
-        excess = _scores(queued)  # less a typical rank's
-        return frozenset(rank for rank, share in excess.items() if share > STARVED)
+        ordered = sorted(queued.values())
+        return frozenset(  # a clearly larger share than the median of the others'
+            rank
+            for rank, share in queued.items()
+            if share > STARVED and share - _others_median(ordered, share) > STARVED
+        )
 
 
 def _z(score: float, share: float, samples: int) -> float:
@@ -180,35 +187,46 @@ def _scores(shares: dict[int, float]) -> dict[int, float]:
     return {rank: share - others_median(index[share]) for rank, share in shares.items()}
 
 
+def _others_median(ordered: list[float], value: float) -> float:
+    """The median of sorted `ordered` without one `value` (of at least 2)."""
+    rest = ordered.copy()
+    del rest[bisect.bisect_left(rest, value)]
+    half = len(rest) // 2
+    return rest[half] if len(rest) % 2 else (rest[half - 1] + rest[half]) / 2
+
+
 def _doing(stacks: RankStacks) -> Activity:
     # A rank silent in a sample holds its GIL in C code (it is not dumped): it works.
     return Activity.WORKING if stacks.source is StackSource.SILENT else activity(stacks)
 
 
-def _lone_workers(report: StackReport, now: float, starved: frozenset[int]) -> _Sample:
+def _lone_workers(
+    report: StackReport, doing: dict[int, Activity], now: float, starved: frozenset[int]
+) -> _Sample:
     """The ranks of a sample that work while most of the others wait, and where each is.
 
-    The `starved` ranks are left out, as if they were not in the run.
+    `doing`: what each rank of `report` does. The `starved` ranks are left out, as if they were
+    not in the run.
     """
-    ranks = [stacks for stacks in report.ranks if stacks.rank not in starved]
-    doing = {stacks.rank: _doing(stacks) for stacks in ranks}
-    known = [r for r, a in doing.items() if a in (Activity.WAITING, Activity.WORKING)]
-    waiting = sum(doing[r] is Activity.WAITING for r in known)
-    lone: set[int] = set()
+    known = [
+        r
+        for r, a in doing.items()
+        if a in (Activity.WAITING, Activity.WORKING) and r not in starved
+    ]
+    working = {r for r in known if doing[r] is Activity.WORKING}
+    others = len(known) - 1  # of a working rank
+    if others < 1 or 2 * (len(known) - len(working)) <= others:  # most of the others wait
+        return _Sample(now, frozenset(), {})
     hot: dict[int, str] = {}
-    for stacks in ranks:
-        rank = stacks.rank
-        if doing[rank] is not Activity.WORKING:
+    for stacks in report.ranks:
+        if stacks.rank not in working:
             continue
-        others = len(known) - 1
-        if others >= 1 and 2 * waiting > others:  # most of the others wait
-            lone.add(rank)
-            frame = hot_frame(stacks)
-            if stacks.source is StackSource.SILENT:
-                hot[rank] = "no answer (C code holding the GIL)"
-            else:
-                hot[rank] = where(frame) if frame is not None else "no Python frame"
-    return _Sample(now, frozenset(lone), hot)
+        frame = hot_frame(stacks)
+        if stacks.source is StackSource.SILENT:
+            hot[stacks.rank] = "no answer (C code holding the GIL)"
+        else:
+            hot[stacks.rank] = where(frame) if frame is not None else "no Python frame"
+    return _Sample(now, frozenset(working), hot)
 
 
 def _hot_frames(samples: list[_Sample], rank: int) -> tuple[str, ...]:
