@@ -1,14 +1,17 @@
 """Stragglers on localhost: false reports of balanced ranks, and how soon a slow rank is named.
 
     python benchmarks/balanced_stragglers.py [--workers 2] [--seconds 300] [--slower 1.0]
-                                             [--spin] [--record samples.pickle] [--json out.json]
+                                             [--spin] [--bursts] [--record samples.pickle]
+                                             [--json out.json]
 
 gloo, `--workers` ranks on this machine, each step a sleep of 0.1 s (``--spin``: 0.1 s of CPU
 work) and an ``all_reduce``; with ``--slower 1.3`` the last rank's steps take 30 % longer.
 Straggler detection on (four samples a second). Prints every `slurmrun.events.Straggler` event
 (rank, score, seconds after the workers started) and the load. A balanced run (``--slower
-1.0``, the default) should have none in 5 minutes (issue 51); ``--record`` keeps every sample
-the judge saw (pickled ``(time, StackReport)`` pairs) to replay a judge on.
+1.0``, the default) should have none in 5 minutes (issue 51). ``--bursts``: the ranks take
+turns at being descheduled, 6 s in every 10 (their main thread shares a core with two busy
+processes, at the lowest priority), as on a busy node. ``--record`` keeps every sample the
+judge saw (pickled ``(time, StackReport)`` pairs) to replay a judge on.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import os
 import pickle
+import subprocess
 import sys
 import time
 
@@ -38,17 +42,71 @@ def _recorded(self: stragglers.StragglerJudge, report: object, now: float) -> ob
 stragglers.StragglerJudge.add = _recorded  # type: ignore[assignment,method-assign]
 
 
-def steps(step: float, slower: float, seconds: float, spin: bool) -> int:
+BUSY = """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+while os.getppid() == int(sys.argv[2]):
+    pass
+"""
+
+
+class Bursts:
+    """Deschedules this rank's main thread 6 s in every 10, in turn with the other ranks."""
+
+    def __init__(self, rank: int, ranks: int) -> None:
+        self.rank, self.ranks = rank, ranks
+        self.began = time.monotonic()
+        self.cpus = os.sched_getaffinity(0)
+        self.busy: list[subprocess.Popen[bytes]] = []
+
+    def step(self) -> None:
+        slot, into = divmod(time.monotonic() - self.began, 10.0)
+        mine = int(slot) % self.ranks == self.rank and into < 6.0
+        if mine and not self.busy:
+            cpu = sorted(self.cpus)[self.rank % len(self.cpus)]
+            self.busy = [
+                subprocess.Popen([sys.executable, "-c", BUSY, str(cpu), str(os.getpid())])
+                for _ in range(2)
+            ]
+            os.sched_setaffinity(0, {cpu})
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        elif not mine and self.busy:
+            self.end()
+
+    def end(self) -> None:
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+        os.sched_setaffinity(0, self.cpus)
+        for process in self.busy:
+            process.kill()
+            process.wait()
+        self.busy = []
+
+
+def steps(step: float, slower: float, seconds: float, spin: bool, bursts: bool) -> int:
     """Steps of `step` s and an all_reduce for `seconds`; the last rank's take `slower` times
-    as long. A step sleeps, or with `spin` works on the CPU."""
-    import torch
+    as long. A step sleeps, or with `spin` works on the CPU; with `bursts`, see `Bursts`."""
     import torch.distributed as dist
 
     rank = dist.get_rank()
     pause = step * (slower if rank == dist.get_world_size() - 1 else 1.0)
+    turns = Bursts(rank, dist.get_world_size()) if bursts else None
+    try:
+        return _steps(pause, seconds, spin, turns)
+    finally:
+        if turns is not None:
+            turns.end()
+
+
+def _steps(pause: float, seconds: float, spin: bool, turns: Bursts | None) -> int:
+    import torch
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
     end = time.monotonic() + seconds
     done = 0
     while True:
+        if turns is not None:
+            turns.step()
         if spin:
             until = time.thread_time() + pause
             while time.thread_time() < until:
@@ -68,6 +126,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300.0)
     parser.add_argument("--slower", type=float, default=1.0)
     parser.add_argument("--spin", action="store_true", help="steps work on the CPU, not sleep")
+    parser.add_argument("--bursts", action="store_true", help="ranks descheduled in turns")
     parser.add_argument("--record", default=None, help="pickle every sample here")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -76,7 +135,7 @@ def main() -> None:
     began = time.time()
     result = slurmrun.launch(
         steps,
-        (0.1, args.slower, args.seconds, args.spin),
+        (0.1, args.slower, args.seconds, args.spin, args.bursts),
         workers_per_host=args.workers,
         backend="gloo",
         stragglers=True,
@@ -91,6 +150,7 @@ def main() -> None:
         "seconds": args.seconds,
         "slower": args.slower,
         "spin": args.spin,
+        "bursts": args.bursts,
         "steps": result.rank(0),
         "samples": len(_samples),
         "stragglers": [(e.rank, e.score, round(e.time - started, 1)) for e in found],
@@ -98,8 +158,9 @@ def main() -> None:
     }
     print(
         f"{args.workers} ranks, {args.seconds:g} s, slower {args.slower:g}"
-        f"{' (spin)' if args.spin else ''}: {len(found)} straggler reports, {len(_samples)} "
-        f"samples, {result.rank(0)} steps; load {load:.1f} -> {os.getloadavg()[0]:.1f}"
+        f"{' (spin)' if args.spin else ''}{' (bursts)' if args.bursts else ''}: "
+        f"{len(found)} straggler reports, {len(_samples)} samples, {result.rank(0)} steps; "
+        f"load {load:.1f} -> {os.getloadavg()[0]:.1f}"
     )
     if args.record:
         with open(args.record, "wb") as f:

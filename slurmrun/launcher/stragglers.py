@@ -45,8 +45,9 @@ _Z_SUSPECT = 1.0
 _Z_FOUND = 2.5
 _HOT_FRAMES = 3
 # A rank that spent this share of an interval between samples on the run queue more than a
-# typical rank did was starved of CPU then (a slow rank's share, on a machine shared with a
-# busy process: under 2 %; a descheduled balanced rank's, last as often as a slow one: ~20 %).
+# typical rank did was starved of CPU then. Measured on 2 shared cores: a sleeping rank 30 %
+# slower, in the samples where it held the others back, under 2 % in 9 of 10; a balanced
+# rank that shares its core with busy processes (tests/test_stragglers.py), 69-79 %.
 STARVED = 0.05
 
 
