@@ -13,9 +13,10 @@ that no count of samples tells from a slow rank's. Its return from a collective 
 and the others, already working, look like the ones it waits for. Each answer carries its main
 thread's time on the run queue (`slurmrun.stacks.sched`): a rank that spent a clearly larger
 share of the time between its answers there than a typical rank (`STARVED`) is starved of CPU,
-and is left out of that sample and of the one before (its wait shows only once it ran again),
-as if it were not in the run. A rank that sleeps or waits for I/O is not on the run queue: it
-still counts. So each sample is judged once the next one is in; until then, provisionally.
+and is left out of every sample since its wait may have begun, as if it were not in the run.
+An answer counts a wait once it ended, a second or more later for a rank that shares its core
+with busy processes: so a sample is judged provisionally for `HOLD` s, then for good. A rank
+that sleeps or waits for I/O is not on the run queue: it still counts.
 
 Pure: samples in, findings out (the caller emits, warns and writes them).
 """
@@ -25,13 +26,14 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, deque
-from dataclasses import dataclass
+from collections.abc import Set
+from dataclasses import dataclass, field
 
 from slurmrun.stacks.classify import Activity, activity, hot_frame
 from slurmrun.stacks.report import RankStacks, StackReport, StackSource, where
 from slurmrun.stacks.sched import Sched
 
-__all__ = ["SCORE", "STARVED", "WINDOW", "Found", "StragglerJudge"]
+__all__ = ["HOLD", "SCORE", "STARVED", "WINDOW", "Found", "StragglerJudge"]
 
 WINDOW = 15.0  # seconds of samples judged together
 SCORE = 0.15  # the least score of a straggler
@@ -49,6 +51,9 @@ _HOT_FRAMES = 3
 # slower, in the samples where it held the others back, under 2 % in 9 of 10; a balanced
 # rank that shares its core with busy processes (tests/test_stragglers.py), 69-79 %.
 STARVED = 0.05
+# How long a sample stays open to a rank's wait for a CPU: an answer counts a wait once it
+# ended, and a rank may wait for a second or more (a core shared with busy processes).
+HOLD = 2.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +77,22 @@ class _Sample:
     hot: dict[int, str]  # where each of those was
 
 
+@dataclass
+class _Open:
+    """A sample that a starved rank's wait, reported late, may still change."""
+
+    when: float
+    report: StackReport
+    doing: dict[int, Activity]  # what each rank did
+    starved: set[int] = field(default_factory=set)
+    judged: _Sample | None = None  # for `starved` as it is now
+
+    def judge(self) -> _Sample:
+        if self.judged is None:
+            self.judged = _lone_workers(self.report, self.doing, self.when, self.starved)
+        return self.judged
+
+
 class StragglerJudge:
     """Judges the samples of one run (see the module's docstring).
 
@@ -87,28 +108,29 @@ class StragglerJudge:
         self._ranks: dict[int, str] = {}  # every rank seen, and its host
         self._reported: dict[int, float] = {}  # when each rank was last reported
         self._sched: dict[int, tuple[float, Sched]] = {}  # each rank's last figures, and when
-        # The last sample, judged once the next one is in: its time, stacks, what each rank
-        # did, and the ranks starved then.
-        self._last: tuple[float, StackReport, dict[int, Activity], frozenset[int]] | None = None
+        self._open: deque[_Open] = deque()  # the last `HOLD` s of samples, judged provisionally
         self.lone: frozenset[int] = frozenset()  # the last sample's ranks that held others back
         # Whether some rank's score so far is at least half a straggler's: sample more often.
         self.suspect = False
 
     def add(self, report: StackReport, now: float) -> list[Found]:
         """Takes one sample (every rank's stacks at `now`); returns the stragglers found."""
-        starved = self._starved(report, now)
-        if self._last is not None:
-            when, last, did, starved_then = self._last
-            self._samples.append(_lone_workers(last, did, when, starved_then | starved))
         doing = {stacks.rank: _doing(stacks) for stacks in report.ranks}
-        self._last = (now, report, doing, starved)
-        sample = _lone_workers(report, doing, now, starved)  # provisional: see the docstring
-        self.lone = sample.lone
+        self._open.append(_Open(now, report, doing))
+        for rank, since in self._starved(report, now).items():
+            for one in self._open:
+                if one.when >= since and rank not in one.starved:
+                    one.starved.add(rank)
+                    one.judged = None
+        while self._open and self._open[0].when < now - HOLD:
+            self._samples.append(self._open.popleft().judge())
+        open_ = [one.judge() for one in self._open]
+        self.lone = open_[-1].lone
         for stacks in report.ranks:
             self._ranks[stacks.rank] = stacks.host
         while self._samples and self._samples[0].when < now - self.window:
             self._samples.popleft()
-        samples = [*self._samples, sample]
+        samples = [*self._samples, *open_]
         if len(self._ranks) < 2:
             return []
         counts = Counter(rank for one in samples for rank in one.lone)
@@ -144,25 +166,31 @@ class StragglerJudge:
             )
         return found
 
-    def _starved(self, report: StackReport, now: float) -> frozenset[int]:
-        """The ranks of `report` starved of CPU since their last answer (`STARVED`)."""
+    def _starved(self, report: StackReport, now: float) -> dict[int, float]:
+        """The ranks of `report` starved of CPU since their last answer (`STARVED`).
+
+        Each with the earliest time its wait may have begun: an answer counts a wait once it
+        ended, so the wait may have begun before the rank's last answer.
+        """
         queued: dict[int, float] = {}  # each rank's share of the time on the run queue
+        since: dict[int, float] = {}
         for stacks in report.ranks:
             if stacks.sched is None:
                 continue
             last = self._sched.get(stacks.rank)
             self._sched[stacks.rank] = (now, stacks.sched)
             if last is not None and now > last[0]:
-                waited = stacks.sched.queued_ns - last[1].queued_ns
-                queued[stacks.rank] = max(0, waited) / 1e9 / (now - last[0])
+                waited = max(0, stacks.sched.queued_ns - last[1].queued_ns) / 1e9
+                queued[stacks.rank] = waited / (now - last[0])
+                since[stacks.rank] = last[0] - waited
         if len(queued) < 2:
-            return frozenset()
+            return {}
         ordered = sorted(queued.values())
-        return frozenset(  # a clearly larger share than the median of the others'
-            rank
+        return {  # a clearly larger share than the median of the others'
+            rank: since[rank]
             for rank, share in queued.items()
             if share > STARVED and share - _others_median(ordered, share) > STARVED
-        )
+        }
 
 
 def _z(score: float, share: float, samples: int) -> float:
@@ -202,7 +230,7 @@ def _doing(stacks: RankStacks) -> Activity:
 
 
 def _lone_workers(
-    report: StackReport, doing: dict[int, Activity], now: float, starved: frozenset[int]
+    report: StackReport, doing: dict[int, Activity], now: float, starved: Set[int]
 ) -> _Sample:
     """The ranks of a sample that work while most of the others wait, and where each is.
 
