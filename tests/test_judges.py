@@ -131,33 +131,44 @@ def test_a_rank_starved_of_cpu_in_bursts_and_the_ranks_it_keeps_waiting_are_not_
     assert found == []
 
 
-def _long_waits(seconds: float) -> list[tuple[float, StackReport]]:
-    """Four samples a second of 2 balanced ranks; rank 1 is descheduled in bursts (5 s in every
-    10) for 1.25 s at a time, in which it seems to work while rank 0 waits for it. An answer
-    counts a wait once it ended: rank 1's show each wait at once, in the answer after it."""
+def _long_waits(seconds: float, wait: int) -> list[tuple[float, StackReport]]:
+    """Four samples a second of 2 balanced ranks; in bursts (from every 10th second on, for
+    5 s) rank 1 waits for a CPU for `wait` samples at a time, in which it seems to work (it
+    does not run: its CPU time stands still) while rank 0 waits for it. An answer counts a wait
+    once it ended: rank 1's show each wait at once, in the answer after it ran again."""
     rng = random.Random(5)
-    queued = [0, 0]
+    cpu, queued = [0, 0], [0, 0]
+    stuck_from: float | None = None  # when rank 1's wait began
     samples = []
     for i in range(int(seconds * 4)):
         now = i / 4
-        queued[0] += rng.randrange(0, 10_000_000)
-        queued[1] += rng.randrange(0, 10_000_000)
         waiting = {0: False, 1: False}
-        if now % 10 < 5 and i % 6 == 5:
-            queued[1] += rng.randrange(1_200_000_000, 1_300_000_000)  # it ran again
-        elif now % 10 < 5 and rng.random() < 0.8:
-            waiting = {0: True, 1: False}
-        elif rng.random() < 0.06:  # balanced jitter
+        cpu[0] += 1_000_000
+        queued[0] += rng.randrange(0, 10_000_000)
+        if stuck_from is not None and now - stuck_from >= wait / 4:  # it ran again
+            queued[1] += int((now - stuck_from) * 1e9) - rng.randrange(0, 50_000_000)
+            cpu[1] += 1_000_000
+            stuck_from = None
+        elif stuck_from is None and now % 10 < 5:
+            stuck_from = now
+        if stuck_from is not None:
+            waiting[0] = rng.random() < 0.8
+        elif cpu[1] and rng.random() < 0.06:  # balanced jitter
             waiting = {0: rng.random() < 0.5, 1: False}
             waiting[1] = not waiting[0]
-        ranks = tuple(_stacks(r, waiting[r], sched=Sched(i * 1_000_000, queued[r])) for r in (0, 1))
+        if stuck_from is None:
+            cpu[1] += 1_000_000
+            queued[1] += rng.randrange(0, 10_000_000)
+        ranks = tuple(_stacks(r, waiting[r], sched=Sched(cpu[r], queued[r])) for r in (0, 1))
         samples.append((now, StackReport(ranks, "sampled", 0.0)))
     return samples
 
 
 def test_a_rank_whose_long_waits_for_a_cpu_show_late_in_its_answers_is_not_named() -> None:
-    judge = StragglerJudge(window=15.0)
-    assert [f for now, report in _long_waits(300) for f in judge.add(report, now)] == []
+    for wait in (5, 12):  # 1.25 s, 3 s (a sample stays open 5 s)
+        judge = StragglerJudge(window=15.0)
+        found = [f for now, report in _long_waits(300, wait) for f in judge.add(report, now)]
+        assert found == [], wait
 
 
 def test_a_slow_rank_on_a_busy_machine_is_found_beside_a_starved_one() -> None:

@@ -14,9 +14,10 @@ and the others, already working, look like the ones it waits for. Each answer ca
 thread's time on the run queue (`slurmrun.stacks.sched`): a rank that spent a clearly larger
 share of the time between its answers there than a typical rank (`STARVED`) is starved of CPU,
 and is left out of every sample since its wait may have begun, as if it were not in the run.
-An answer counts a wait once it ended, a second or more later for a rank that shares its core
-with busy processes: so a sample is judged provisionally for `HOLD` s, then for good. A rank
-that sleeps or waits for I/O is not on the run queue: it still counts.
+An answer counts a wait once it ended, seconds later for a rank that shares its core with busy
+processes: so a sample stays open for `HOLD` s, and until a rank that held the others back in
+it is seen on a CPU since (its answers' CPU time grew), that sample does not count against it.
+A rank that sleeps or waits for I/O is not on the run queue: it still counts.
 
 Pure: samples in, findings out (the caller emits, warns and writes them).
 """
@@ -53,7 +54,7 @@ _HOT_FRAMES = 3
 STARVED = 0.05
 # How long a sample stays open to a rank's wait for a CPU: an answer counts a wait once it
 # ended, and a rank may wait for a second or more (a core shared with busy processes).
-HOLD = 2.0
+HOLD = 5.0
 
 
 @dataclass(frozen=True)
@@ -82,15 +83,26 @@ class _Open:
     """A sample that a starved rank's wait, reported late, may still change."""
 
     when: float
-    report: StackReport
     doing: dict[int, Activity]  # what each rank did
+    hot: dict[int, str]  # where each working rank was, if any rank waited
+    cpu: dict[int, int]  # each working rank's CPU time then (where known)
     starved: set[int] = field(default_factory=set)
+    ran: set[int] = field(default_factory=set)  # working ranks seen on a CPU since
     judged: _Sample | None = None  # for `starved` as it is now
 
     def judge(self) -> _Sample:
         if self.judged is None:
-            self.judged = _lone_workers(self.report, self.doing, self.when, self.starved)
+            self.judged = _lone_workers(self.doing, self.hot, self.when, self.starved)
         return self.judged
+
+    def settled(self) -> _Sample:
+        """`judge()`, less the ranks whose wait, if any, may not be counted yet.
+
+        Those not seen on a CPU since: an answer counts a wait once it ended.
+        """
+        sample = self.judge()
+        lone = frozenset(r for r in sample.lone if r in self.ran or r not in self.cpu)
+        return sample if lone == sample.lone else _Sample(sample.when, lone, sample.hot)
 
 
 class StragglerJudge:
@@ -116,7 +128,11 @@ class StragglerJudge:
     def add(self, report: StackReport, now: float) -> list[Found]:
         """Takes one sample (every rank's stacks at `now`); returns the stragglers found."""
         doing = {stacks.rank: _doing(stacks) for stacks in report.ranks}
-        self._open.append(_Open(now, report, doing))
+        cpu = {s.rank: s.sched.cpu_ns for s in report.ranks if s.sched is not None}
+        for one in self._open:
+            one.ran.update(r for r, then in one.cpu.items() if cpu.get(r, then) > then)
+        hot = _where_working(report, doing)
+        self._open.append(_Open(now, doing, hot, {r: cpu[r] for r in hot if r in cpu}))
         for rank, since in self._starved(report, now).items():
             for one in self._open:
                 if one.when >= since and rank not in one.starved:
@@ -124,8 +140,8 @@ class StragglerJudge:
                     one.judged = None
         while self._open and self._open[0].when < now - HOLD:
             self._samples.append(self._open.popleft().judge())
-        open_ = [one.judge() for one in self._open]
-        self.lone = open_[-1].lone
+        self.lone = self._open[-1].judge().lone
+        open_ = [one.settled() for one in self._open]
         for stacks in report.ranks:
             self._ranks[stacks.rank] = stacks.host
         while self._samples and self._samples[0].when < now - self.window:
@@ -229,13 +245,29 @@ def _doing(stacks: RankStacks) -> Activity:
     return Activity.WORKING if stacks.source is StackSource.SILENT else activity(stacks)
 
 
+def _where_working(report: StackReport, doing: dict[int, Activity]) -> dict[int, str]:
+    """Where each working rank of `report` is, if any rank waits (else none can hold it back)."""
+    if Activity.WAITING not in doing.values():
+        return {}
+    hot: dict[int, str] = {}
+    for stacks in report.ranks:
+        if doing[stacks.rank] is not Activity.WORKING:
+            continue
+        frame = hot_frame(stacks)
+        if stacks.source is StackSource.SILENT:
+            hot[stacks.rank] = "no answer (C code holding the GIL)"
+        else:
+            hot[stacks.rank] = where(frame) if frame is not None else "no Python frame"
+    return hot
+
+
 def _lone_workers(
-    report: StackReport, doing: dict[int, Activity], now: float, starved: Set[int]
+    doing: dict[int, Activity], hot: dict[int, str], now: float, starved: Set[int]
 ) -> _Sample:
     """The ranks of a sample that work while most of the others wait, and where each is.
 
-    `doing`: what each rank of `report` does. The `starved` ranks are left out, as if they were
-    not in the run.
+    `doing`: what each rank does; `hot`: where each working one is. The `starved` ranks are
+    left out, as if they were not in the run.
     """
     known = [
         r
@@ -246,16 +278,7 @@ def _lone_workers(
     others = len(known) - 1  # of a working rank
     if others < 1 or 2 * (len(known) - len(working)) <= others:  # most of the others wait
         return _Sample(now, frozenset(), {})
-    hot: dict[int, str] = {}
-    for stacks in report.ranks:
-        if stacks.rank not in working:
-            continue
-        frame = hot_frame(stacks)
-        if stacks.source is StackSource.SILENT:
-            hot[stacks.rank] = "no answer (C code holding the GIL)"
-        else:
-            hot[stacks.rank] = where(frame) if frame is not None else "no Python frame"
-    return _Sample(now, frozenset(working), hot)
+    return _Sample(now, frozenset(working), {r: hot[r] for r in working})
 
 
 def _hot_frames(samples: list[_Sample], rank: int) -> tuple[str, ...]:
