@@ -379,6 +379,11 @@ class Stacks(Message):
     # the last collective it recorded ("gloo:all_reduce #12"); "": none.
     recorder: str = ""
     recorder_last: str = ""
+    # The worker's main thread, since it began (`slurmrun.stacks.sched`): nanoseconds on a CPU,
+    # and runnable but waiting for one; -1: unknown. The straggler judge tells a rank that
+    # works longer from one that got less of a busy CPU by them.
+    cpu_ns: int = -1
+    queued_ns: int = -1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "note", clip(self.note, 1000))

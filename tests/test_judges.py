@@ -8,17 +8,26 @@ from slurmrun.errors import HangError
 from slurmrun.launcher.hangs import AUTO_FACTOR, AUTO_FLOOR, HangJudge
 from slurmrun.launcher.stragglers import StragglerJudge
 from slurmrun.stacks.report import Frame, RankStacks, StackReport, StackSource, ThreadStack
+from slurmrun.stacks.sched import Sched
 
 TRAIN = "/work/train.py"
 C10D = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
 
 
-def _stacks(rank: int, waiting: bool, line: int = 10, progress: int | None = None) -> RankStacks:
+def _stacks(
+    rank: int,
+    waiting: bool,
+    line: int = 10,
+    progress: int | None = None,
+    sched: Sched | None = None,
+) -> RankStacks:
     frames = [Frame(TRAIN, 100, "main"), Frame(TRAIN, line, "step")]
     if waiting:
         frames.append(Frame(C10D, 2810, "all_reduce"))
     thread = ThreadStack("MainThread", tuple(frames))
-    return RankStacks(rank, f"node{rank}", 0, (thread,), StackSource.PYTHON, progress=progress)
+    return RankStacks(
+        rank, f"node{rank}", 0, (thread,), StackSource.PYTHON, progress=progress, sched=sched
+    )
 
 
 def _sample(waiting: dict[int, bool], **kw: int | None) -> StackReport:
@@ -65,6 +74,112 @@ def test_nothing_is_judged_before_the_window_is_mostly_filled() -> None:
     slow = _sample({0: True, 1: False})
     assert all(judge.add(slow, i / 4) == [] for i in range(40))  # 10 s: not yet
     assert [f.rank for f in judge.add(slow, 12.0)] == [1]
+
+
+def _busy_machine(
+    ranks: int, seconds: float, lone: dict[int, float], starved: int | None = None
+) -> list[tuple[float, StackReport]]:
+    """Four samples a second of balanced ranks on a busy machine, with their scheduler figures.
+
+    Every rank waits for a CPU now and then (0-4 % of the time). Rank `lone[r]` works while the
+    others wait in that share of the samples. Rank `starved` (if any) is descheduled in bursts
+    (5 s in every 10): then it waits for a CPU 20-40 % of the time, most of it right after a
+    sample that found it working (its wait shows in the next answer), and the others are found
+    working while it waits in the collective that it has not returned from yet in 10 %.
+    """
+    rng = random.Random(11)
+    cpu = dict.fromkeys(range(ranks), 0)
+    queued = dict.fromkeys(range(ranks), 0)
+    owed = 0  # run-queue time of `starved` that shows in its next answer
+    samples = []
+    for i in range(int(seconds * 4)):
+        now = i / 4
+        burst = starved is not None and now % 10 < 5
+        for r in range(ranks):
+            cpu[r] += rng.randrange(1_000_000, 3_000_000)
+            queued[r] += rng.randrange(0, 10_000_000)  # 0-4 % of 0.25 s
+        if burst and starved is not None:
+            queued[starved] += owed + rng.randrange(20_000_000, 40_000_000)
+            owed = 0
+        waiting = dict.fromkeys(range(ranks), False)
+        draw = rng.random()
+        for r, share in lone.items():
+            if draw < share:
+                waiting = {o: o != r for o in range(ranks)}
+                break
+            draw -= share
+        else:
+            if burst and starved is not None and draw < 0.45:
+                waiting = {o: o != starved for o in range(ranks)}
+                owed = rng.randrange(40_000_000, 60_000_000)
+            elif burst and draw < 0.55:  # the others work, `starved` still in the collective
+                waiting = {o: o == starved for o in range(ranks)}
+        report = StackReport(
+            tuple(_stacks(r, w, sched=Sched(cpu[r], queued[r])) for r, w in waiting.items()),
+            "sampled",
+            0.0,
+        )
+        samples.append((now, report))
+    return samples
+
+
+def test_a_rank_starved_of_cpu_in_bursts_and_the_ranks_it_keeps_waiting_are_not_named() -> None:
+    judge = StragglerJudge(window=15.0)
+    found = [
+        f for now, report in _busy_machine(2, 300, {}, starved=1) for f in judge.add(report, now)
+    ]
+    assert found == []
+
+
+def _long_waits(seconds: float, wait: int) -> list[tuple[float, StackReport]]:
+    """Four samples a second of 2 balanced ranks; in bursts (from every 10th second on, for
+    5 s) rank 1 waits for a CPU for `wait` samples at a time, in which it seems to work (it
+    does not run: its CPU time stands still) while rank 0 waits for it. An answer counts a wait
+    once it ended: rank 1's show each wait at once, in the answer after it ran again."""
+    rng = random.Random(5)
+    cpu, queued = [0, 0], [0, 0]
+    stuck_from: float | None = None  # when rank 1's wait began
+    samples = []
+    for i in range(int(seconds * 4)):
+        now = i / 4
+        waiting = {0: False, 1: False}
+        cpu[0] += 1_000_000
+        queued[0] += rng.randrange(0, 10_000_000)
+        if stuck_from is not None and now - stuck_from >= wait / 4:  # it ran again
+            queued[1] += int((now - stuck_from) * 1e9) - rng.randrange(0, 50_000_000)
+            cpu[1] += 1_000_000
+            stuck_from = None
+        elif stuck_from is None and now % 10 < 5:
+            stuck_from = now
+        if stuck_from is not None:
+            waiting[0] = rng.random() < 0.8
+        elif cpu[1] and rng.random() < 0.06:  # balanced jitter
+            waiting = {0: rng.random() < 0.5, 1: False}
+            waiting[1] = not waiting[0]
+        if stuck_from is None:
+            cpu[1] += 1_000_000
+            queued[1] += rng.randrange(0, 10_000_000)
+        ranks = tuple(_stacks(r, waiting[r], sched=Sched(cpu[r], queued[r])) for r in (0, 1))
+        samples.append((now, StackReport(ranks, "sampled", 0.0)))
+    return samples
+
+
+def test_a_rank_whose_long_waits_for_a_cpu_show_late_in_its_answers_is_not_named() -> None:
+    for wait in (5, 12):  # 1.25 s, 3 s (a sample stays open 5 s)
+        judge = StragglerJudge(window=15.0)
+        found = [f for now, report in _long_waits(300, wait) for f in judge.add(report, now)]
+        assert found == [], wait
+
+
+def test_a_slow_rank_on_a_busy_machine_is_found_beside_a_starved_one() -> None:
+    judge = StragglerJudge(window=15.0)
+    found = [
+        (now, f)
+        for now, report in _busy_machine(4, 20, {2: 0.25}, starved=1)
+        for f in judge.add(report, now)
+    ]
+    assert [f.rank for _, f in found] == [2]
+    assert found[0][0] < 16.0
 
 
 def _first_hang(

@@ -68,7 +68,7 @@ def _run_steps(
         workers_per_host=2,
         backend="gloo",
         on_event=on_event,
-        **{"stragglers": True, **options},  # type: ignore[arg-type]
+        **options,  # type: ignore[arg-type]
     )
     started = next(e.time for e in events if e.kind == "workers_started")
     return events, started
@@ -100,6 +100,61 @@ def test_balanced_ranks_are_never_named_stragglers(tmp_path: Path) -> None:
     assert not list((tmp_path / "logs").glob("*/stragglers/*"))
 
 
+# A busy process on one core, until its parent (a worker) is gone.
+BUSY = """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+while os.getppid() == int(sys.argv[2]):
+    pass
+"""
+
+
+def starved_steps(step: float, seconds: float, stop: str) -> float:
+    """Balanced `steps`, but rank 1's main thread shares a core with two busy processes, at
+    the lowest priority (SCHED_IDLE): after each sleep it waits for the CPU, as a rank on a
+    busy node does. Returns the share of the time its main thread spent on the run queue."""
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    if dist.get_rank() != 1:
+        steps(step, -1, 1.0, seconds, stop)
+        return 0.0
+    cpu = max(os.sched_getaffinity(0))
+    busy = [
+        subprocess.Popen([sys.executable, "-c", BUSY, str(cpu), str(os.getpid())]) for _ in range(2)
+    ]
+    try:
+        os.sched_setaffinity(0, {cpu})  # this thread only: the inbox thread still answers
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        began, queued = time.monotonic(), _queued()
+        steps(step, -1, 1.0, seconds, stop)
+        return (_queued() - queued) / (time.monotonic() - began)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+
+
+def _queued() -> float:
+    """Seconds this thread spent on the run queue (Linux's schedstat)."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat", encoding="ascii") as f:
+        return int(f.read().split()[1]) / 1e9
+
+
+def test_a_rank_that_waits_for_a_busy_cpu_is_not_named_a_straggler(tmp_path: Path) -> None:
+    events: list[Event] = []
+    result = slurmrun.launch(
+        starved_steps, (0.1, 20.0, str(tmp_path / "stop")), workers_per_host=2,
+        backend="gloo", on_event=events.append,
+    )  # fmt: skip
+    starved = result.rank(1)
+    assert starved >= 0.05, starved  # it did wait for the CPU, a while after each sleep
+    assert not [e for e in events if isinstance(e, Straggler)], starved
+    print(f"rank 1 waited for a CPU {starved:.0%} of the time; not named")
+
+
 def answers_for(seconds: float) -> int:
     """How many stacks requests this worker answered in `seconds` (its inbox's answers)."""
     from slurmrun.node import inbox
@@ -117,16 +172,22 @@ def answers_for(seconds: float) -> int:
     return len(answered)
 
 
-def test_sampling_is_off_by_default_once_a_second_for_a_calm_hang_timeout_alone() -> None:
-    assert slurmrun.launch(answers_for, (3.0,), workers_per_host=2, backend=None).rank(0) == 0
+def test_sampling_is_on_by_default_off_for_one_rank_once_a_second_for_a_hang_timeout_alone() -> (
+    None
+):
+    judged = slurmrun.launch(answers_for, (2.0,), workers_per_host=2, backend=None).values()
+    assert all(n >= 6 for n in judged), judged  # stragglers, by default: four times a second
+    alone = slurmrun.launch(answers_for, (2.0,), workers_per_host=1, backend=None).rank(0)
+    assert alone == 0  # one rank is no one's straggler
+    off = slurmrun.launch(
+        answers_for, (2.0,), workers_per_host=2, backend=None, stragglers=False
+    ).values()
+    assert off == [0, 0], off
     sampled = slurmrun.launch(
-        answers_for, (4.0,), workers_per_host=2, backend=None, hang_timeout=600.0
-    ).values()
+        answers_for, (4.0,), workers_per_host=2, backend=None, stragglers=False,
+        hang_timeout=600.0,
+    ).values()  # fmt: skip
     assert all(3 <= n <= 5 for n in sampled), sampled  # calm: once a second, not four times
-    judged = slurmrun.launch(
-        answers_for, (2.0,), workers_per_host=2, backend=None, stragglers=True
-    ).values()
-    assert all(n >= 6 for n in judged), judged  # stragglers: four times a second
 
 
 def hold_the_gil_while_sampled(dumped: str) -> str:
@@ -146,7 +207,7 @@ def hold_the_gil_while_sampled(dumped: str) -> str:
 def test_a_sample_never_dumps_a_worker_that_holds_the_gil(tmp_path: Path) -> None:
     dumped = slurmrun.launch(
         hold_the_gil_while_sampled, (str(tmp_path / "dump"),), workers_per_host=1,
-        backend=None, stragglers=True,
+        backend=None, hang_timeout="auto",  # one rank: sampled four times a second for this
     ).rank(0)  # fmt: skip
     assert dumped == "", dumped  # the stacks signal never came: no faulthandler dump
 

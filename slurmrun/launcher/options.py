@@ -143,12 +143,12 @@ class Options:
     (the default): never, as runs are often silent for long on purpose; set it a little above
     your longest quiet stretch."""
 
-    stragglers: bool = False
-    """True: samples every rank's Python stack four times a second while a run goes on (its
-    cost: docs/stuck.md) to find the rank that works while the others wait for it in a
-    collective: a warning naming the rank, its node and where it works, a
-    `slurmrun.events.Straggler` event, and a report in the log directory. False (the default,
-    while balanced ranks on busy cores can still be named: docs/stuck.md): no sampling (unless
+    stragglers: bool = True
+    """True (the default): samples every rank's Python stack four times a second while a run
+    of 2 ranks or more goes on (under 0.5 % of a rank's time: docs/stuck.md) to find the rank
+    that works while the others wait for it in a collective: a warning naming the rank, its
+    node and where it works, a `slurmrun.events.Straggler` event, and a report in the log
+    directory. A rank that waits for a busy CPU is not named. False: no sampling (unless
     `hang_timeout` is set)."""
 
     hang_timeout: float | Literal["auto"] | None = None

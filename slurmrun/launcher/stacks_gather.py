@@ -25,6 +25,7 @@ from slurmrun.stacks.report import (
     parse_capture,
     parse_faulthandler,
 )
+from slurmrun.stacks.sched import Sched
 
 __all__ = ["ANSWER_WAIT", "Gather"]
 
@@ -99,7 +100,7 @@ class Gather:
         recorder = (str(answer.recorder), str(answer.recorder_last))
         self._add(
             node_rank, answer.local_rank, threads, source, note, progress if known else None,
-            recorder,
+            recorder, _sched(answer),
         )  # fmt: skip
 
     def complete(self, now: float) -> bool:
@@ -133,6 +134,7 @@ class Gather:
         note: str,
         progress: int | None = None,
         recorder: tuple[str, str] = ("", ""),
+        sched: Sched | None = None,
     ) -> None:
         key = (node_rank, local_rank)
         if key in self.got:
@@ -148,8 +150,17 @@ class Gather:
             progress=progress,
             recorder=recorder[0],
             recorder_last=recorder[1],
+            sched=sched,
         )
         self._left -= 1
+
+
+def _sched(answer: protocol.Stacks) -> Sched | None:
+    """The answer's scheduler figures (from the network: two ints >= 0), or None: unknown."""
+    cpu, queued = answer.cpu_ns, answer.queued_ns
+    if type(cpu) is int and type(queued) is int and cpu >= 0 and queued >= 0:
+        return Sched(cpu, queued)
+    return None
 
 
 def _threads(

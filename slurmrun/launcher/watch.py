@@ -126,7 +126,9 @@ class RunWatch:
         self.run = run
         self.last_word = math.inf
         watching = self.watching
-        if watching.stragglers or watching.hang_timeout is not None:
+        # One rank is no one's straggler: it is not sampled for that.
+        stragglers = watching.stragglers and sum(s.workers for s in self.shares.values()) > 1
+        if stragglers or watching.hang_timeout is not None:
             from slurmrun.launcher.sampling import Sampling  # noqa: PLC0415 - only when on
 
             self.sampling = Sampling(
@@ -134,7 +136,7 @@ class RunWatch:
                 self.shares,
                 self.labels,
                 self.pool,
-                stragglers=watching.stragglers,
+                stragglers=stragglers,
                 hang_timeout=watching.hang_timeout,
                 trace=self.trace,
                 log_dir=self.log_dir,

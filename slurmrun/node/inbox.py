@@ -114,6 +114,7 @@ def _progress() -> int:
 
 def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
     from slurmrun.stacks import report  # noqa: PLC0415 - when first asked: a run that never is pays nothing
+    from slurmrun.stacks.sched import main_thread_sched  # noqa: PLC0415 - as report
 
     try:
         body = report.capture(skip={threading.get_ident()})
@@ -122,6 +123,7 @@ def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
         body = b""
     else:
         recorder, last = "", ""
+        sched = main_thread_sched()
         if ask.purpose == protocol.StacksPurpose.HANG.value:
             from slurmrun.node.recorder import dump_flight_recorder  # noqa: PLC0415 - a hang's
 
@@ -132,6 +134,8 @@ def _answer(conn: Connection, ask: protocol.AskStacks) -> None:
             progress=_progress(),
             recorder=recorder,
             recorder_last=last,
+            cpu_ns=sched.cpu_ns if sched else -1,
+            queued_ns=sched.queued_ns if sched else -1,
         )
     with contextlib.suppress(OSError):  # the agent is gone: STOP or the close ends us
         conn.send(answer.header(), body)

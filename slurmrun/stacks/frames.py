@@ -11,6 +11,8 @@ import os
 import threading
 from dataclasses import dataclass
 
+from slurmrun.stacks.sched import Sched
+
 __all__ = [
     "NOT_STDLIB",
     "OURS",
@@ -75,6 +77,7 @@ class RankStacks:
     progress: int | None = None  # collectives begun (`slurmrun.protocol.Stacks`); None: unknown
     recorder: str = ""  # a hang's report: the rank's flight recorder dump ("": none)
     recorder_last: str = ""  # the last collective it recorded, in words
+    sched: Sched | None = None  # its main thread's CPU and run-queue time so far; None: unknown
 
 
 def is_ours(filename: str) -> bool:
