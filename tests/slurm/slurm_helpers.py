@@ -77,3 +77,20 @@ def wait_for(
                 message += f"\n--- job output\n{output()}"
             pytest.fail(message)
         time.sleep(every)
+
+
+# The end of a driver script run in an allocation (it has `os`, `subprocess`, `time` and
+# `emit`): waits, 60 s at most, until the job's agents' steps have ended (the agents' step
+# ends long before the heartbeat timeout), and emits the steps left (``STEPS_LEFT``).
+EMIT_STEPS_LEFT = """
+job = os.environ["SLURM_JOB_ID"]
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"],
+                           capture_output=True, text=True).stdout.split()
+    left = [s for s in steps if s.split(".")[-1].isdigit()]
+    if not left:
+        break
+    time.sleep(0.2)
+emit("STEPS_LEFT", left)
+"""

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import slurmrun
+from tests.slurm.slurm_helpers import EMIT_STEPS_LEFT
 
 REPO = str(Path(slurmrun.__file__).parents[1])
 
@@ -79,17 +80,8 @@ line = child.stdout.readline()
 print(line, flush=True)
 child.kill()
 child.wait()
-job = os.environ["SLURM_JOB_ID"]
-deadline = time.monotonic() + 60  # the agents' step ends long before the heartbeat timeout
-while time.monotonic() < deadline:
-    steps = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"],
-                           capture_output=True, text=True).stdout.split()
-    left = [s for s in steps if s.split(".")[-1].isdigit()]
-    if not left:
-        break
-    time.sleep(0.2)
-emit("STEPS_LEFT", left)
-""",
+"""
+        + EMIT_STEPS_LEFT,
         timeout=180,
         env={"PYTHONPATH": REPO},
     )
