@@ -35,9 +35,11 @@ __all__ = [
     "ArgsLine",
     "Sweep",
     "item_status",
+    "positive_seconds",
     "read_args_file",
     "read_sweep",
     "run_map_command",
+    "whole_number",
 ]
 
 # The status of an item past its timeout, as timeout(1) exits.
@@ -104,20 +106,44 @@ def _whole(given: dict[str, str], name: str, default: int, *, least: int) -> int
     text = given.get(name)
     if text is None:
         return default
-    if not text.strip().isdigit() or int(text) < least:
-        raise UsageError(f"{name}: {text!r} is not a whole number of at least {least}")
-    return int(text)
+    try:
+        return whole_number(text, least)
+    except ValueError as e:
+        raise UsageError(f"{name}: {e}") from None
 
 
 def _seconds(text: str | None) -> float | None:
     if text is None:
         return None
     try:
+        return positive_seconds(text)
+    except ValueError as e:
+        raise UsageError(f"--item-timeout: {e}") from None
+
+
+def whole_number(text: str, least: int) -> int:
+    """A map option's count (``--retries``, ``--workers-per-item``): at least `least`.
+
+    Raises:
+        ValueError: `text` is not one; the message says so.
+    """
+    if not text.strip().isdigit() or int(text) < least:
+        raise ValueError(f"{text!r} is not a whole number of at least {least}")
+    return int(text)
+
+
+def positive_seconds(text: str) -> float:
+    """``--item-timeout``'s seconds: a finite number above 0.
+
+    Raises:
+        ValueError: `text` is not one; the message says so.
+    """
+    try:
         seconds = float(text)
     except ValueError:
         seconds = float("nan")
     if not 0 < seconds < float("inf"):
-        raise UsageError(f"--item-timeout: give a number of seconds above 0, not {text!r}")
+        raise ValueError(f"give a number of seconds above 0, not {text!r}")
     return seconds
 
 

@@ -164,19 +164,21 @@ def _submit_parser() -> tuple[argparse.ArgumentParser, dict[str, bool]]:
 
 
 def _whole(text: str) -> int:
-    if not text.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"must be a whole number (0 or more), got {text!r}")
-    return int(text)
+    from slurmrun.cli.map_command import whole_number  # noqa: PLC0415
+
+    try:
+        return whole_number(text, 0)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _seconds(text: str) -> float:
+    from slurmrun.cli.map_command import positive_seconds  # noqa: PLC0415
+
     try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
-    return seconds
+        return positive_seconds(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _sbatch_option(text: str) -> tuple[str, str | bool]:
