@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from slurmrun.batch.folder import JobFolder, base_folder
-from slurmrun.batch.map_done import FOLDER as DONE_FOLDER
+from slurmrun.batch.map_done import kept_count
 from slurmrun.batch.seal import Sealed, job_key, read_sealed
 from slurmrun.logs import tail_file
 from slurmrun.result import LaunchResult
@@ -251,8 +251,7 @@ class SubmittedMap(SubmittedJob, Generic[T]):
         """
         self.files.check()
         items = self.files.meta().get("items")
-        done = self.files.path / DONE_FOLDER
-        count = sum(1 for _ in done.glob("*_value.pkl")) if done.is_dir() else 0
+        count = kept_count(self.files.path)
         return count, items if isinstance(items, int) else count
 
 

@@ -18,9 +18,10 @@ from slurmrun.batch.seal import read_sealed, write_sealed
 from slurmrun.errors import JobFolderTamperedError
 from slurmrun.pickling import dumps_inband, loads
 
-__all__ = ["FOLDER", "DoneItems"]
+__all__ = ["FOLDER", "DoneItems", "kept_count"]
 
 FOLDER = "items_done"
+_SUFFIX = "_value.pkl"  # <index>_value.pkl
 
 
 class DoneItems:
@@ -38,7 +39,7 @@ class DoneItems:
         self._nonce = nonce
 
     def _path(self, index: int) -> Path:
-        return self.folder / f"{index}_value.pkl"
+        return self.folder / f"{index}{_SUFFIX}"
 
     def read(self, count: int) -> dict[int, Any]:
         """The values of items ``0..count-1`` that a run of this submission finished.
@@ -69,3 +70,9 @@ class DoneItems:
         self.folder.mkdir(mode=0o700, exist_ok=True)
         payload = dumps_inband((index, value))
         write_sealed(self._path(index), payload, key=self._key, nonce=self._nonce)
+
+
+def kept_count(job_dir: str | os.PathLike[str]) -> int:
+    """How many items' values the job's runs kept so far (files counted, none read)."""
+    folder = Path(job_dir, FOLDER)
+    return sum(1 for _ in folder.glob(f"*{_SUFFIX}")) if folder.is_dir() else 0
