@@ -6,6 +6,7 @@ Imported as ``from tests.slurm.slurm_helpers import ...``, as the tests import c
 from __future__ import annotations
 
 import contextlib
+import json
 import subprocess
 import sys
 import time
@@ -94,3 +95,10 @@ while time.monotonic() < deadline:
     time.sleep(0.2)
 emit("STEPS_LEFT", left)
 """
+
+
+def emitted_lines(cp: subprocess.CompletedProcess[str], name: str) -> list[object]:
+    """The values a driver's ``emit(name, value)`` printed (JSON after the name), at least one."""
+    found = [json.loads(x[len(name) + 1 :]) for x in cp.stdout.splitlines() if x.startswith(name)]
+    assert found, f"no {name} line\n--- stdout\n{cp.stdout}\n--- stderr\n{cp.stderr}"
+    return found

@@ -7,15 +7,14 @@ test that leaves a job in the queue or a process on a node.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 import slurmrun
 from tests.slurm.slurm_helpers import EMIT_STEPS_LEFT
+from tests.slurm.slurm_helpers import emitted_lines as lines
 
 REPO = str(Path(slurmrun.__file__).parents[1])
 
@@ -32,12 +31,6 @@ def import_then_wait(wait):
 def emit(name, value):
     print(name + " " + json.dumps(value), flush=True)
 """
-
-
-def lines(cp: subprocess.CompletedProcess[str], name: str) -> list[object]:
-    found = [json.loads(x[len(name) + 1 :]) for x in cp.stdout.splitlines() if x.startswith(name)]
-    assert found, f"no {name} line\n--- stdout\n{cp.stdout}\n--- stderr\n{cp.stderr}"
-    return found
 
 
 def site(tmp_path: Path) -> dict[str, str]:
