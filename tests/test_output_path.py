@@ -32,16 +32,16 @@ OPTIONS = {"hostnames": ["localhost"], "workers_per_host": 2, "backend": None, "
 # ---------------------------------------------------------------- functions run on workers
 
 
-def write_pieces(fd: int, pieces: list[bytes], pauses: list[bool]) -> int:
-    """Rank 1 writes `pieces` to `fd`, pausing after some (so the agent reads between)."""
+def write_pieces(fd: int, pieces: list[bytes], pauses: list[bool], pause: float = 0.002) -> int:
+    """Rank 1 writes `pieces` to `fd`, pausing `pause` s after some (the agent reads between)."""
     if os.environ["RANK"] != "1":
         return 0
-    for piece, pause in zip(pieces, pauses, strict=True):
+    for piece, paused in zip(pieces, pauses, strict=True):
         view = memoryview(piece)
         while view:
             view = view[os.write(fd, view) :]
-        if pause:
-            time.sleep(0.002)
+        if paused:
+            time.sleep(pause)
     return len(pieces)
 
 
@@ -265,7 +265,9 @@ def test_a_handler_that_asks_for_partial_lines_gets_them_marked(tmp_path: Path) 
 
     plain, partial = Collect(), Partial()
     pieces = [b"Enter", b" a number: ", b"42\n"]
-    slurmrun.launch(write_pieces, (1, pieces, [True] * 3), **OPTIONS, log_handlers=[plain, partial])
+    # Pauses long enough that the agent reads the prompt before the rest, also on a busy machine.
+    args = (1, pieces, [True] * 3, 0.3)
+    slurmrun.launch(write_pieces, args, **OPTIONS, log_handlers=[plain, partial])
     assert [(r.getMessage(), r.slurmrun_partial) for r in plain.of("stdout")] == [
         ("Enter a number: 42", False)
     ]
