@@ -614,6 +614,74 @@ def test_an_agent_in_a_slurm_step_leaves_its_workers_slurms_time(tmp_path: Path)
     assert psutil.Process().children() == []
 
 
+def raise_once_slurm_ends_the_step() -> str:
+    """On a worker: plays slurmstepd ending the step (SIGTERM to the agent, the spawner and
+    this worker, in that order), and raises of it, as a worker does whose `scancel` child was
+    killed with the step: an error, not a death."""
+    import psutil
+
+    def stopped(signum: int, frame: object) -> None:
+        raise RuntimeError("stopped by SIGTERM")
+
+    signal.signal(signal.SIGTERM, stopped)
+    spawner = psutil.Process().parent()
+    for process in [spawner.parent(), spawner, psutil.Process()]:
+        os.kill(process.pid, signal.SIGTERM)
+    time.sleep(60)
+    return "not reached"
+
+
+def test_an_error_raised_as_slurm_ends_the_step_blames_the_step() -> None:
+    # The agent says the step ends before it forwards the error (seen once on the cluster: a
+    # worker's CalledProcessError of its killed `scancel` beat the agents' word).
+    with pytest.raises(slurmrun.AgentFailedError, match="SLURM is ending its step") as info:
+        slurmrun.launch(
+            raise_once_slurm_ends_the_step,
+            workers_per_host=1,
+            backend=None,
+            extra_env_vars=("SLURM_STEP_ID=0",),
+        )
+    assert "rank 0 raised RuntimeError: stopped by SIGTERM" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert psutil.Process().children() == []
+
+
+def test_an_agent_says_its_step_ends_before_it_forwards_an_error() -> None:
+    # The race the test above cannot force: SLURM's SIGTERM reached the agent, but the thread
+    # that announces it (`Agent.announce_slurm_ending`, not started here) has not run yet
+    # when a worker's error comes. The relay says it first.
+    from typing import Any, cast
+
+    from slurmrun import protocol
+    from slurmrun.node.agent import Agent
+    from slurmrun.node.link import LauncherConnection
+    from slurmrun.node.relay import WorkerLink
+    from slurmrun.transport import Connection
+
+    to_launcher, launcher_end = socket.socketpair()
+    from_worker, worker_end = socket.socketpair()
+    agent = Agent(LauncherConnection(to_launcher), "node1", None, socket.socket, in_step=True)
+    agent.on_slurm_sigterm()
+    link = WorkerLink(0, cast(Any, None), Connection(from_worker), cast(Any, None))
+    for _ in ("stdout", "stderr"):  # it printed nothing, and its output has ended
+        output, writer = socket.socketpair()
+        writer.close()
+        link.outputs.append(output)
+    agent.relay.start(link)
+    error = protocol.Error(exc_type="RuntimeError", message="scancel died", traceback="")
+    Connection(worker_end).send(error.header())
+    launcher_end.settimeout(10)  # (old code: no second frame ever came)
+    launcher = Connection(launcher_end)
+    kinds = []
+    for _ in range(2):
+        frame = launcher.recv()
+        assert frame is not None
+        kinds.append(frame.header["t"])
+    assert kinds == [protocol.Terminating.kind, protocol.Error.kind]
+    for sock in (to_launcher, launcher_end, from_worker, worker_end):
+        sock.close()
+
+
 # ---------------------------------------------------------------- leaks on error paths
 
 

@@ -169,19 +169,23 @@ def worker_died(where: WorkerPlace, died: protocol.Died) -> WorkerFailedError:
     )
 
 
-def step_ended(where: WorkerPlace, died: WorkerFailedError) -> AgentFailedError:
-    """The error for a worker that died while SLURM ends its step.
+def step_ended(where: WorkerPlace, failed: BaseException) -> AgentFailedError:
+    """The error for a worker that died or raised while SLURM ends its step.
 
-    Of SLURM's SIGTERM, or by exiting after it: SLURM ended the run, not a failure of its own.
+    Of SLURM's SIGTERM, by exiting after it, or by raising once SIGTERM reached it or a
+    process it waited for: SLURM ended the run, not a failure of the rank's own.
     """
+    what = str(failed)
+    if not isinstance(failed, WorkerFailedError):
+        what = f"rank {where.rank} raised {type(failed).__name__}: {what}"
     error = AgentFailedError(
         f"the agent on {where.hostname} failed: SLURM is ending its step (SIGTERM: scancel, the "
-        f"job's time limit, or preemption), and {died}",
+        f"job's time limit, or preemption), and {what}",
         hostname=where.hostname,
-        stderr_tail=died.stderr_tail,
-        log_file=died.log_file,
+        stderr_tail=getattr(failed, "stderr_tail", ""),
+        log_file=where.log_file,
     )
-    error.__cause__ = died
+    error.__cause__ = failed
     return error
 
 

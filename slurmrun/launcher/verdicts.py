@@ -103,12 +103,15 @@ class Verdicts:
                 _append_traceback(log_file, message, frame)
         where = WorkerPlace(share.hostname, local_rank, share.rank_offset + local_rank, log_file)
         exc: BaseException
-        if isinstance(message, protocol.Died):
-            exc = worker_died(where, message)
-            if self.pool.endings.ending(share.agent):  # SIGTERM, or its own exit once it got it
-                exc = step_ended(where, exc)
-        else:
-            exc = worker_error(where, message, frame)
+        exc = (
+            worker_died(where, message)
+            if isinstance(message, protocol.Died)
+            else worker_error(where, message, frame)
+        )
+        # SIGTERM, its own exit once it got it, or an error it raised then (the agent says the
+        # step is ending before it forwards an error: `slurmrun.node.relay.Relay.before_error`)
+        if self.pool.endings.ending(share.agent):
+            exc = step_ended(where, exc)
         if self.trace is not None:
             if isinstance(message, protocol.Died):
                 code, sig, error, text = message.exitcode, message.signal, None, message.stderr_tail

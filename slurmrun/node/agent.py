@@ -146,7 +146,7 @@ class Agent:
     _ending_lock: threading.Lock = field(default_factory=threading.Lock, init=False)
 
     def __post_init__(self) -> None:
-        self.relay = Relay(self.launcher, self.connect)
+        self.relay = Relay(self.launcher, self.connect, before_error=self._say_terminating)
 
     def _read_launcher(self) -> None:
         try:

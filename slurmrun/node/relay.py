@@ -98,10 +98,14 @@ class Relay:
     Args:
         launcher: the agent's connection to the launcher.
         connect: a new authenticated connection to the launcher (for a large result).
+        before_error: called before a worker's error is forwarded: says first that SLURM is
+            ending the step, if it is, so that the launcher blames the step's end, not the
+            rank (a worker whose child SLURM's SIGTERM killed raises, not dies).
     """
 
     launcher: LauncherConnection
     connect: Callable[[], socket.socket]
+    before_error: Callable[[], None] = lambda: None
     window: OutputWindow = field(default_factory=OutputWindow)
 
     def start(self, worker: WorkerLink) -> None:
@@ -163,6 +167,7 @@ class Relay:
             text = bytes(frame.buffers[-1]).decode(errors="replace").rstrip("\n")
             worker.log.write("stderr", logging.ERROR, "", text)
         buffers = [memoryview(b) for b in frame.buffers]
+        self.before_error()
         self.launcher.send(frame.header, memoryview(frame.body), buffers)
 
     def _logged(self, worker: WorkerLink, frame: Frame) -> None:
