@@ -26,7 +26,7 @@ import slurmrun
 REPO = Path(__file__).resolve().parent.parent
 MILLION = 1_000_000
 LINE_WIDTH = 100  # bytes per line in the 50 MB test, newline included
-STALL = 30.0  # seconds the launcher's stdout stays unread
+STALL = 12.0  # seconds the launcher's stdout stays unread
 # What the launcher may hold at its peak (resident memory): 34 MiB here. Today's main held
 # 497 MiB in this test (and 1.5 GB with 150 MB printed): the queue took every line.
 PEAK_LIMIT = 100 << 20

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from tests.slurm.conftest import (
     CLUSTER_GROUPS,
     DEFAULT_SECONDS,
     FILE_SECONDS,
+    GPU_FILES,
     VERSION_LEG_FILES,
     cluster_groups,
 )
@@ -82,6 +84,14 @@ def test_the_cluster_groups_are_dealt_longest_file_first_to_the_least_loaded() -
     # Greedy dealing: no group ends more than its last (smallest) file above another.
     largest = max(FILE_SECONDS.get(name, DEFAULT_SECONDS) for name in files)
     assert max(load.values()) - min(load.values()) <= largest
+
+
+def test_the_files_whose_jobs_ask_for_gpus_share_the_first_group() -> None:
+    asks = re.compile(r"--gpus|--gres[= ]gpu|gpus_per_node ?=|gpus_per_task ?=")
+    gpu_files = {path.name for path in SLURM_TESTS if asks.search(path.read_text())}
+    assert gpu_files == GPU_FILES, "update GPU_FILES in tests/slurm/conftest.py"
+    group_of = cluster_groups({path.name for path in SLURM_TESTS})
+    assert {group_of[name] for name in GPU_FILES} == {f"{CLUSTER_GROUP}-1"}
 
 
 # A process that takes a turn on the cluster and logs when it got it and when it gave it back

@@ -136,58 +136,81 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # Seconds each file's tests took on one worker, but those of its `cluster_exclusive` tests
 # (during those every group waits): the weights by which `cluster_groups` deals the files.
-# Measured on this 2-core machine (all of tests/slurm/ on one worker: 997 s, of which the
-# exclusive tests 203 s); a file missing here counts as DEFAULT_SECONDS.
+# Measured on this 2-core machine (all of tests/slurm/ on one worker: 1010 s, of which the
+# exclusive tests 228 s); a file missing here counts as DEFAULT_SECONDS.
 FILE_SECONDS = {
-    "test_chaos_slurm.py": 10,
-    "test_cli_slurm.py": 7,
-    "test_cluster.py": 12,
-    "test_containers_slurm.py": 17,
-    "test_debugging_slurm.py": 12,
-    "test_driver_in_step.py": 10,
-    "test_examples_slurm.py": 77,
-    "test_faults_slurm.py": 104,
-    "test_frameworks_hf_slurm.py": 38,
-    "test_frameworks_lightning_slurm.py": 76,
-    "test_info_slurm.py": 6,
+    "test_chaos_slurm.py": 12,
+    "test_cli_slurm.py": 9,
+    "test_cluster.py": 16,
+    "test_containers_slurm.py": 16,
+    "test_debugging_slurm.py": 19,
+    "test_driver_in_step.py": 19,
+    "test_examples_slurm.py": 87,
+    "test_faults_slurm.py": 101,
+    "test_frameworks_hf_slurm.py": 33,
+    "test_frameworks_lightning_slurm.py": 52,
+    "test_info_slurm.py": 5,
     "test_job_end_slurm.py": 7,
-    "test_job_folder_slurm.py": 6,
-    "test_jobs_cli_slurm.py": 30,
-    "test_jobs_slurm.py": 18,
+    "test_job_folder_slurm.py": 5,
+    "test_jobs_cli_slurm.py": 38,
+    "test_jobs_slurm.py": 19,
     "test_kept_workers_slurm.py": 3,
-    "test_launch_slurm.py": 78,
+    "test_launch_slurm.py": 58,
     "test_long_jobs_slurm.py": 7,
-    "test_map_slurm.py": 5,
-    "test_notebook_slurm.py": 7,
+    "test_map_slurm.py": 30,
+    "test_notebook_slurm.py": 6,
+    "test_preloads_slurm.py": 8,
     "test_queue_slurm.py": 0,
-    "test_requeue_slurm.py": 23,
-    "test_reserve_chaos_slurm.py": 63,
-    "test_reserve_parity_slurm.py": 15,
-    "test_reserve_slurm.py": 77,
+    "test_requeue_slurm.py": 28,
+    "test_reserve_chaos_slurm.py": 46,
+    "test_reserve_parity_slurm.py": 17,
+    "test_reserve_slurm.py": 62,
     "test_scale_slurm.py": 5,
-    "test_sealed_jobs_slurm.py": 22,
-    "test_ssh_slurm.py": 11,
+    "test_sealed_jobs_slurm.py": 20,
+    "test_ssh_slurm.py": 9,
     "test_stacks_cli_slurm.py": 0,
-    "test_stuck_slurm.py": 25,
-    "test_submit_slurm.py": 4,
-    "test_warm_slurm.py": 9,
+    "test_stuck_slurm.py": 29,
+    "test_submit_slurm.py": 5,
+    "test_warm_slurm.py": 10,
     "test_worker_env_slurm.py": 3,
 }
 DEFAULT_SECONDS = 10.0
+# The files whose jobs ask for GPUs (2 a node, every one of a node's): all in the first group,
+# so that no two of them run at once. Two at once would not both fit where they expect to run:
+# one would wait for the other's GPUs, or get other nodes. (tests/test_suite.py checks the list
+# against the files' text.)
+GPU_FILES = frozenset(
+    {
+        "test_cluster.py",
+        "test_driver_in_step.py",
+        "test_info_slurm.py",
+        "test_jobs_cli_slurm.py",
+        "test_launch_slurm.py",
+        "test_map_slurm.py",
+        "test_stacks_cli_slurm.py",
+        "test_stuck_slurm.py",
+    }
+)
 
 
 def cluster_groups(files: set[str]) -> dict[str, str]:
-    """Each cluster test file's xdist group: the longest first, each to the least loaded.
+    """Each cluster test file's xdist group: the GPU files to the first, then the others, the
+    longest first, each to the least loaded.
 
     The same on every xdist worker (the files sorted, ties broken by name), as xdist needs.
     """
     load = {f"{CLUSTER_GROUP}-{i}": 0.0 for i in range(1, max(CLUSTER_GROUPS, 1) + 1)}
     group_of = {}
-    for name in sorted(files, key=lambda f: (-FILE_SECONDS.get(f, DEFAULT_SECONDS), f)):
-        group = min(load, key=lambda g: (load[g], g))
-        load[group] += FILE_SECONDS.get(name, DEFAULT_SECONDS)
+    first = f"{CLUSTER_GROUP}-1"
+    for name in sorted(files, key=lambda f: (f not in GPU_FILES, -_seconds(f), f)):
+        group = first if name in GPU_FILES else min(load, key=lambda g: (load[g], g))
+        load[group] += _seconds(name)
         group_of[name] = group
     return group_of
+
+
+def _seconds(name: str) -> float:
+    return FILE_SECONDS.get(name, DEFAULT_SECONDS)
 
 
 # --------------------------------------------------------------------------- cluster facts
