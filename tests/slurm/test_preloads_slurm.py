@@ -65,9 +65,7 @@ with slurmrun.Launcher(timeout=60, backend=None) as launcher:
         timeout=120,
         env=site(tmp_path),
     )
-    runs = [
-        {n: (loaded, spawner) for [[n, loaded, spawner]] in run} for run in lines(cp, "RUN")
-    ]  # type: ignore[attr-defined]
+    runs = [{n: (loaded, spawner) for [[n, loaded, spawner]] in run} for run in lines(cp, "RUN")]  # type: ignore[attr-defined]
     first, last = runs[0], runs[-1]
     assert sorted(last) == ["node1", "node2", "node3"]
     assert not any(loaded for loaded, _ in first.values())
