@@ -58,7 +58,10 @@ def alive(pid: int) -> bool:
 
 
 def test_a_package_a_run_imported_early_is_loaded_when_the_next_run_starts(site: Path) -> None:
-    with slurmrun.Launcher(**OPTIONS) as launcher:
+    # gloo: torch is the spawner's from its start. With backend None the fork would import
+    # torch as well before it may serve (`SLURMRUN_PRELOAD_LATER`): on a busy machine, more
+    # than run 1's 3 s (seen in the test command), and run 2 would not wait for it.
+    with slurmrun.Launcher(**{**OPTIONS, "backend": "gloo"}) as launcher:
         # The import is first thing; the run goes on for longer than a fork's import of it.
         first = launcher.run(import_then_wait, ("learnme", 3.0)).values()
         second = launcher.run(import_then_wait, ("learnme", 0.0)).values()
@@ -133,3 +136,26 @@ def test_a_look_for_a_package_is_not_noted_as_its_import(site: Path) -> None:
             sys.meta_path.remove(notes)  # type: ignore[arg-type]
     origin = str(site / "learnme.py")
     assert lines == [f"{preloads.STARTED}learnme\t{origin}", f"learnme\t{origin}"]
+
+
+def import_then_look(name: str, wait: float) -> list[int]:
+    """Imports `name`, then looks up to `wait` s for a fork of this worker's spawner (the
+    successor that would import it too): their pids."""
+    importlib.import_module(name)
+    spawner = psutil.Process(os.getppid())
+    deadline = time.monotonic() + wait
+    while True:
+        forks = [p.pid for p in spawner.children() if p.name() == "slurmrun-spawn"]
+        if forks or time.monotonic() > deadline:
+            return forks
+        time.sleep(0.05)
+
+
+def test_a_cold_launch_forks_no_successor_and_a_warm_launcher_does(site: Path) -> None:
+    # No run follows on a cold launch's agents: a fork importing what its workers import would
+    # only take CPU and memory from the run.
+    cold = slurmrun.launch(import_then_look, ("learnme", 2.0), **OPTIONS).values()
+    assert cold == [[], []], "a one-shot launch's spawner forked a successor"
+    with slurmrun.Launcher(**OPTIONS) as launcher:
+        warm = launcher.run(import_then_look, ("learnme", 10.0)).values()
+    assert all(warm), warm  # the same probe works where a run may follow

@@ -87,7 +87,7 @@ class Launcher(Options):
             if self._warm is not None:
                 return run_launch(self, self._warm, plan, payload)
             with self:  # a cold launch is a warm launcher used once
-                return run_launch(self, self._opened(), plan, payload)
+                return run_launch(self, self._opened(), replace(plan, once=True), payload)
         except BaseException as exc:
             hide_internal_frames(exc)  # the user's call line and the worker's traceback
             if sys.version_info < (3, 11):
@@ -181,7 +181,7 @@ class Launcher(Options):
         if self._warm is not None:
             return run_map(self, self._warm, plan, call, on_settle, stop)
         with self:  # a cold map is a warm launcher used once
-            return run_map(self, self._opened(), plan, call, on_settle, stop)
+            return run_map(self, self._opened(), replace(plan, once=True), call, on_settle, stop)
 
     def stacks(self, timeout: float = 10.0) -> StackReport | None:
         """Every rank's Python stacks (all threads) during a run, from another thread.
@@ -228,7 +228,7 @@ class Launcher(Options):
         """
         kwargs = {} if func_kwargs is None else func_kwargs
         check_call(self, func, func_args, kwargs)
-        plan = make_plan(self, wait=False)
+        plan = replace(make_plan(self, wait=False), once=self._warm is None)
         return replace(plan_dry_run(self, plan), workers_run=describe_call(func, func_args, kwargs))
 
     def __enter__(self) -> Launcher:

@@ -197,7 +197,8 @@ class Options:
     fork of each node's spawner imports them while the run goes on and serves the next run,
     whose workers start with them loaded; no run waits for it (packages that start threads or
     initialise CUDA when imported are left out; see `slurmrun.node.preloads`). False: workers
-    import them at every run."""
+    import them at every run. A cold launch (`slurmrun.launch`, `Launcher.run` outside a
+    ``with`` block, the command's script mode) learns nothing: no run follows on its agents."""
 
     def __new__(cls: type[_O], *args: Any, **kwargs: Any) -> _O:
         """Refuses a misspelt option by the name of the class called (``Launcher``).

@@ -47,6 +47,8 @@ class Plan:
         command: how each agent starts on its node (a container, srun options).
         title: what the launch runs (`slurmrun.titles.run_title`), for the header
             line of each worker's log file.
+        once: the agents start for this launch's one run (a cold launch): no run follows on
+            them, so their spawners learn no preloads and import nothing for later.
     """
 
     hostnames: list[str]
@@ -57,6 +59,7 @@ class Plan:
     spares: list[str] = field(default_factory=list)
     command: AgentCommand = PLAIN
     title: str = ""
+    once: bool = False
 
     def address(self) -> Address:
         """Where the agents reach the launcher."""
@@ -78,7 +81,13 @@ class Plan:
             port: the launcher's port.
         """
         control = control_env(
-            cfg, self.command, self.alloc, secret=secret, advertise=advertise, port=port
+            cfg,
+            self.command,
+            self.alloc,
+            secret=secret,
+            advertise=advertise,
+            port=port,
+            once=self.once,
         )
         return self.agents.start(StartOrder(cfg, self.hostnames, log_dir, self.command, control))
 

@@ -33,8 +33,10 @@ def emit(name, value):
 
 def until_loaded(launcher, name):
     # Runs until every node's workers find learnme loaded (at most 4 runs). Run 2 is the first
-    # as a rule; on the busy test machine one node's run 2 was seen served by its old spawner
-    # (the handover is never waited for), and its run 3 by the successor.
+    # as a rule; with backend None, on the busy test machine, one node's run 2 was seen served
+    # by its old spawner (its fork was still importing torch, as it does for a run without a
+    # process group, and no run waits for it), and its run 3 by the fork. gloo: torch is the
+    # spawner's from the start, the fork imports only learnme.
     for _ in range(4):
         values = launcher.run(import_then_wait, (0.0,)).return_values
         emit(name, values)
@@ -58,7 +60,7 @@ def test_what_run_1_imported_early_is_loaded_on_every_node_at_run_2(
         ["-N3"],
         COMMON
         + """
-with slurmrun.Launcher(timeout=60, backend=None) as launcher:
+with slurmrun.Launcher(timeout=60, backend="gloo") as launcher:
     emit("RUN", launcher.run(import_then_wait, (3.0,)).return_values)
     until_loaded(launcher, "RUN")
 """,
@@ -82,7 +84,7 @@ def test_a_sigkilled_launcher_leaves_no_successor_on_any_node(
         COMMON
         + """
 if sys.argv[1:] == ["child"]:
-    with slurmrun.Launcher(timeout=60, heartbeat_timeout=20, backend=None) as launcher:
+    with slurmrun.Launcher(timeout=60, heartbeat_timeout=20, backend="gloo") as launcher:
         launcher.run(import_then_wait, (3.0,))
         until_loaded(launcher, "LATER")
         print("DONE", flush=True)

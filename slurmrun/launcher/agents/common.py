@@ -50,6 +50,7 @@ def control_env(
     secret: str,
     advertise: str,
     port: str,
+    once: bool = False,
 ) -> dict[str, str]:
     """The variables the launcher sets for every agent, whatever starts it.
 
@@ -60,19 +61,23 @@ def control_env(
         secret: the launch's secret (hex), which agents prove they know.
         advertise: the launcher's address the agents connect to.
         port: the launcher's port.
+        once: the agents serve one run (`slurmrun.launcher.plan.Plan.once`).
     """
     # Modules the spawner imports before forking workers (the command's script mode asks for
     # torch although it initialises no process group). Without a process group torch is
-    # imported after the first run instead: a one-shot launch never waits for it, and later
-    # runs of a warm launcher find it loaded. A value the user set is taken as it is.
+    # imported after the first run instead, for a warm launcher's later runs: a one-shot
+    # launch has none, and neither imports it nor learns what its workers import (a fork of
+    # each spawner would import it all again, beside the run, for nothing). A value the
+    # user set is taken as it is.
     preload = os.environ.get(PRELOAD_VAR)
+    later = not preload and cfg.backend is None and not once
     control = {
         SECRET_VAR: secret,
         LAUNCHER_ADDR_VAR: advertise,
         PORT_VAR: port,
         PRELOAD_VAR: preload or ("" if cfg.backend is None else "torch"),
-        PRELOAD_LATER_VAR: "torch" if not preload and cfg.backend is None else "",
-        LEARN_PRELOADS_VAR: "1" if cfg.learn_preloads else "0",
+        PRELOAD_LATER_VAR: "torch" if later else "",
+        LEARN_PRELOADS_VAR: "1" if cfg.learn_preloads and not once else "0",
         HEARTBEAT_VAR: str(max(0.05, silence(cfg) / HEARTBEATS_PER_TIMEOUT)),
     }
     if not command.contained:  # this slurmrun; a container has its own
