@@ -646,6 +646,55 @@ def test_an_error_raised_as_slurm_ends_the_step_blames_the_step() -> None:
     assert psutil.Process().children() == []
 
 
+def raise_before_slurm_ends_the_step(work: str) -> str:
+    """On a worker: rank 0 raises, and names its agent for the test to SIGTERM a moment later;
+    rank 1 takes 1.5 s to stop, so that the run's end lasts past that SIGTERM."""
+    import psutil
+
+    if os.environ["RANK"] == "1":
+
+        def slow_exit(signum: int, frame: object) -> None:
+            time.sleep(1.5)
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, slow_exit)
+        Path(work, "ready").touch()
+        time.sleep(60)
+        return "not reached"
+    while not Path(work, "ready").exists():
+        time.sleep(0.02)
+    Path(work, "agent.tmp").write_text(str(psutil.Process().parent().parent().pid))
+    os.rename(Path(work, "agent.tmp"), Path(work, "agent"))
+    raise RuntimeError("cancelled")
+
+
+def test_an_error_before_slurm_signals_the_agent_still_blames_the_step(tmp_path: Path) -> None:
+    # SLURM signals a step's processes in no set order (proctrack/cgroup): the agent may get
+    # its SIGTERM after a rank's error went to the launcher. The run's end, which waits for the
+    # agents, judges the failure again.
+    def sigterm_the_agent() -> None:
+        agent = tmp_path / "agent"
+        while not agent.exists():
+            time.sleep(0.01)
+        time.sleep(0.2)  # the error is at the launcher by now
+        os.kill(int(agent.read_text()), signal.SIGTERM)
+
+    thread = threading.Thread(target=sigterm_the_agent, daemon=True)
+    thread.start()
+    with pytest.raises(slurmrun.AgentFailedError, match="SLURM is ending its step") as info:
+        slurmrun.launch(
+            raise_before_slurm_ends_the_step,
+            (str(tmp_path),),
+            workers_per_host=2,
+            backend=None,
+            extra_env_vars=("SLURM_STEP_ID=0",),
+        )
+    thread.join(10)
+    assert "rank 0 raised RuntimeError: cancelled" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert psutil.Process().children() == []
+
+
 def test_an_agent_says_its_step_ends_before_it_forwards_an_error() -> None:
     # The race the test above cannot force: SLURM's SIGTERM reached the agent, but the thread
     # that announces it (`Agent.announce_slurm_ending`, not started here) has not run yet

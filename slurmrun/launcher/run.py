@@ -98,6 +98,11 @@ class Run:
             finally:
                 self.watch.close()
                 self._end()
+        except Exception as e:  # judged again: SLURM may have said meanwhile it ends the step
+            failure = self.verdicts.after_end(e)
+            if failure is e:
+                raise
+            raise failure from e
         finally:
             try:  # every line the run's workers wrote is shown before it ends (Ctrl-C: not)
                 self._stage.close()

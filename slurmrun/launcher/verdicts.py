@@ -12,11 +12,11 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from slurmrun import protocol
-from slurmrun.errors import NodeUnhealthyError, add_note
+from slurmrun.errors import AgentFailedError, NodeUnhealthyError, add_note
 from slurmrun.events import Trace, WorkerFailed
 from slurmrun.launcher.failures import WorkerPlace, step_ended, worker_died, worker_error
 from slurmrun.launcher.pool import AgentPool
-from slurmrun.launcher.share import Share
+from slurmrun.launcher.share import PoolAgent, Share
 from slurmrun.logs import worker_log_path
 from slurmrun.transport import Frame
 
@@ -50,6 +50,8 @@ class Verdicts:
         self.held: tuple[BaseException, float] | None = None
         self._log_dir: str | None = None
         self._written_here = False
+        # each failure built (by its id): it, its agent and its place (`after_end`)
+        self._built: dict[int, tuple[BaseException, PoolAgent, WorkerPlace]] = {}
 
     def files(self, log_dir: str, *, written_here: bool) -> None:
         """The workers' log files are in `log_dir`, written by the launcher or by the agents.
@@ -86,6 +88,19 @@ class Verdicts:
             return
         raise self._with_held(exc)
 
+    def after_end(self, exc: BaseException) -> BaseException:
+        """`exc`, the run's failure, judged again once the run ended (`Run._end`).
+
+        A rank's failure that came before its agent said that SLURM ends its step (SLURM
+        signalled the agent after the rank, or the rank raised of a child that SLURM killed)
+        was the step's end: `step_ended`, with `exc` as its cause.
+        """
+        built = self._built.get(id(exc))
+        if built is None or built[0] is not exc or isinstance(exc, AgentFailedError):
+            return exc
+        _, agent, where = built
+        return step_ended(where, exc) if self.pool.endings.ending(agent) else exc
+
     def check_held(self, now: float) -> None:
         """Raises a held communication error whose cause did not come in time."""
         if self.held is not None and now - self.held[1] > ROOT_CAUSE_WAIT:
@@ -112,6 +127,7 @@ class Verdicts:
         # step is ending before it forwards an error: `slurmrun.node.relay.Relay.before_error`)
         if self.pool.endings.ending(share.agent):
             exc = step_ended(where, exc)
+        self._built[id(exc)] = (exc, share.agent, where)
         if self.trace is not None:
             if isinstance(message, protocol.Died):
                 code, sig, error, text = message.exitcode, message.signal, None, message.stderr_tail
