@@ -60,7 +60,7 @@ def alive(pid: int) -> bool:
 def test_a_package_a_run_imported_early_is_loaded_when_the_next_run_starts(site: Path) -> None:
     # gloo: torch is the spawner's from its start. With backend None the fork would import
     # torch as well before it may serve (`SLURMRUN_PRELOAD_LATER`): on a busy machine, more
-    # than run 1's 3 s (seen in the test command), and run 2 would not wait for it.
+    # than run 1's 3 s (seen beside the test command), and run 2 would not wait for it.
     with slurmrun.Launcher(**{**OPTIONS, "backend": "gloo"}) as launcher:
         # The import is first thing; the run goes on for longer than a fork's import of it.
         first = launcher.run(import_then_wait, ("learnme", 3.0)).values()
