@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from slurmrun import protocol
 from slurmrun.errors import AgentFailedError
@@ -183,18 +184,12 @@ class Run:
                 workers=count,
                 rank_offset=offset,
                 node_rank=agent.node_rank,
-                forward_ranks=None if forward_all else self._shown_ranks(offset, count),
+                forward_ranks=None if forward_all else _shown(out.show_ranks, offset, count),
                 log_name=self.labels[agent.node_rank],
             )
             agent.run = self.id  # busy until its IDLE for this run
             pool.send(agent, protocol.start_header(shared, share), call.payload)
             offset += count
-
-    def _shown_ranks(self, offset: int, count: int) -> list[int]:
-        """The local ranks shown live of an agent whose first worker is global rank `offset`."""
-        if self.output.show_ranks == "all":
-            return list(range(count))
-        return sorted(r - offset for r in self.output.show_ranks if offset <= r < offset + count)
 
     # ------------------------------------------------------------------ the run's messages
     def on_message(
@@ -301,6 +296,13 @@ class Run:
 
     def _collect(self) -> LaunchResult[Any]:
         return _values([self._shares[i] for i in range(len(self.pool.hostnames))])
+
+
+def _shown(show_ranks: Literal["all"] | Collection[int], offset: int, count: int) -> list[int]:
+    """The local ranks shown live of an agent whose first worker is global rank `offset`."""
+    if show_ranks == "all":
+        return list(range(count))
+    return sorted(r - offset for r in show_ranks if offset <= r < offset + count)
 
 
 def _run_part(
