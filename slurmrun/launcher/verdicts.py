@@ -117,8 +117,7 @@ class Verdicts:
             if self._written_here and isinstance(message, protocol.Error):
                 _append_traceback(log_file, message, frame)
         where = WorkerPlace(share.hostname, local_rank, share.rank_offset + local_rank, log_file)
-        exc: BaseException
-        exc = (
+        exc: BaseException = (
             worker_died(where, message)
             if isinstance(message, protocol.Died)
             else worker_error(where, message, frame)
