@@ -570,6 +570,23 @@ def test_sigterm_to_the_spawner_leaves_its_workers_running() -> None:
     assert result.values() == [(True, True)]
 
 
+def _ended_in_a_step(
+    func: Callable[..., str], args: tuple[str, ...], workers: int, **options: Any
+) -> slurmrun.AgentFailedError:
+    """The error of a localhost launch whose agent behaves as in a SLURM step (SLURM_STEP_ID:
+    no SLURM needed), which SLURM's end of the step (played by `func`) must fail."""
+    with pytest.raises(slurmrun.AgentFailedError, match="SLURM is ending its step") as info:
+        slurmrun.launch(
+            func,
+            args,
+            workers_per_host=workers,
+            backend=None,
+            extra_env_vars=("SLURM_STEP_ID=0",),
+            **options,
+        )
+    return info.value
+
+
 def slurm_ends_the_step(work: str) -> str:
     """On a worker: rank 1 plays slurmstepd ending the step (SIGTERM to every process of it:
     agent, spawner, workers); rank 0 checkpoints for longer than slurmrun's own grace."""
@@ -598,16 +615,8 @@ def test_an_agent_in_a_slurm_step_leaves_its_workers_slurms_time(tmp_path: Path)
     # SLURM_STEP_ID makes the local agent behave as inside a step (no SLURM needed here);
     # tests/slurm/test_preemption_slurm.py and test_job_end_slurm.py do it for real.
     seen: list[Any] = []
-    with pytest.raises(slurmrun.AgentFailedError, match="SLURM is ending its step") as info:
-        slurmrun.launch(
-            slurm_ends_the_step,
-            (str(tmp_path),),
-            workers_per_host=2,
-            backend=None,
-            extra_env_vars=("SLURM_STEP_ID=0",),
-            on_event=seen.append,
-        )
-    assert "worker rank 1 (host localhost, local rank 1) was killed by SIGTERM" in str(info.value)
+    error = _ended_in_a_step(slurm_ends_the_step, (str(tmp_path),), 2, on_event=seen.append)
+    assert "worker rank 1 (host localhost, local rank 1) was killed by SIGTERM" in str(error)
     # rank 0 had its 4 s, and one SIGTERM: the agent sent none of its own
     assert (tmp_path / "checkpoint").read_text() == "1"
     assert [e.host for e in seen if e.kind == "step_ending"] == ["localhost"]
@@ -634,15 +643,9 @@ def raise_once_slurm_ends_the_step() -> str:
 def test_an_error_raised_as_slurm_ends_the_step_blames_the_step() -> None:
     # The agent says the step ends before it forwards the error (seen once on the cluster: a
     # worker's CalledProcessError of its killed `scancel` beat the agents' word).
-    with pytest.raises(slurmrun.AgentFailedError, match="SLURM is ending its step") as info:
-        slurmrun.launch(
-            raise_once_slurm_ends_the_step,
-            workers_per_host=1,
-            backend=None,
-            extra_env_vars=("SLURM_STEP_ID=0",),
-        )
-    assert "rank 0 raised RuntimeError: stopped by SIGTERM" in str(info.value)
-    assert isinstance(info.value.__cause__, RuntimeError)
+    error = _ended_in_a_step(raise_once_slurm_ends_the_step, (), 1)
+    assert "rank 0 raised RuntimeError: stopped by SIGTERM" in str(error)
+    assert isinstance(error.__cause__, RuntimeError)
     assert psutil.Process().children() == []
 
 
@@ -681,17 +684,10 @@ def test_an_error_before_slurm_signals_the_agent_still_blames_the_step(tmp_path:
 
     thread = threading.Thread(target=sigterm_the_agent, daemon=True)
     thread.start()
-    with pytest.raises(slurmrun.AgentFailedError, match="SLURM is ending its step") as info:
-        slurmrun.launch(
-            raise_before_slurm_ends_the_step,
-            (str(tmp_path),),
-            workers_per_host=2,
-            backend=None,
-            extra_env_vars=("SLURM_STEP_ID=0",),
-        )
+    error = _ended_in_a_step(raise_before_slurm_ends_the_step, (str(tmp_path),), 2)
     thread.join(10)
-    assert "rank 0 raised RuntimeError: cancelled" in str(info.value)
-    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "rank 0 raised RuntimeError: cancelled" in str(error)
+    assert isinstance(error.__cause__, RuntimeError)
     assert psutil.Process().children() == []
 
 
